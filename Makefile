@@ -1,0 +1,39 @@
+# The README's two commands are `make demo` and `make test`; everything else is optional.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export VENV
+
+.PHONY: demo test test-slow lint format clean
+
+$(VENV)/.installed-base: pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh dev
+	touch $@
+
+## demo: set up .venv and run the main job
+demo: $(VENV)/.installed-base
+	$(VENV)/bin/reasonrl presets
+	$(VENV)/bin/reasonrl config show dapo
+
+## test: set up .venv (with dev tools) and run the default test suite
+test: $(VENV)/.installed-dev
+	$(PY) -m ruff check reasonrl tests bench
+	$(PY) -m pytest -q
+
+## test-slow: the long tests (learning runs, end-to-end training)
+test-slow: $(VENV)/.installed-dev
+	$(PY) -m pytest -q -m slow
+
+lint: $(VENV)/.installed-dev
+	$(PY) -m ruff check reasonrl tests bench
+	$(PY) -m ruff format --check reasonrl tests bench
+
+format: $(VENV)/.installed-dev
+	$(PY) -m ruff check --fix reasonrl tests bench
+	$(PY) -m ruff format reasonrl tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,87 @@
+"""``resolve(cfg) -> Plan``: the numbers a run derives from its config, computed once, config untouched."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from reasonrl.config.schema import Config
+from reasonrl.config.validate import validate
+
+OVERLONG_CACHE_FRACTION = 0.2  # DAPO: L_cache = 4096 of the 20480-token cap
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Derived quantities of a run."""
+
+    sequences_per_rollout: int
+    """Responses trained on per rollout step: rollout_prompts × samples_per_prompt."""
+
+    minibatches_per_rollout: int
+    """Optimiser steps per epoch over a rollout batch: sequences_per_rollout / minibatch_sequences."""
+
+    optimizer_steps_per_rollout: int
+    """Optimiser steps per rollout step: epochs_per_rollout × minibatches_per_rollout."""
+
+    total_optimizer_steps: int
+    """Optimiser steps of the whole run."""
+
+    warmup_optimizer_steps: int
+    """Optimiser steps of the linear learning-rate warm-up."""
+
+    prompts_per_generation_pass: int
+    """Prompts sampled per generation pass (more than rollout_prompts when dynamic sampling over-samples)."""
+
+    uses_critic: bool
+    """A value model is trained (gae / egae estimators)."""
+
+    uses_reference: bool
+    """A frozen reference policy is loaded (only when a KL term is on)."""
+
+    critic_lr: float | None
+    """The critic's learning rate, or None without a critic."""
+
+    value_pretrain_steps: int
+    """Critic-only steps before RL (0 when a saved critic is loaded)."""
+
+    loss_agg_constant: float | None
+    """C of seq-mean-token-sum-norm, or None for the other modes."""
+
+    overlong_cache_tokens: int | None
+    """L_cache of the soft overlong punishment, or None when it is off."""
+
+    max_sequence_tokens: int
+    """Longest prompt + response a forward pass may see."""
+
+
+def resolve(cfg: Config) -> Plan:
+    """Validate ``cfg`` and derive its Plan (the config itself is frozen and never changed)."""
+    validate(cfg)
+    a, r, t = cfg.algo, cfg.rollout, cfg.train
+    sequences = r.rollout_prompts * r.samples_per_prompt
+    minibatches = sequences // t.minibatch_sequences
+    per_rollout = t.epochs_per_rollout * minibatches
+    prompts_per_pass = math.ceil(a.oversample_factor * r.rollout_prompts) if a.dynamic_sampling else r.rollout_prompts
+    cache = None
+    if a.overlong == "soft":
+        default_cache = max(1, round(OVERLONG_CACHE_FRACTION * r.max_response_tokens))
+        cache = a.overlong_cache_tokens if a.overlong_cache_tokens is not None else default_cache
+    constant = None
+    if a.loss_agg == "seq-mean-token-sum-norm":
+        constant = a.loss_agg_constant if a.loss_agg_constant is not None else float(r.max_response_tokens)
+    return Plan(
+        sequences_per_rollout=sequences,
+        minibatches_per_rollout=minibatches,
+        optimizer_steps_per_rollout=per_rollout,
+        total_optimizer_steps=per_rollout * t.rollout_steps,
+        warmup_optimizer_steps=per_rollout * t.warmup_rollout_steps,
+        prompts_per_generation_pass=prompts_per_pass,
+        uses_critic=a.uses_critic,
+        uses_reference=a.kl_placement != "none" and a.kl_coef > 0,
+        critic_lr=(cfg.critic.lr if cfg.critic.lr is not None else 2.0 * t.lr) if a.uses_critic else None,
+        value_pretrain_steps=a.value_pretrain_steps if a.uses_critic and cfg.critic.init != "checkpoint" else 0,
+        loss_agg_constant=constant,
+        overlong_cache_tokens=cache,
+        max_sequence_tokens=r.max_prompt_tokens + r.max_response_tokens,
+    )

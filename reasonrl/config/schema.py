@@ -1,0 +1,189 @@
+"""The configuration schema: the one source of truth for every setting of a run.
+
+Frozen dataclasses, a docstring under every field, ``Literal`` for choices.  The ``algo`` group is
+the pure ``AlgoSpec`` of ``reasonrl.algo.presets``; the other groups describe the run around it.
+Batch sizes are named ``rollout_prompts``, ``samples_per_prompt`` and ``minibatch_sequences``
+(spec §1.11); never an ambiguous "batch size".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from reasonrl.algo.presets import AlgoSpec
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which policy model to train and how to hold it in memory."""
+
+    name_or_path: str = "smollm2-135m"
+    """The policy: the built-in smollm2-135m (SmolLM2-135M-Instruct, shipped offline), a local
+    Hugging Face directory, a .gguf file, or a hub id (needs a network)."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights' dtype for the forward passes; auto picks the faster measured choice for the device."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How responses are sampled."""
+
+    engine: Literal["hf"] = "hf"
+    """Generation engine: hf (transformers generate, the reference engine)."""
+
+    rollout_prompts: int = 8
+    """Prompts per rollout step (the papers' "batch size", counted in prompts)."""
+
+    samples_per_prompt: int = 8
+    """Responses sampled per prompt: G, the group size (1 for classic PPO)."""
+
+    max_prompt_tokens: int = 256
+    """Prompts longer than this (in tokens, chat template included) are dropped from the dataset with
+    a warning that counts them; they are never silently cut."""
+
+    max_response_tokens: int = 256
+    """Hard cap on generated tokens per response; a response that reaches it is truncated."""
+
+    temperature: float = 1.0
+    """Sampling temperature (1.0 in every Seed recipe)."""
+
+    top_p: float = 1.0
+    """Nucleus sampling threshold; 1.0 = off."""
+
+    top_k: int | None = None
+    """Sample only among the k most likely tokens; None = off."""
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The value model of critic-based estimators (gae, egae)."""
+
+    init: Literal["policy", "checkpoint"] = "policy"
+    """Initial critic weights: a copy of the policy backbone with a fresh scalar head, or a saved critic."""
+
+    checkpoint: str | None = None
+    """Path of a saved critic; required when init is checkpoint (and then value pretraining is skipped)."""
+
+    lr: float | None = None
+    """Critic learning rate; None = 2 × train.lr (VAPO: "the critic must keep pace", 2e-6 vs 1e-6)."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How responses are scored."""
+
+    correct_score: float = 1.0
+    """Reward of a response the verifier judges correct."""
+
+    incorrect_score: float = 0.0
+    """Reward of a wrong (or unparseable) response; DAPO and VC-PPO use −1."""
+
+    timeout_seconds: float = 10.0
+    """Per-response scoring time limit; a scorer that exceeds it gets incorrect_score and a warning."""
+
+    workers: int = 2
+    """Processes that score responses in parallel."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where prompts come from."""
+
+    dataset: str = "arithmetic"
+    """Training prompts: a built-in task (arithmetic, gsm8k, math500, aime2024), a local .jsonl or
+    .parquet file, or a `datasets` name."""
+
+    eval_dataset: str | None = None
+    """Held-out prompts; None = the held-out split of dataset."""
+
+    eval_prompts: int = 64
+    """How many held-out prompts the before/after evaluation uses."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation schedule."""
+
+    rollout_steps: int = 100
+    """Rollout steps (generate, score, update) in the run."""
+
+    lr: float = 1e-6
+    """Actor learning rate (AdamW), constant after warm-up."""
+
+    warmup_rollout_steps: int = 0
+    """Linear learning-rate warm-up, counted in rollout steps (DAPO: 20)."""
+
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+
+    grad_clip: float | None = 1.0
+    """Clip the gradient's global L2 norm to this value; None = no clipping."""
+
+    epochs_per_rollout: int = 1
+    """Passes over each rollout batch (PPO epochs); 1 in every Seed recipe."""
+
+    minibatch_sequences: int = 64
+    """Responses per optimiser step; must divide rollout_prompts × samples_per_prompt."""
+
+    microbatch_tokens: int = 2048
+    """Token budget of one forward/backward micro-batch (gradient accumulation inside a mini-batch)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Bookkeeping: where outputs go, seeds, cadence of evaluation and checkpoints."""
+
+    output_dir: str = "runs"
+    """Parent directory of run directories."""
+
+    name: str | None = None
+    """Run directory name under output_dir; None = the preset name."""
+
+    seed: int = 0
+    """Seed of sampling, data order and initialisation."""
+
+    eval_every: int = 10
+    """Evaluate on the held-out prompts every this many rollout steps (and at the start and end)."""
+
+    save_every: int = 10
+    """Write a checkpoint every this many rollout steps (and at the end)."""
+
+    keep_checkpoints: int = 2
+    """How many most recent checkpoints to keep."""
+
+    resume: Literal["auto", "never"] = "auto"
+    """auto: continue from the latest checkpoint in the run directory if there is one."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+
+    algo: AlgoSpec = field(default_factory=AlgoSpec)
+    """The RL objective: estimator, clip, aggregation, KL, auxiliary terms, filters, shaping."""
+
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (critic-based estimators only)."""
+
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation schedule."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    """Outputs, seeds, cadence."""

@@ -1,0 +1,136 @@
+"""Cross-field checks that run before anything heavy loads.
+
+Every problem is reported at once, each with the keys involved and a way to fix it.
+"""
+
+from __future__ import annotations
+
+from reasonrl.config.errors import ConfigError
+from reasonrl.config.schema import Config
+
+
+def _divisors_near(n: int, target: int, count: int = 3) -> list[int]:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return sorted(sorted(divisors, key=lambda d: abs(d - target))[:count])
+
+
+def _ranges(cfg: Config) -> list[str]:
+    """Single-field range checks."""
+    a, r, t = cfg.algo, cfg.rollout, cfg.train
+    checks = [
+        (r.rollout_prompts >= 1, "rollout.rollout_prompts must be >= 1"),
+        (r.samples_per_prompt >= 1, "rollout.samples_per_prompt must be >= 1"),
+        (r.max_prompt_tokens >= 1, "rollout.max_prompt_tokens must be >= 1"),
+        (r.max_response_tokens >= 1, "rollout.max_response_tokens must be >= 1"),
+        (r.temperature > 0, "rollout.temperature must be > 0"),
+        (0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+        (r.top_k is None or r.top_k >= 1, "rollout.top_k must be >= 1 (or null to disable)"),
+        (0 <= a.gamma <= 1, "algo.gamma must be in [0, 1]"),
+        (0 <= a.lambda_policy <= 1, "algo.lambda_policy must be in [0, 1]"),
+        (0 <= a.lambda_critic <= 1, "algo.lambda_critic must be in [0, 1]"),
+        (a.length_alpha > 0, "algo.length_alpha must be > 0"),
+        (0 <= a.eps_low < 1, "algo.eps_low must be in [0, 1)"),
+        (a.eps_high >= 0, "algo.eps_high must be >= 0"),
+        (a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip must be > 1 (or null to disable)"),
+        (a.loss_agg_constant is None or a.loss_agg_constant > 0, "algo.loss_agg_constant must be > 0"),
+        (a.nll_weight >= 0, "algo.nll_weight must be >= 0"),
+        (a.kl_coef >= 0, "algo.kl_coef must be >= 0"),
+        (a.kl_target > 0, "algo.kl_target must be > 0"),
+        (a.kl_horizon >= 1, "algo.kl_horizon must be >= 1"),
+        (a.value_clip is None or a.value_clip > 0, "algo.value_clip must be > 0 (or null to disable)"),
+        (a.value_pretrain_steps >= 0, "algo.value_pretrain_steps must be >= 0"),
+        (a.oversample_factor >= 1, "algo.oversample_factor must be >= 1"),
+        (a.max_generation_passes >= 0, "algo.max_generation_passes must be >= 0 (0 = unlimited)"),
+        (a.overlong_penalty_factor >= 0, "algo.overlong_penalty_factor must be >= 0"),
+        (t.rollout_steps >= 1, "train.rollout_steps must be >= 1"),
+        (t.lr > 0, "train.lr must be > 0"),
+        (t.warmup_rollout_steps >= 0, "train.warmup_rollout_steps must be >= 0"),
+        (t.weight_decay >= 0, "train.weight_decay must be >= 0"),
+        (t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be > 0 (or null to disable)"),
+        (t.epochs_per_rollout >= 1, "train.epochs_per_rollout must be >= 1"),
+        (t.minibatch_sequences >= 1, "train.minibatch_sequences must be >= 1"),
+        (cfg.critic.lr is None or cfg.critic.lr > 0, "critic.lr must be > 0 (or null for 2 × train.lr)"),
+        (cfg.reward.timeout_seconds > 0, "reward.timeout_seconds must be > 0"),
+        (cfg.reward.workers >= 1, "reward.workers must be >= 1"),
+        (cfg.data.eval_prompts >= 0, "data.eval_prompts must be >= 0"),
+        (cfg.run.eval_every >= 1, "run.eval_every must be >= 1"),
+        (cfg.run.save_every >= 1, "run.save_every must be >= 1"),
+        (cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+def _batch_sizes(cfg: Config) -> list[str]:
+    r, t = cfg.rollout, cfg.train
+    sequences = r.rollout_prompts * r.samples_per_prompt
+    problems = []
+    if sequences >= 1 and t.minibatch_sequences >= 1 and sequences % t.minibatch_sequences:
+        options = " or ".join(str(d) for d in _divisors_near(sequences, t.minibatch_sequences))
+        problems.append(
+            f"train.minibatch_sequences={t.minibatch_sequences} does not divide the {sequences} responses of a "
+            f"rollout step (rollout.rollout_prompts={r.rollout_prompts} × rollout.samples_per_prompt="
+            f"{r.samples_per_prompt}); use a divisor such as {options}, or change the rollout size"
+        )
+    longest = r.max_prompt_tokens + r.max_response_tokens
+    if t.microbatch_tokens < longest:
+        problems.append(
+            f"train.microbatch_tokens={t.microbatch_tokens} cannot hold one full sequence "
+            f"(rollout.max_prompt_tokens + rollout.max_response_tokens = {longest}); raise it to at least {longest}"
+        )
+    return problems
+
+
+def _algorithm(cfg: Config) -> list[str]:
+    a, r = cfg.algo, cfg.rollout
+    problems = []
+    if a.uses_groups and r.samples_per_prompt < 2:
+        problems.append(
+            f"algo.advantage_estimator='{a.advantage_estimator}' compares the responses to one prompt, but "
+            "rollout.samples_per_prompt=1 leaves every group alone; set rollout.samples_per_prompt >= 2 "
+            "or use algo.advantage_estimator=gae"
+        )
+    if a.dynamic_sampling and r.samples_per_prompt < 2:
+        problems.append(
+            "algo.dynamic_sampling keeps groups whose responses disagree, which needs "
+            "rollout.samples_per_prompt >= 2; raise it or set algo.dynamic_sampling=false"
+        )
+    if a.lambda_policy_mode == "length_adaptive" and not a.uses_critic:
+        problems.append(
+            "algo.lambda_policy_mode=length_adaptive is a GAE setting, but "
+            f"algo.advantage_estimator='{a.advantage_estimator}' has no GAE; use gae/egae or lambda_policy_mode=fixed"
+        )
+    if (a.advantage_estimator == "egae") != (a.window_tokens is not None):
+        problems.append(
+            "algo.advantage_estimator=egae and algo.window_tokens go together (T-PPO truncated rollouts): "
+            "set both, or neither"
+        )
+    if a.window_tokens is not None and not 1 <= a.window_tokens < r.max_response_tokens:
+        problems.append(
+            f"algo.window_tokens={a.window_tokens} must be between 1 and rollout.max_response_tokens="
+            f"{r.max_response_tokens} (exclusive) for truncated rollouts to continue across steps"
+        )
+    cache = a.overlong_cache_tokens
+    if a.overlong == "soft" and cache is not None and not 1 <= cache < r.max_response_tokens:
+        problems.append(
+            f"algo.overlong_cache_tokens={cache} must be between 1 and "
+            f"rollout.max_response_tokens={r.max_response_tokens} (exclusive); null = 20% of the cap"
+        )
+    if a.value_pretrain_steps > 0 and not a.uses_critic:
+        problems.append(
+            f"algo.value_pretrain_steps={a.value_pretrain_steps} trains a critic, but "
+            f"algo.advantage_estimator='{a.advantage_estimator}' uses none; set it to 0 or use gae"
+        )
+    if a.kl_controller == "adaptive" and a.kl_placement == "none":
+        problems.append("algo.kl_controller=adaptive needs algo.kl_placement=reward or loss")
+    if cfg.critic.init == "checkpoint" and not cfg.critic.checkpoint:
+        problems.append("critic.init=checkpoint needs critic.checkpoint=PATH (a saved critic)")
+    if cfg.critic.init != "checkpoint" and cfg.critic.checkpoint:
+        problems.append("critic.checkpoint is set but critic.init is not 'checkpoint'; set critic.init=checkpoint")
+    return problems
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
+    problems = _ranges(cfg) + _batch_sizes(cfg) + _algorithm(cfg)
+    if problems:
+        raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
