@@ -46,8 +46,9 @@ class RolloutConfig:
     """Prompts longer than this (in tokens, chat template included) are dropped from the dataset with
     a warning that counts them; they are never silently cut."""
 
-    max_response_tokens: int = 256
-    """Hard cap on generated tokens per response; a response that reaches it is truncated."""
+    max_response_tokens: int = 128
+    """Hard cap on generated tokens per response; a response that reaches it is truncated.
+    (The papers use 16K–24K for 32B models; 128 suits short tasks on a laptop CPU.)"""
 
     temperature: float = 1.0
     """Sampling temperature (1.0 in every Seed recipe)."""
@@ -109,11 +110,12 @@ class DataConfig:
 class TrainConfig:
     """The optimisation schedule."""
 
-    rollout_steps: int = 100
+    rollout_steps: int = 50
     """Rollout steps (generate, score, update) in the run."""
 
-    lr: float = 1e-6
-    """Actor learning rate (AdamW), constant after warm-up."""
+    lr: float = 1e-5
+    """Actor learning rate (AdamW), constant after warm-up.  The papers use 1e-6 for 32B models;
+    small models over tens of steps need more."""
 
     warmup_rollout_steps: int = 0
     """Linear learning-rate warm-up, counted in rollout steps (DAPO: 20)."""
@@ -127,7 +129,7 @@ class TrainConfig:
     epochs_per_rollout: int = 1
     """Passes over each rollout batch (PPO epochs); 1 in every Seed recipe."""
 
-    minibatch_sequences: int = 64
+    minibatch_sequences: int = 32
     """Responses per optimiser step; must divide rollout_prompts × samples_per_prompt."""
 
     microbatch_tokens: int = 2048

@@ -1,0 +1,224 @@
+"""Typed configuration: docstrings, overrides, errors that say how to fix them, presets, Plan."""
+
+import dataclasses
+import re
+import typing
+
+import pytest
+import yaml
+
+from reasonrl.algo.presets import PRESETS, AlgoSpec
+from reasonrl.config import Config, ConfigError, Plan, list_presets, load_config, resolve, to_dict
+from reasonrl.config.docs import field_docs
+from reasonrl.config.load import PRESET_DIR, config_keys, parse_overrides
+from reasonrl.config.render import render_yaml
+
+
+def all_config_classes():
+    classes, todo = [Plan], [Config]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        hints = typing.get_type_hints(cls)
+        todo.extend(hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name]))
+    return classes
+
+
+@pytest.mark.parametrize("cls", all_config_classes(), ids=lambda c: c.__name__)
+def test_every_config_field_has_a_docstring(cls):
+    docs = field_docs(cls)
+    missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name, "").strip()]
+    assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+@pytest.mark.parametrize("cls", all_config_classes(), ids=lambda c: c.__name__)
+def test_config_classes_are_frozen(cls):
+    assert cls.__dataclass_params__.frozen
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config(
+        "dapo",
+        [
+            "algo.eps_high=0.3",
+            "rollout.top_k=20",
+            "algo.dual_clip=null",
+            "train.lr=3e-6",
+            "algo.dynamic_sampling=false",
+            "run.name=exp1",
+        ],
+    )
+    assert cfg.algo.eps_high == 0.3 and cfg.rollout.top_k == 20 and cfg.algo.dual_clip is None
+    assert cfg.train.lr == 3e-6 and cfg.algo.dynamic_sampling is False and cfg.run.name == "exp1"
+    assert parse_overrides(["algo.eps_high=0.3"]) == {"algo.eps_high": 0.3}
+
+
+def test_unknown_key_names_the_nearest_valid_key():
+    with pytest.raises(ConfigError, match=r"unknown config key 'algo\.eps_hgh'; did you mean 'algo\.eps_high'"):
+        load_config("dapo", ["algo.eps_hgh=0.3"])
+    with pytest.raises(ConfigError, match=re.escape("did you mean 'algo.eps_high'")):
+        load_config("dapo", ["rollout.eps_high=0.3"])  # right name, wrong group
+    with pytest.raises(ConfigError, match="is a group of settings"):
+        load_config("dapo", ["algo=3"])
+    with pytest.raises(ConfigError, match="unknown config key 'zzz'"):
+        load_config("dapo", ["zzz=1"])
+
+
+def test_wrong_types_and_choices_are_named():
+    with pytest.raises(ConfigError, match=r"algo\.eps_high: expected a number, got 'wide'"):
+        load_config("dapo", ["algo.eps_high=wide"])
+    with pytest.raises(ConfigError, match=r"algo\.loss_agg: expected one of 'token-mean'"):
+        load_config("dapo", ["algo.loss_agg=token-sum"])
+    with pytest.raises(ConfigError, match=r"rollout\.rollout_prompts: expected an integer"):
+        load_config("dapo", ["rollout.rollout_prompts=2.5"])
+    with pytest.raises(ConfigError, match=r"algo\.dynamic_sampling: expected true/false"):
+        load_config("dapo", ["algo.dynamic_sampling=1"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config("dapo", ["algo.eps_high"])
+
+
+def test_minibatch_that_does_not_divide_the_rollout_is_explained():
+    with pytest.raises(ConfigError) as err:
+        load_config("dapo", ["train.minibatch_sequences=48"])
+    message = str(err.value)
+    assert "train.minibatch_sequences=48 does not divide the 64 responses" in message
+    assert "rollout.rollout_prompts=8" in message and "rollout.samples_per_prompt=8" in message
+    assert "32 or 64" in message
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        load_config("dapo", ["rollout.samples_per_prompt=1", "algo.eps_low=1.5", "train.microbatch_tokens=100"])
+    message = str(err.value)
+    for fragment in (
+        "algo.eps_low must be in [0, 1)",
+        "samples_per_prompt=1 leaves every group alone",
+        "algo.dynamic_sampling keeps groups",
+        "train.microbatch_tokens=100 cannot hold",
+    ):
+        assert fragment in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["algo.lambda_policy_mode=length_adaptive"], "length_adaptive is a GAE setting"),
+        (["algo.advantage_estimator=egae"], "egae and algo.window_tokens go together"),
+        (["algo.overlong_cache_tokens=500"], "algo.overlong_cache_tokens=500 must be between 1"),
+        (["algo.value_pretrain_steps=5"], "value_pretrain_steps=5 trains a critic"),
+        (["algo.kl_controller=adaptive"], "kl_controller=adaptive needs"),
+        (["critic.init=checkpoint"], "critic.init=checkpoint needs critic.checkpoint"),
+        (["algo.dual_clip=0.5"], "algo.dual_clip must be > 1"),
+    ],
+)
+def test_cross_field_problems(overrides, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_config("dapo", overrides)
+
+
+def test_t_ppo_window_must_fit_under_the_cap():
+    expected = "window_tokens=500 must be between 1 and rollout.max_response_tokens=192"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config("t_ppo", ["algo.window_tokens=500"])
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_run_preset_loads_and_resolves(name):
+    cfg = load_config(name)
+    plan = resolve(cfg)
+    assert plan.sequences_per_rollout == cfg.rollout.rollout_prompts * cfg.rollout.samples_per_prompt
+    assert plan.optimizer_steps_per_rollout * cfg.train.minibatch_sequences == (
+        plan.sequences_per_rollout * cfg.train.epochs_per_rollout
+    )
+
+
+def test_run_presets_list_description_and_paper():
+    presets = {p.name: p for p in list_presets()}
+    assert set(presets) == set(PRESETS)
+    for preset in presets.values():
+        assert preset.description and "arXiv:" in preset.paper
+
+
+@pytest.mark.parametrize("path", sorted(PRESET_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_yaml_presets_hold_only_overrides(path):
+    # every key is a valid config key and every value changes what lies beneath it
+    data = yaml.safe_load(path.read_text())
+    base_tree = to_dict(load_config(data["preset"])) if "preset" in data else to_dict(Config())
+    if "algo_preset" in data:
+        base_tree["algo"] = to_dict(PRESETS[data["algo_preset"]].spec)
+    keys = set(config_keys())
+    for group, values in data.items():
+        if group in ("preset", "algo_preset", "description", "paper"):
+            continue
+        for key, value in values.items():
+            assert f"{group}.{key}" in keys
+            assert base_tree[group][key] != value, f"{path.name}: {group}.{key} restates {value!r}"
+
+
+def test_preset_values_reach_the_config():
+    dapo = load_config("dapo")
+    assert dapo.algo == dataclasses.replace(PRESETS["dapo"].spec)  # the AlgoSpec is used unchanged
+    assert dapo.reward.incorrect_score == -1.0
+    vc = load_config("vc_ppo")  # extends the ppo run preset
+    assert vc.rollout.samples_per_prompt == 1 and vc.algo.lambda_critic == 1.0 and vc.algo.value_pretrain_steps == 10
+
+
+def test_resolve_derives_numbers_without_mutating():
+    cfg = load_config("dapo")
+    before = to_dict(cfg)
+    plan = resolve(cfg)
+    assert to_dict(cfg) == before
+    assert plan.minibatches_per_rollout == 2 and plan.total_optimizer_steps == 100
+    assert plan.warmup_optimizer_steps == 4
+    assert plan.prompts_per_generation_pass == 24  # 3× over-sampling of 8 prompts
+    assert plan.overlong_cache_tokens == 26  # 20% of 128, as DAPO's 4096 of 20480
+    assert not plan.uses_critic and not plan.uses_reference  # DAPO (f): no KL -> no reference model
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.algo.eps_high = 0.5
+
+
+def test_plan_of_critic_and_kl_presets():
+    vapo = resolve(load_config("vapo"))
+    assert vapo.uses_critic and vapo.critic_lr == pytest.approx(2e-5) and vapo.value_pretrain_steps == 10
+    assert resolve(load_config("vapo", ["critic.lr=3e-6"])).critic_lr == 3e-6
+    assert resolve(load_config("grpo")).uses_reference
+    dr = resolve(load_config("dr_grpo"))
+    assert dr.loss_agg_constant == 128.0 and not dr.uses_reference
+
+
+def test_user_file_extends_a_preset(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("preset: dapo\nalgo:\n  eps_high: 0.3\ntrain.lr: 1e-6\n")
+    cfg = load_config(path)
+    assert cfg.algo.eps_high == 0.3 and cfg.train.lr == 1e-6 and cfg.algo.dynamic_sampling
+    assert load_config(path, ["algo.eps_high=0.25"]).algo.eps_high == 0.25
+
+
+def test_file_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="unknown preset 'dappo'"):
+        load_config("dappo")
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(f"preset: {loop}\n")
+    with pytest.raises(ConfigError):
+        load_config(loop)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_rendered_yaml_loads_back_to_the_same_config(tmp_path, name):
+    cfg = load_config(name)
+    path = tmp_path / "full.yaml"
+    path.write_text(render_yaml(cfg, comments=True))
+    assert load_config(path) == cfg
+
+
+def test_algo_group_is_the_pure_algo_spec():
+    assert typing.get_type_hints(Config)["algo"] is AlgoSpec
