@@ -20,7 +20,7 @@ demo: $(VENV)/.installed-base
 
 ## test: set up .venv (with dev tools) and run the default test suite
 test: $(VENV)/.installed-dev
-	$(PY) -m ruff check reasonrl tests bench
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
 ## test-slow: the long tests (learning runs, end-to-end training)
@@ -28,12 +28,12 @@ test-slow: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m slow
 
 lint: $(VENV)/.installed-dev
-	$(PY) -m ruff check reasonrl tests bench
-	$(PY) -m ruff format --check reasonrl tests bench
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 format: $(VENV)/.installed-dev
-	$(PY) -m ruff check --fix reasonrl tests bench
-	$(PY) -m ruff format reasonrl tests bench
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
