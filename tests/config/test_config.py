@@ -157,7 +157,7 @@ def test_yaml_presets_hold_only_overrides(path):
 
 def test_preset_values_reach_the_config():
     dapo = load_config("dapo")
-    assert dapo.algo == dataclasses.replace(PRESETS["dapo"].spec)  # the AlgoSpec is used unchanged
+    assert dapo.algo == dataclasses.replace(PRESETS["dapo"].spec, oversample_factor=1.0)  # + the YAML override
     assert dapo.reward.incorrect_score == -1.0
     vc = load_config("vc_ppo")  # extends the ppo run preset
     assert vc.rollout.samples_per_prompt == 1 and vc.algo.lambda_critic == 1.0 and vc.algo.value_pretrain_steps == 10
@@ -168,10 +168,11 @@ def test_resolve_derives_numbers_without_mutating():
     before = to_dict(cfg)
     plan = resolve(cfg)
     assert to_dict(cfg) == before
-    assert plan.minibatches_per_rollout == 2 and plan.total_optimizer_steps == 100
+    assert plan.minibatches_per_rollout == 2 and plan.total_optimizer_steps == 20
     assert plan.warmup_optimizer_steps == 4
-    assert plan.prompts_per_generation_pass == 24  # 3× over-sampling of 8 prompts
-    assert plan.overlong_cache_tokens == 26  # 20% of 128, as DAPO's 4096 of 20480
+    assert plan.prompts_per_generation_pass == 8  # the run preset over-samples 1×
+    assert resolve(load_config("dapo", ["algo.oversample_factor=3"])).prompts_per_generation_pass == 24
+    assert plan.overlong_cache_tokens == 13  # 20% of 64, as DAPO's 4096 of 20480
     assert not plan.uses_critic and not plan.uses_reference  # DAPO (f): no KL -> no reference model
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.algo.eps_high = 0.5
@@ -183,7 +184,7 @@ def test_plan_of_critic_and_kl_presets():
     assert resolve(load_config("vapo", ["critic.lr=3e-6"])).critic_lr == 3e-6
     assert resolve(load_config("grpo")).uses_reference
     dr = resolve(load_config("dr_grpo"))
-    assert dr.loss_agg_constant == 128.0 and not dr.uses_reference
+    assert dr.loss_agg_constant == 64.0 and not dr.uses_reference
 
 
 def test_user_file_extends_a_preset(tmp_path):

@@ -1,0 +1,118 @@
+"""``RolloutBatch``: everything a training step needs, as one typed object (DESIGN §1.3).
+
+Prompts are left-padded and responses right-padded; every mask is explicit (never derived from
+``ids != pad``: SmolLM2's pad token is also its end-of-turn token).  Shape letters: B sequences,
+P prompt tokens, T response tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    """A batch of prompts, sampled responses, and the per-token quantities derived from them."""
+
+    prompt_ids: Tensor  # [B, P] long, left-padded
+    prompt_mask: Tensor  # [B, P] bool
+    response_ids: Tensor  # [B, T] long, right-padded
+    response_mask: Tensor  # [B, T] bool: generated tokens, EOS included
+    policy_loss_mask: Tensor  # [B, T] bool: tokens the policy loss sees
+    value_loss_mask: Tensor  # [B, T] bool: tokens the value loss sees
+    rollout_logprobs: Tensor  # [B, T] float: as the engine reported
+    rewards: Tensor  # [B] float: final (shaped) sequence reward
+    correct: Tensor  # [B] bool: verifier verdict
+    truncated: Tensor  # [B] bool: hit the length cap without a stop token
+    group_ids: Tensor  # [B] long: same id = same prompt
+    old_logprobs: Tensor | None = None  # [B, T] behaviour log-probs recomputed by the trainer
+    ref_logprobs: Tensor | None = None  # [B, T] reference-policy log-probs (KL only)
+    values: Tensor | None = None  # [B, T] V(s_t) (critic only)
+    token_rewards: Tensor | None = None  # [B, T]
+    advantages: Tensor | None = None  # [B, T]
+    returns: Tensor | None = None  # [B, T]
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def _tensors(self) -> dict[str, Tensor | None]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def select(self, index: Tensor | Sequence[int]) -> RolloutBatch:
+        """The rows ``index`` (a view-free copy), padding columns trimmed to the rows kept."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        rows = {k: (v[index] if v is not None else None) for k, v in self._tensors().items()}
+        return RolloutBatch(**rows).trimmed()
+
+    def trimmed(self) -> RolloutBatch:
+        """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
+        prompt_keep = int(self.prompt_mask.any(dim=0).nonzero().min()) if self.prompt_mask.any() else 0
+        response_len = int(self.response_mask.any(dim=0).nonzero().max()) + 1 if self.response_mask.any() else 0
+        out = {}
+        for key, value in self._tensors().items():
+            if value is None or value.dim() < 2:
+                out[key] = value
+            elif key.startswith("prompt_"):
+                out[key] = value[:, prompt_keep:]
+            else:
+                out[key] = value[:, :response_len]
+        return RolloutBatch(**out)
+
+    @staticmethod
+    def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
+        """Stack batches, re-padding prompts on the left and responses on the right."""
+        fields = batches[0]._tensors()
+        out: dict[str, Tensor | None] = {}
+        for key, first in fields.items():
+            values = [getattr(b, key) for b in batches]
+            if first is None:
+                out[key] = None
+            elif first.dim() == 1:
+                out[key] = torch.cat(values)
+            else:
+                width = max(v.shape[1] for v in values)
+                left = key.startswith("prompt_")
+                padded = [_pad(v, width, left) for v in values]
+                out[key] = torch.cat(padded)
+        return RolloutBatch(**out)
+
+    def micro_batch_rows(self, token_budget: int) -> list[list[int]]:
+        """Row indices of micro-batches whose padded size (rows × (prompt + response width)) fits the budget.
+
+        Rows are grouped by length so that little padding is computed; every row is in exactly one
+        group (sorted).  A single row larger than the budget still forms its own group.
+        """
+        prompt_lens = self.prompt_mask.sum(1).tolist()  # [B]
+        response_lens = self.response_mask.sum(1).tolist()  # [B]
+        order = sorted(range(len(self)), key=lambda r: (prompt_lens[r] + response_lens[r], r), reverse=True)
+        groups: list[list[int]] = []
+        current: list[int] = []
+        widest_prompt = widest_response = 0
+        for row in order:
+            prompt_w = max(widest_prompt, prompt_lens[row])
+            response_w = max(widest_response, response_lens[row])
+            if current and (prompt_w + response_w) * (len(current) + 1) > token_budget:
+                groups.append(sorted(current))
+                current, prompt_w, response_w = [], prompt_lens[row], response_lens[row]
+            current.append(row)
+            widest_prompt, widest_response = prompt_w, response_w
+        if current:
+            groups.append(sorted(current))
+        return groups
+
+    def micro_batches(self, token_budget: int) -> list[RolloutBatch]:
+        """The micro-batches of ``micro_batch_rows`` as batches."""
+        return [self.select(rows) for rows in self.micro_batch_rows(token_budget)]
+
+
+def _pad(value: Tensor, width: int, left: bool) -> Tensor:
+    missing = width - value.shape[1]
+    if missing == 0:
+        return value
+    pad = torch.zeros(value.shape[0], missing, dtype=value.dtype)
+    return torch.cat([pad, value] if left else [value, pad], dim=1)

@@ -1,0 +1,1 @@
+"""Prompts and reference answers: the arithmetic task, dataset loaders, templates, ordered sources."""

@@ -1,0 +1,30 @@
+"""Prompt templates that ask for a parseable final answer, rendered through the tokenizer's chat template."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+PromptTemplate = Literal["answer_line", "boxed", "plain"]
+TEMPLATES: dict[str, str] = {
+    # the final line "Answer: <answer>" is what the math verifier looks for first (after \boxed{})
+    "answer_line": "{question} Give the final answer on the last line as 'Answer: <answer>'.",
+    "boxed": "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
+    "plain": "{question}",
+}
+
+
+def user_message(question: str, template: PromptTemplate) -> str:
+    """The user turn for ``question`` in the given template."""
+    return TEMPLATES[template].format(question=question)
+
+
+def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, question: str, template: PromptTemplate) -> list[int]:
+    """Chat-formatted prompt ids ending with the assistant header, ready for generation."""
+    messages = [{"role": "user", "content": user_message(question, template)}]
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(messages[0]["content"])["input_ids"])

@@ -1,0 +1,103 @@
+"""Evaluation: pass@1 (greedy), and avg@k / maj@k / pass@k over k sampled answers per problem."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from reasonrl.data.loaders import Fields
+from reasonrl.data.source import DataSpec, benchmark_examples
+from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+from reasonrl.reward.base import RewardResult
+from reasonrl.reward.math import MathVerifier
+from reasonrl.reward.pool import ScoringPool
+from reasonrl.rollout import SamplingParams, build_engine
+from reasonrl.train.rollout import PromptEncoder, sample_and_score
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What ``reasonrl eval`` runs."""
+
+    model: str
+    dataset: str
+    k: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    limit: int | None = None
+    prompt_template: str = "answer_line"
+    seed: int = 0
+    dtype: str = "auto"
+    workers: int = 2
+    timeout_seconds: float = 10.0
+
+
+def _vote_key(result: RewardResult) -> str | None:
+    answer = result.info.get("extracted")
+    if answer is None:
+        return None
+    cleaned = str(answer).strip().strip("$").replace(",", "")
+    try:
+        return str(Fraction(cleaned))
+    except (ValueError, ZeroDivisionError):
+        return cleaned
+
+
+def majority_correct(results: list[RewardResult]) -> bool:
+    """Whether the most frequent extracted answer (ties: the earliest) is correct."""
+    keys = [_vote_key(r) for r in results]
+    counts = Counter(k for k in keys if k is not None)
+    if not counts:
+        return False
+    top = max(counts.values())
+    winner = next(k for k in keys if k is not None and counts[k] == top)
+    return next(r.correct for r, k in zip(results, keys, strict=True) if k == winner)
+
+
+def sampled_metrics(per_problem: list[list[RewardResult]]) -> dict[str, float]:
+    """avg@k (mean accuracy of all samples), maj@k (majority vote), pass@k (any sample correct)."""
+    n = max(1, len(per_problem))
+    return {
+        "avg@k": sum(sum(r.correct for r in rs) / len(rs) for rs in per_problem) / n,
+        "maj@k": sum(majority_correct(rs) for rs in per_problem) / n,
+        "pass@k": sum(any(r.correct for r in rs) for rs in per_problem) / n,
+    }
+
+
+def run_eval(settings: EvalSettings) -> dict[str, Any]:
+    """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints)."""
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(settings.model)
+    model = load_model(settings.model)
+    engine = build_engine("hf", model, tokenizer, dtype=compute_dtype(settings.dtype))
+    del model
+    examples = benchmark_examples(settings.dataset, settings.limit, DataSpec(fields=Fields()))
+    encoder = PromptEncoder(tokenizer, settings.prompt_template, max_prompt_tokens=10**9)
+    with ScoringPool(MathVerifier(), settings.workers, settings.timeout_seconds) as pool:
+        greedy = sample_and_score(
+            engine, tokenizer, pool, encoder, examples, SamplingParams(settings.max_new_tokens, temperature=0.0)
+        )
+        sampled = sample_and_score(
+            engine,
+            tokenizer,
+            pool,
+            encoder,
+            examples,
+            SamplingParams(settings.max_new_tokens, settings.temperature, settings.top_p, seed=settings.seed),
+            repeats=settings.k,
+        )
+    groups = [sampled.results[i * settings.k : (i + 1) * settings.k] for i in range(len(examples))]
+    return {
+        "model": settings.model,
+        "dataset": settings.dataset,
+        "n": len(examples),
+        "k": settings.k,
+        "temperature": settings.temperature,
+        "pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
+        **sampled_metrics(groups),
+        "wall_seconds": time.perf_counter() - started,
+    }

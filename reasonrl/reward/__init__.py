@@ -1,0 +1,1 @@
+"""Reward functions (verifiers) and the process pool that runs them with timeouts."""

@@ -1,0 +1,29 @@
+"""The verifier protocol: a response and a reference in, a RewardResult out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """What a verifier says about one response."""
+
+    score: float
+    """The reward before run-level shaping (e.g. 1.0 correct / 0.0 wrong)."""
+
+    correct: bool
+    """Whether the final answer is right (drives accuracy, dynamic sampling and the NLL term)."""
+
+    info: dict[str, Any] = field(default_factory=dict)
+    """Diagnostics: the extracted answer, why it was judged so, or the error that occurred."""
+
+
+class Verifier(Protocol):
+    """A picklable callable: ``verifier(response_text, reference_answer) -> RewardResult``.
+
+    It runs in a worker process (so it may use signals, as math-verify does) under a time limit.
+    """
+
+    def __call__(self, response: str, reference: str) -> RewardResult: ...

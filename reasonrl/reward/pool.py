@@ -1,0 +1,123 @@
+"""Run a verifier over many responses in worker processes, each call under a time limit.
+
+A verifier that raises, hangs, or kills its process yields an error-marked result (score
+``error_score``, not correct, ``info["error"]`` says what happened) and a logged warning; the
+worker is replaced and the run goes on.  Processes (not threads): math-verify uses signals, which
+only work on a process's main thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import time
+import traceback
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+
+from reasonrl.reward.base import RewardResult, Verifier
+
+log = logging.getLogger(__name__)
+
+
+def _worker(verifier: Verifier, conn: Connection) -> None:
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        task_id, response, reference = task
+        try:
+            result = verifier(response, reference)
+            if not isinstance(result, RewardResult):
+                raise TypeError(f"verifier returned {type(result).__name__}, not RewardResult")
+            conn.send((task_id, result, None))
+        except Exception as exc:  # any verifier failure is reported, never fatal to the worker
+            detail = f"{type(exc).__name__}: {exc}"
+            conn.send((task_id, None, detail + "\n" + traceback.format_exc(limit=3)))
+
+
+class _Worker:
+    def __init__(self, verifier: Verifier, context: mp.context.BaseContext) -> None:
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_worker, args=(verifier, child), daemon=True)
+        self.process.start()
+        child.close()
+        self.task_id: int | None = None
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class ScoringPool:
+    """``workers`` processes scoring (response, reference) pairs with a per-call ``timeout`` (seconds)."""
+
+    def __init__(self, verifier: Verifier, workers: int = 2, timeout: float = 10.0, error_score: float = 0.0) -> None:
+        self.verifier = verifier
+        self.timeout = timeout
+        self.error_score = error_score
+        self._context = mp.get_context("spawn")
+        self._workers = [_Worker(verifier, self._context) for _ in range(max(1, workers))]
+
+    def _failed(self, reason: str) -> RewardResult:
+        return RewardResult(self.error_score, False, {"error": reason})
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> list[RewardResult]:
+        """One result per (response, reference) pair, in order."""
+        results: list[RewardResult | None] = [None] * len(pairs)
+        pending = list(range(len(pairs)))[::-1]  # popped from the end, i.e. in order
+        busy: dict[Connection, _Worker] = {}
+        while pending or busy:
+            for worker in self._workers:
+                if worker.task_id is None and pending:
+                    task_id = pending.pop()
+                    worker.task_id, worker.deadline = task_id, time.monotonic() + self.timeout
+                    worker.conn.send((task_id, *pairs[task_id]))
+                    busy[worker.conn] = worker
+            next_deadline = min(w.deadline for w in busy.values())
+            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
+                worker = busy.pop(conn)
+                try:
+                    task_id, result, error = conn.recv()
+                except (EOFError, OSError):
+                    task_id, result, error = worker.task_id, None, "the scoring process died"
+                    self._replace(worker)
+                if error is not None:
+                    log.warning("reward function failed on response %d: %s", task_id, error.splitlines()[0])
+                    result = self._failed(error.splitlines()[0])
+                results[task_id] = result
+                worker.task_id = None
+            now = time.monotonic()
+            for conn, worker in list(busy.items()):
+                if worker.task_id is not None and now >= worker.deadline:
+                    log.warning("reward function timed out after %.1fs on response %d", self.timeout, worker.task_id)
+                    results[worker.task_id] = self._failed(f"timeout after {self.timeout:g}s")
+                    del busy[conn]
+                    self._replace(worker)
+        return results  # type: ignore[return-value]
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.kill()
+        index = self._workers.index(worker)
+        self._workers[index] = _Worker(self.verifier, self._context)
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        for worker in self._workers:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+            worker.process.join(timeout=2)
+            if worker.process.is_alive():
+                worker.kill()
+
+    def __enter__(self) -> ScoringPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,69 @@
+"""The rollout engine protocol: token ids in; token ids, per-token log-probs and a finish reason out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch of completions."""
+
+    max_new_tokens: int
+    """Cap on generated tokens per completion; reaching it finishes with reason "length"."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy decoding."""
+
+    top_p: float = 1.0
+    """Nucleus sampling threshold; 1.0 = off."""
+
+    top_k: int | None = None
+    """Sample among the k most likely tokens only; None = off."""
+
+    seed: int | None = None
+    """Seed of this call's sampling: the same seed, prompts and weights give the same completions."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated response."""
+
+    token_ids: list[int]
+    """Generated token ids, including the stop token when the completion stopped."""
+
+    logprobs: list[float]
+    """Log-probability of each generated token under the distribution it was sampled from
+    (temperature applied; top-k/top-p truncation renormalised).  Greedy: under the raw logits."""
+
+    finish_reason: FinishReason
+    """stop: a stop token was generated; length: max_new_tokens was reached first."""
+
+
+class RolloutEngine(Protocol):
+    """What the trainer needs from a generation engine."""
+
+    stop_token_ids: frozenset[int]
+    """Token ids that end a completion (included in it)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """One completion per prompt, in prompt order."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Replace the served weights (after an optimiser step)."""
+        ...
+
+
+def finish(token_ids: list[int], logprobs: list[float], stop_ids: frozenset[int], max_new_tokens: int) -> Completion:
+    """Cut generated ids at the first stop token (kept) within the cap, and label the finish reason."""
+    for i, token in enumerate(token_ids[:max_new_tokens]):
+        if token in stop_ids:
+            return Completion(token_ids[: i + 1], logprobs[: i + 1], "stop")
+    return Completion(token_ids[:max_new_tokens], logprobs[:max_new_tokens], "length")

@@ -1,0 +1,112 @@
+"""The reference engine: transformers ``generate`` on the engine's own copy of the policy."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+
+import torch
+from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
+
+from reasonrl.rollout.base import Completion, SamplingParams, finish
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Records log softmax(logits / T) of each sampled token.
+
+    transformers applies user processors before its temperature / top-k / top-p warpers, so
+    ``scores`` here are the raw logits.  The token sampled at step t is only known at step t+1
+    (as the last input id), so one step of log-probs is kept in hand.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.pending: torch.Tensor | None = None  # [B, V] log-probs of the step whose token is unknown yet
+        self.recorded: list[torch.Tensor] = []  # per step: [B]
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.recorded.append(self.pending.gather(1, tokens[:, None]).squeeze(1))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.pending is not None:
+            self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finalize(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, steps] log-probs, given the tokens sampled at the last step."""
+        self._take(last_tokens)
+        return torch.stack(self.recorded, dim=1)
+
+
+class HFEngine:
+    """Batched ``model.generate`` with left padding and explicit attention masks."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        dtype: torch.dtype | None = None,
+        max_batch_sequences: int = 64,
+    ) -> None:
+        self.model = copy.deepcopy(model).to(dtype or next(model.parameters()).dtype).eval()
+        self.max_batch_sequences = max_batch_sequences
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.stop_token_ids = frozenset(eos_ids)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy trainer weights into the served model, casting to its dtype."""
+        own = self.model.state_dict()
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor)
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: the last prompt token sits at width - 1
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        recorder = _LogprobRecorder(params.temperature)
+        sample = params.temperature > 0
+        output = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=(params.top_k or 0) if sample else None,
+            eos_token_id=sorted(self.stop_token_ids),
+            pad_token_id=self.pad_token_id,
+            logits_processor=[recorder],
+        )
+        generated = output[:, width:]  # [B, steps]
+        logprobs = recorder.finalize(generated[:, -1])  # [B, steps]
+        return [
+            finish(ids, lps, self.stop_token_ids, params.max_new_tokens)
+            for ids, lps in zip(generated.tolist(), logprobs.tolist(), strict=True)
+        ]
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """Completions in prompt order; prompts are batched by length to limit padding."""
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Completion | None] = [None] * len(prompts)
+        with torch.random.fork_rng():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            for start in range(0, len(order), self.max_batch_sequences):
+                chunk = order[start : start + self.max_batch_sequences]
+                for index, completion in zip(
+                    chunk, self._generate_chunk([prompts[i] for i in chunk], params), strict=True
+                ):
+                    results[index] = completion
+        return results  # type: ignore[return-value]

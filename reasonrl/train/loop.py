@@ -1,0 +1,291 @@
+"""``fit()``: one RL run as named stages (DESIGN §3).
+
+setup -> restore -> evaluate (before)
+each step: rollout (generate, score, filter, shape) -> log-probs (old, reference)
+           -> advantages -> policy update -> weight sync -> evaluate? -> log -> checkpoint
+-> evaluate (after) -> export -> report
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimate
+from reasonrl.algo.masked import masked_mean
+from reasonrl.batch import RolloutBatch
+from reasonrl.config import Config, ConfigError, Plan, resolve
+from reasonrl.config.render import render_yaml
+from reasonrl.data.loaders import Fields
+from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
+from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+from reasonrl.reward.base import Verifier
+from reasonrl.reward.math import MathVerifier
+from reasonrl.reward.pool import ScoringPool
+from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
+from reasonrl.train.advantages import assign_advantages
+from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, read_metrics
+from reasonrl.train.policy import response_logprobs
+from reasonrl.train.report import plot_metrics, write_summary
+from reasonrl.train.rollout import PromptEncoder, RolloutCollector, hash_seed, sample_and_score
+from reasonrl.train.step import PolicyUpdater
+
+log = logging.getLogger(__name__)
+PLOT_NAME = "training_curves.png"
+
+
+@dataclass
+class Run:
+    """Everything a run holds while it trains."""
+
+    cfg: Config
+    plan: Plan
+    run_dir: Path
+    model: torch.nn.Module
+    tokenizer: Any
+    engine: RolloutEngine
+    reference: torch.nn.Module | None
+    pool: ScoringPool
+    stream: TrainingStream
+    encoder: PromptEncoder
+    collector: RolloutCollector
+    updater: PolicyUpdater
+    kl: FixedKLController | AdaptiveKLController
+    compute_dtype: torch.dtype
+
+
+def data_spec(cfg: Config) -> DataSpec:
+    """The data settings of a config."""
+    d = cfg.data
+    return DataSpec(
+        d.dataset,
+        d.eval_dataset,
+        d.arithmetic_digits,
+        d.arithmetic_operations,
+        Fields(d.question_field, d.answer_field),
+    )
+
+
+def check_supported(cfg: Config) -> None:
+    """Refuse, before anything loads, the parts of a config this version cannot run yet."""
+    if cfg.algo.uses_critic:
+        raise ConfigError(
+            f"algo.advantage_estimator={cfg.algo.advantage_estimator!r} trains a critic; critic-based presets "
+            "(ppo, vc_ppo, vapo, t_ppo) are not available in this version yet. Use grpo, dr_grpo or dapo."
+        )
+
+
+# --- stages --------------------------------------------------------------------------------------
+
+
+def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verifier: Verifier | None = None) -> Run:
+    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
+    plan = resolve(cfg)
+    check_supported(cfg)
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    dtype = compute_dtype(cfg.model.dtype)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    model = load_model(cfg.model.name_or_path, torch.float32)  # fp32 master weights
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if engine is None:
+        engine = build_engine(cfg.rollout.engine, model, tokenizer, dtype=dtype)
+    reference = load_model(cfg.model.name_or_path, dtype) if plan.uses_reference else None
+    pool = ScoringPool(verifier or MathVerifier(), cfg.reward.workers, cfg.reward.timeout_seconds)
+    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
+    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    warmup = plan.warmup_optimizer_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    updater = PolicyUpdater(
+        model,
+        optimizer,
+        scheduler,
+        cfg.algo,
+        minibatch_sequences=cfg.train.minibatch_sequences,
+        epochs=cfg.train.epochs_per_rollout,
+        microbatch_tokens=cfg.train.microbatch_tokens,
+        grad_clip=cfg.train.grad_clip,
+        temperature=cfg.rollout.temperature,
+        compute_dtype=dtype,
+        loss_agg_constant=plan.loss_agg_constant,
+    )
+    a = cfg.algo
+    kl = (
+        AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
+        if a.kl_controller == "adaptive"
+        else (FixedKLController(a.kl_coef))
+    )
+    collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
+    return Run(
+        cfg, plan, run_dir, model, tokenizer, engine, reference, pool, stream, encoder, collector, updater, kl, dtype
+    )
+
+
+def restore(run: Run) -> dict[str, Any]:
+    """Continue from the latest checkpoint when resuming; returns its state (empty for a fresh run)."""
+    checkpoint = latest_checkpoint(run.run_dir) if run.cfg.run.resume == "auto" else None
+    if checkpoint is None:
+        return {}
+    state = load_checkpoint(checkpoint, run.model, run.updater.optimizer, run.updater.scheduler)
+    run.stream.load_state_dict(state["stream"])
+    run.kl.coef = state["kl_coef"]
+    run.updater.skipped_steps = state["skipped_steps"]
+    run.engine.load_weights(run.model.state_dict())
+    log.warning("resuming from %s (step %d)", checkpoint, state["step"])
+    return state
+
+
+def evaluate(run: Run) -> dict[str, float]:
+    """Greedy accuracy on the held-out prompts."""
+    examples = eval_examples(data_spec(run.cfg), run.cfg.data.eval_prompts)
+    params = SamplingParams(max_new_tokens=run.cfg.rollout.max_response_tokens, temperature=0.0)
+    scored = sample_and_score(run.engine, run.tokenizer, run.pool, run.encoder, examples, params)
+    lengths = [len(c.token_ids) for c in scored.completions]
+    return {
+        "eval/accuracy": sum(r.correct for r in scored.results) / max(1, len(scored.results)),
+        "eval/response_length": sum(lengths) / max(1, len(lengths)),
+        "perf/eval_seconds": scored.generate_seconds + scored.score_seconds,
+    }
+
+
+def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
+    """Behaviour (old) log-probs from the trainer's own forward, and reference log-probs if a KL is on."""
+    groups = batch.micro_batch_rows(run.cfg.train.microbatch_tokens)
+
+    def forward(model: torch.nn.Module) -> torch.Tensor:
+        out = torch.zeros(batch.response_mask.shape)
+        with torch.no_grad():
+            for rows in groups:
+                part = batch.select(rows)
+                logprobs, _ = response_logprobs(
+                    model,
+                    part.prompt_ids,
+                    part.prompt_mask,
+                    part.response_ids,
+                    part.response_mask,
+                    temperature=run.cfg.rollout.temperature,
+                    compute_dtype=run.compute_dtype,
+                )
+                out[rows, : logprobs.shape[1]] = logprobs
+        return out
+
+    batch.old_logprobs = forward(run.model)
+    mask = batch.response_mask
+    stats = {"rollout/logprob_abs_diff": masked_mean((batch.old_logprobs - batch.rollout_logprobs).abs(), mask).item()}
+    if run.reference is not None:
+        batch.ref_logprobs = forward(run.reference)
+        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, run.cfg.algo.kl_estimator)
+        stats["policy/kl_ref"] = masked_mean(kl, mask).item()
+        stats["policy/kl_coef"] = float(run.kl.coef)
+    return stats
+
+
+def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
+    """Save everything needed to continue from ``step``."""
+    state = {
+        "stream": run.stream.state_dict(),
+        "kl_coef": float(run.kl.coef),
+        "skipped_steps": run.updater.skipped_steps,
+        **extra,
+    }
+    save_checkpoint(
+        run.run_dir, step, run.model, run.updater.optimizer, run.updater.scheduler, state, run.cfg.run.keep_checkpoints
+    )
+
+
+def export_stage(run: Run) -> Path:
+    """The final policy as a Hugging Face directory (``from_pretrained`` loads it)."""
+    final = run.run_dir / "final"
+    run.model.save_pretrained(final)
+    run.tokenizer.save_pretrained(final)
+    return final
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+def fit(
+    cfg: Config,
+    run_dir: Path,
+    *,
+    preset: str = "custom",
+    overrides: tuple[str, ...] = (),
+    engine: RolloutEngine | None = None,
+    verifier: Verifier | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json)."""
+    started = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(render_yaml(cfg))
+    run = setup(cfg, run_dir, engine, verifier)
+    try:
+        state = restore(run)
+        start_step = state.get("step", 0)
+        writer = MetricsWriter(run_dir, start_step)
+        elapsed_before = state.get("wall_seconds", 0.0)
+        accuracy_before = state.get("accuracy_before")
+        if start_step == 0:
+            before = evaluate(run)
+            accuracy_before = before["eval/accuracy"]
+            writer.write(0, before)
+        total = cfg.train.rollout_steps
+        last_eval: dict[str, float] = {}
+        with ProgressDisplay(total, start_step, enabled=show_progress) as progress:
+            progress.log(f"held-out accuracy before training: {accuracy_before:.1%}")
+            for step in range(start_step + 1, total + 1):
+                step_start = time.perf_counter()
+                batch, metrics = run.collector.collect(step)
+                t0 = time.perf_counter()
+                metrics |= logprob_stage(run, batch)
+                metrics["perf/logprob_seconds"] = time.perf_counter() - t0
+                assign_advantages(batch, cfg.algo, float(run.kl.coef))
+                t0 = time.perf_counter()
+                metrics |= run.updater.update(batch, seed=hash_seed(cfg.run.seed, step), kl_coef=float(run.kl.coef))
+                metrics["perf/update_seconds"] = time.perf_counter() - t0
+                run.engine.load_weights(run.model.state_dict())
+                if "policy/kl_ref" in metrics:
+                    run.kl.update(metrics["policy/kl_ref"], len(batch))
+                if step % cfg.run.eval_every == 0 or step == total:
+                    last_eval = evaluate(run)
+                    metrics |= last_eval
+                metrics["perf/step_seconds"] = time.perf_counter() - step_start
+                metrics["perf/tokens_per_second"] = metrics["rollout/tokens_generated"] / metrics["perf/step_seconds"]
+                metrics["perf/peak_rss_gb"] = peak_rss_gb()
+                writer.write(step, metrics)
+                progress.update(step, metrics)
+                if step % cfg.run.save_every == 0 or step == total:
+                    wall = elapsed_before + time.perf_counter() - started
+                    checkpoint_stage(run, step, {"accuracy_before": accuracy_before, "wall_seconds": wall})
+        after = last_eval or evaluate(run)
+        final = export_stage(run)
+        writer.close()
+        plot_metrics(read_metrics(writer.path), run_dir / PLOT_NAME, f"{preset}: {cfg.model.name_or_path}")
+        summary = {
+            "preset": preset,
+            "overrides": list(overrides),
+            "model": cfg.model.name_or_path,
+            "steps": total,
+            "eval_prompts": cfg.data.eval_prompts,
+            "accuracy_before": accuracy_before,
+            "accuracy_after": after["eval/accuracy"],
+            "wall_seconds": elapsed_before + time.perf_counter() - started,
+            "peak_rss_gb": peak_rss_gb(),
+            "plot": PLOT_NAME,
+            "final_model": final.name,
+        }
+        write_summary(run_dir, summary)
+        return summary
+    finally:
+        run.pool.close()

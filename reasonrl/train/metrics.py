@@ -1,0 +1,96 @@
+"""Where metrics go: a JSONL file (the source of truth), TensorBoard, and a rich progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+CONSOLE = Console(stderr=True)  # shared by the progress bar and log messages, so they do not garble
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process so far, in GB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+
+    def __init__(self, run_dir: Path, resume_step: int = 0) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        # after a crash, records past the checkpoint being resumed are replayed: drop them first
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        from tensorboardX import SummaryWriter
+
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        """Record one step's metrics."""
+        record = {
+            "step": step,
+            **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()},
+        }
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        for key, value in metrics.items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                self.tensorboard.add_scalar(key, value, step)
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        """Flush and close TensorBoard."""
+        self.tensorboard.close()
+
+
+class ProgressDisplay:
+    """A progress bar with step, reward, accuracy, response length and step time."""
+
+    def __init__(self, total_steps: int, start_step: int, enabled: bool = True) -> None:
+        self.console = CONSOLE if enabled else Console(stderr=True, quiet=True)
+        self.progress = Progress(
+            TextColumn("[bold]RL[/bold]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task("train", total=total_steps, completed=start_step, status="starting")
+
+    def __enter__(self) -> ProgressDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        """Show the latest step."""
+        status = (
+            f"reward {metrics.get('reward/mean', float('nan')):+.2f}  "
+            f"acc {metrics.get('reward/accuracy', float('nan')):.2f}  "
+            f"len {metrics.get('rollout/response_length', float('nan')):.0f}  "
+            f"{metrics.get('perf/step_seconds', float('nan')):.1f}s/step"
+        )
+        if "eval/accuracy" in metrics:
+            status += f"  eval {metrics['eval/accuracy']:.2f}"
+        self.progress.update(self.task, completed=step, status=status)
+
+    def log(self, message: str) -> None:
+        """Print a line above the bar."""
+        self.progress.console.print(message)

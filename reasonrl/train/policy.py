@@ -1,0 +1,88 @@
+"""Per-token log-probs and entropy of responses, without materialising the full-vocabulary logits.
+
+The backbone runs once over prompt + response; the LM head, the log-softmax and the entropy run on
+the response positions only, ``chunk_tokens`` rows at a time, and each chunk is recomputed in the
+backward pass (activation checkpointing), so at most one chunk of [chunk, V] fp32 logits is alive.
+A plain HF forward+backward on 32 × 200 tokens holds several 1.26 GB copies of the logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+
+DEFAULT_CHUNK_TOKENS = 512
+
+
+def _head_chunk(hidden: Tensor, head: torch.nn.Module, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """(log p(target), entropy) for one chunk of hidden states [N, d] -> ([N], [N])."""
+    logits = head(hidden).float() / temperature  # [N, V]
+    normaliser = torch.logsumexp(logits, dim=-1)  # [N]
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
+    entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logprobs, entropy
+
+
+def autocast_context(compute_dtype: torch.dtype, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast over fp32 master weights when compute_dtype is bf16; a no-op otherwise."""
+    if compute_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=compute_dtype)
+
+
+def response_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: Tensor,  # [B, P] left-padded
+    prompt_mask: Tensor,  # [B, P]
+    response_ids: Tensor,  # [B, T] right-padded
+    response_mask: Tensor,  # [B, T]
+    *,
+    temperature: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> tuple[Tensor, Tensor]:
+    """log π(a_t | s_t) and the policy entropy H(π(·|s_t)) at every response token; both [B, T].
+
+    Log-probs are of softmax(logits / temperature), as the rollout sampled them.  Masked positions
+    hold 0.  Gradients flow into the log-probs (and the entropy) when grad mode is on.
+    """
+    device = next(model.parameters()).device
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
+    attention = torch.cat([prompt_mask, response_mask], dim=1).to(device)  # [B, P+T]
+    positions = (attention.long().cumsum(-1) - 1).clamp(min=0)  # [B, P+T]
+    with autocast_context(compute_dtype, device):
+        hidden = model.base_model(
+            input_ids=input_ids, attention_mask=attention.long(), position_ids=positions
+        ).last_hidden_state  # [B, P+T, d]
+    prompt_len = prompt_ids.shape[1]
+    # the hidden state at position i predicts token i+1: response token t is predicted at P+t-1
+    response_hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + response_ids.shape[1]]  # [B, T, d]
+    mask = response_mask.to(device).bool()
+    flat_hidden = response_hidden[mask]  # [N, d]
+    flat_targets = response_ids.to(device)[mask]  # [N]
+    head = model.get_output_embeddings()
+    logprob_chunks, entropy_chunks = [], []
+    for start in range(0, flat_hidden.shape[0], chunk_tokens):
+        chunk = (
+            flat_hidden[start : start + chunk_tokens],
+            head,
+            flat_targets[start : start + chunk_tokens],
+            temperature,
+        )
+        with autocast_context(compute_dtype, device):
+            if torch.is_grad_enabled():
+                lp, ent = checkpoint(_head_chunk, *chunk, use_reentrant=False)
+            else:
+                lp, ent = _head_chunk(*chunk)
+        logprob_chunks.append(lp)
+        entropy_chunks.append(ent)
+    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+    if logprob_chunks:
+        logprobs = logprobs.masked_scatter(mask, torch.cat(logprob_chunks))
+        entropy = entropy.masked_scatter(mask, torch.cat(entropy_chunks))
+    return logprobs, entropy

@@ -1,0 +1,255 @@
+"""The rollout stage: prompts -> completions -> scores -> shaped rewards -> a RolloutBatch.
+
+With DAPO dynamic sampling it over-samples prompts, drops groups whose accuracy (or reward) is
+constant, regenerates until enough groups survive (at most ``max_generation_passes``) and trims
+to exactly ``rollout_prompts`` groups; groups left over are discarded (DAPO Algorithm 1; spec §2 (e)7).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
+from reasonrl.batch import RolloutBatch
+from reasonrl.config import Config, Plan
+from reasonrl.data.examples import Example
+from reasonrl.data.prompts import prompt_token_ids
+from reasonrl.data.source import TrainingStream
+from reasonrl.reward.base import RewardResult
+from reasonrl.reward.format import FormatVerifier
+from reasonrl.reward.pool import ScoringPool
+from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class DynamicSamplingError(RuntimeError):
+    """Dynamic sampling could not fill a batch within its generation-pass budget."""
+
+
+@dataclass
+class Scored:
+    """Completions of some prompts, with their verdicts."""
+
+    examples: list[Example]  # one per completion
+    prompts: list[list[int]]
+    completions: list[Completion]
+    results: list[RewardResult]
+    generate_seconds: float = 0.0
+    score_seconds: float = 0.0
+
+
+class PromptEncoder:
+    """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut."""
+
+    def __init__(self, tokenizer, template: str, max_prompt_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.max_prompt_tokens = max_prompt_tokens
+        self._cache: dict[str, list[int]] = {}
+        self.too_long = 0
+
+    def __call__(self, example: Example) -> list[int] | None:
+        """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
+        if example.id not in self._cache:
+            ids = prompt_token_ids(self.tokenizer, example.question, self.template)
+            self._cache[example.id] = ids
+            if len(ids) > self.max_prompt_tokens:
+                self.too_long += 1
+                log.warning(
+                    "skipping prompt %s: %d tokens > rollout.max_prompt_tokens=%d (%d skipped so far)",
+                    example.id,
+                    len(ids),
+                    self.max_prompt_tokens,
+                    self.too_long,
+                )
+        ids = self._cache[example.id]
+        return ids if len(ids) <= self.max_prompt_tokens else None
+
+
+def sample_and_score(
+    engine: RolloutEngine,
+    tokenizer,
+    pool: ScoringPool,
+    encoder: PromptEncoder,
+    examples: Sequence[Example],
+    params: SamplingParams,
+    repeats: int = 1,
+) -> Scored:
+    """Generate ``repeats`` completions per example (consecutive) and score them."""
+    kept = [e for e in examples if encoder(e) is not None]
+    expanded = [e for e in kept for _ in range(repeats)]
+    prompts = [encoder(e) for e in expanded]
+    start = time.perf_counter()
+    completions = engine.generate(prompts, params) if prompts else []
+    generated = time.perf_counter()
+    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    results = pool.score([(text, e.answer) for text, e in zip(texts, expanded, strict=True)])
+    scored_at = time.perf_counter()
+    return Scored(expanded, prompts, completions, results, generated - start, scored_at - generated)  # type: ignore[arg-type]
+
+
+def _pad_rows(rows: Sequence[Sequence], width: int, left: bool, dtype: torch.dtype, fill=0) -> torch.Tensor:
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        if row:
+            values = torch.tensor(list(row), dtype=dtype)
+            if left:
+                out[i, width - len(row) :] = values
+            else:
+                out[i, : len(row)] = values
+    return out
+
+
+def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, filter_truncated: bool) -> RolloutBatch:
+    """Tensors for a scored set of completions (``rewards`` already shaped)."""
+    prompts, completions = scored.prompts, scored.completions
+    p_width = max(len(p) for p in prompts)
+    t_width = max(1, max(len(c.token_ids) for c in completions))
+    response_mask = _pad_rows([[1] * len(c.token_ids) for c in completions], t_width, False, torch.bool)
+    truncated = torch.tensor([c.finish_reason == "length" for c in completions])
+    policy_mask = response_mask & ~truncated[:, None] if filter_truncated else response_mask.clone()
+    return RolloutBatch(
+        prompt_ids=_pad_rows(prompts, p_width, True, torch.long),
+        prompt_mask=_pad_rows([[1] * len(p) for p in prompts], p_width, True, torch.bool),
+        response_ids=_pad_rows([c.token_ids for c in completions], t_width, False, torch.long),
+        response_mask=response_mask,
+        policy_loss_mask=policy_mask,
+        value_loss_mask=response_mask.clone(),
+        rollout_logprobs=_pad_rows([c.logprobs for c in completions], t_width, False, torch.float32),
+        rewards=rewards.to(torch.float32),
+        correct=torch.tensor([r.correct for r in scored.results]),
+        truncated=truncated,
+        group_ids=group_ids,
+    )
+
+
+class RolloutCollector:
+    """Produces each step's training batch from the prompt stream."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        plan: Plan,
+        engine: RolloutEngine,
+        tokenizer,
+        pool: ScoringPool,
+        stream: TrainingStream,
+        encoder: PromptEncoder,
+    ) -> None:
+        self.cfg, self.plan = cfg, plan
+        self.engine, self.tokenizer, self.pool = engine, tokenizer, pool
+        self.stream, self.encoder = stream, encoder
+        self.format_verifier = FormatVerifier()
+
+    def shaped_rewards(self, scored: Scored) -> tuple[torch.Tensor, dict[str, float]]:
+        """Verifier scores mapped to [incorrect_score, correct_score], plus format and overlong terms."""
+        reward_cfg, algo = self.cfg.reward, self.cfg.algo
+        scores = torch.tensor([r.score for r in scored.results], dtype=torch.float32)
+        rewards = reward_cfg.incorrect_score + (reward_cfg.correct_score - reward_cfg.incorrect_score) * scores
+        stats: dict[str, float] = {}
+        if reward_cfg.format_weight:
+            texts = self.tokenizer.batch_decode([c.token_ids for c in scored.completions], skip_special_tokens=True)
+            formats = torch.tensor([self.format_verifier(t, "").score for t in texts])
+            rewards = rewards + reward_cfg.format_weight * formats
+            stats["reward/format"] = formats.mean().item()
+        if algo.overlong == "soft":
+            lengths = torch.tensor([len(c.token_ids) for c in scored.completions])
+            penalty = overlong_penalty(
+                lengths,
+                self.cfg.rollout.max_response_tokens,
+                self.plan.overlong_cache_tokens,
+                algo.overlong_penalty_factor,
+            ).to(torch.float32)
+            rewards = rewards + penalty
+            stats["reward/overlong_penalty"] = penalty.mean().item()
+        return rewards, stats
+
+    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """This step's batch of ``rollout_prompts`` groups and the rollout metrics."""
+        cfg, algo, rollout = self.cfg, self.cfg.algo, self.cfg.rollout
+        group_size = rollout.samples_per_prompt
+        kept: list[tuple[Scored, torch.Tensor]] = []  # (one group, its rewards)
+        kept_groups = generated_groups = passes = 0
+        timing = {"perf/generate_seconds": 0.0, "perf/score_seconds": 0.0}
+        tokens = errors = 0
+        reward_stats: dict[str, float] = {}
+        while kept_groups < rollout.rollout_prompts:
+            if algo.max_generation_passes and passes >= algo.max_generation_passes:
+                raise DynamicSamplingError(
+                    f"dynamic sampling kept {kept_groups} of {rollout.rollout_prompts} groups after {passes} "
+                    "generation passes: nearly every group was all-correct or all-wrong.  Make the task harder or "
+                    "easier (data.arithmetic_digits), raise algo.max_generation_passes, "
+                    "or set algo.dynamic_sampling=false"
+                )
+            passes += 1
+            examples = self.stream.take(self.plan.prompts_per_generation_pass)
+            params = SamplingParams(
+                max_new_tokens=rollout.max_response_tokens,
+                temperature=rollout.temperature,
+                top_p=rollout.top_p,
+                top_k=rollout.top_k,
+                seed=hash_seed(cfg.run.seed, step, passes),
+            )
+            scored = sample_and_score(
+                self.engine, self.tokenizer, self.pool, self.encoder, examples, params, group_size
+            )
+            timing["perf/generate_seconds"] += scored.generate_seconds
+            timing["perf/score_seconds"] += scored.score_seconds
+            tokens += sum(len(c.token_ids) for c in scored.completions)
+            errors += sum("error" in r.info for r in scored.results)
+            rewards, reward_stats = self.shaped_rewards(scored)
+            groups = len(scored.completions) // group_size
+            generated_groups += groups
+            group_ids = torch.arange(groups).repeat_interleave(group_size)
+            if algo.dynamic_sampling:
+                metric = torch.tensor([float(r.correct) for r in scored.results])
+                keep = nonconstant_group_mask(metric if algo.dynamic_sampling_metric == "acc" else rewards, group_ids)
+            else:
+                keep = torch.ones(len(group_ids), dtype=torch.bool)
+            for g in range(groups):
+                rows = slice(g * group_size, (g + 1) * group_size)
+                if keep[rows].all() and kept_groups < rollout.rollout_prompts:
+                    kept.append((_rows(scored, rows), rewards[rows]))
+                    kept_groups += 1
+        merged = Scored([], [], [], [])
+        for part, _ in kept:
+            merged.examples += part.examples
+            merged.prompts += part.prompts
+            merged.completions += part.completions
+            merged.results += part.results
+        rewards = torch.cat([r for _, r in kept])
+        group_ids = torch.arange(len(kept)).repeat_interleave(group_size)
+        batch = build_batch(merged, rewards, group_ids, filter_truncated=algo.overlong == "filter")
+        lengths = batch.response_mask.sum(1).float()
+        stats = {
+            "reward/mean": batch.rewards.mean().item(),
+            "reward/accuracy": batch.correct.float().mean().item(),
+            "reward/error_fraction": errors / max(1, generated_groups * group_size),
+            "rollout/response_length": lengths.mean().item(),
+            "rollout/response_length_max": lengths.max().item(),
+            "rollout/truncated_fraction": batch.truncated.float().mean().item(),
+            "rollout/generation_passes": float(passes),
+            "rollout/kept_group_fraction": kept_groups / max(1, generated_groups),
+            "rollout/tokens_generated": float(tokens),
+            **reward_stats,
+            **timing,
+        }
+        return batch, stats
+
+
+def _rows(scored: Scored, rows: slice) -> Scored:
+    return Scored(scored.examples[rows], scored.prompts[rows], scored.completions[rows], scored.results[rows])
+
+
+def hash_seed(*parts: int) -> int:
+    """A 31-bit seed derived from integers (run seed, step, pass): reproducible across processes."""
+    value = 0x9E3779B9
+    for part in parts:
+        value = (value * 1_000_003 + part + 0x7F4A7C15) % (2**61 - 1)
+    return value % (2**31 - 1)

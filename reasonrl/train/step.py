@@ -1,0 +1,125 @@
+"""The policy update: K epochs over mini-batches, micro-batched, with global loss denominators.
+
+Actor loss = policy surrogate + μ·NLL(correct) + β·KL (loss placement) − c·entropy, each term
+aggregated with denominators counted over the whole mini-batch, so the gradient is the same
+whatever the micro-batch split (spec §1.7).  A step whose gradient is not finite is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import defaultdict
+
+import torch
+
+from reasonrl.algo.aggregate import aggregate, count_for_aggregation
+from reasonrl.algo.kl import kl_estimate
+from reasonrl.algo.masked import masked_mean
+from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
+from reasonrl.algo.presets import AlgoSpec
+from reasonrl.batch import RolloutBatch
+from reasonrl.train.policy import response_logprobs
+
+log = logging.getLogger(__name__)
+
+
+class PolicyUpdater:
+    """Applies the actor loss of an AlgoSpec to a policy with its optimiser and LR schedule."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        spec: AlgoSpec,
+        *,
+        minibatch_sequences: int,
+        epochs: int,
+        microbatch_tokens: int,
+        grad_clip: float | None,
+        temperature: float,
+        compute_dtype: torch.dtype,
+        loss_agg_constant: float | None,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler, self.spec = model, optimizer, scheduler, spec
+        self.minibatch_sequences, self.epochs, self.microbatch_tokens = minibatch_sequences, epochs, microbatch_tokens
+        self.grad_clip, self.temperature, self.compute_dtype = grad_clip, temperature, compute_dtype
+        self.loss_agg_constant = loss_agg_constant
+        self.skipped_steps = 0
+
+    def _aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, tokens, seqs) -> torch.Tensor:
+        return aggregate(per_token, mask, self.spec.loss_agg, tokens, seqs, self.loss_agg_constant)
+
+    def _minibatch_step(self, minibatch: RolloutBatch, kl_coef: float) -> dict[str, float]:
+        spec = self.spec
+        mask = minibatch.policy_loss_mask
+        tokens, seqs = count_for_aggregation(mask)
+        nll_tokens = (mask & minibatch.correct[:, None]).sum()
+        sums: dict[str, float] = defaultdict(float)
+        for micro in minibatch.micro_batches(self.microbatch_tokens):
+            logprobs, entropy = response_logprobs(
+                self.model,
+                micro.prompt_ids,
+                micro.prompt_mask,
+                micro.response_ids,
+                micro.response_mask,
+                temperature=self.temperature,
+                compute_dtype=self.compute_dtype,
+            )
+            micro_mask = micro.policy_loss_mask
+            per_token, stats = ppo_clip(
+                logprobs, micro.old_logprobs, micro.advantages, micro_mask, spec.eps_low, spec.eps_high, spec.dual_clip
+            )
+            policy_loss = self._aggregate(per_token, micro_mask, tokens, seqs)
+            loss = policy_loss
+            if spec.nll_weight:
+                nll = positive_example_nll(logprobs, micro_mask, micro.correct, global_tokens=nll_tokens)
+                loss = loss + spec.nll_weight * nll
+                sums["loss/nll"] += nll.item()
+            if spec.kl_placement == "loss" and kl_coef > 0:
+                kl = self._aggregate(
+                    kl_estimate(logprobs, micro.ref_logprobs, spec.kl_estimator), micro_mask, tokens, seqs
+                )
+                loss = loss + kl_coef * kl
+                sums["loss/kl"] += kl.item()
+            if spec.entropy_coef:
+                loss = loss - spec.entropy_coef * self._aggregate(entropy, micro_mask, tokens, seqs)
+            loss.backward()
+            share = micro_mask.sum().item() / max(1, int(tokens))
+            sums["loss/policy"] += policy_loss.item()
+            sums["loss/total"] += loss.item()
+            sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
+            for key, value in stats.items():
+                sums[f"policy/{key}"] += value.item() * share
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf).item()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+            log.warning("skipping an optimiser step: the gradient norm is %s (NaN/inf loss)", grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        sums["train/grad_norm"] = grad_norm
+        return dict(sums)
+
+    def update(self, batch: RolloutBatch, seed: int, kl_coef: float = 0.0) -> dict[str, float]:
+        """All epochs over shuffled mini-batches of ``batch``; returns metrics averaged over mini-batches."""
+        self.model.train()
+        totals: dict[str, float] = defaultdict(float)
+        steps = 0
+        for epoch in range(self.epochs):
+            order = list(range(len(batch)))
+            random.Random(seed * 1000 + epoch).shuffle(order)
+            for start in range(0, len(order), self.minibatch_sequences):
+                minibatch = batch.select(order[start : start + self.minibatch_sequences])
+                for key, value in self._minibatch_step(minibatch, kl_coef).items():
+                    totals[key] += value
+                steps += 1
+        self.model.eval()
+        metrics = {key: value / steps for key, value in totals.items()}
+        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["train/skipped_steps"] = float(self.skipped_steps)
+        return metrics

@@ -1,0 +1,45 @@
+"""Model resolution: tiny-random offline, paths, run directories, clear errors."""
+
+import pytest
+import torch
+
+from reasonrl.models.load import ModelError, compute_dtype, load_model, load_tokenizer, resolve_model
+
+
+def test_tiny_random_builds_offline_and_chats():
+    tokenizer = load_tokenizer("tiny-random")
+    model = load_model("tiny-random")
+    assert model.config.num_hidden_layers == 2 and model.dtype == torch.float32
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, tokenize=False
+    )
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert resolve_model("tiny-random") == resolve_model("tiny-random")  # built once
+
+
+def test_run_directory_resolves_to_its_exported_model(tmp_path):
+    model, tokenizer = load_model("tiny-random"), load_tokenizer("tiny-random")
+    model.save_pretrained(tmp_path / "final")
+    tokenizer.save_pretrained(tmp_path / "final")
+    assert resolve_model(str(tmp_path)) == str(tmp_path / "final")
+    reloaded = load_model(str(tmp_path))
+    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_bad_specs_fail_clearly(tmp_path):
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model("./no/such/model")
+    with pytest.raises(ModelError, match="holds no model"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "weights.bin").write_text("x")
+    with pytest.raises(ModelError, match=r"not a \.gguf"):
+        resolve_model(str(tmp_path / "weights.bin"))
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id
+
+
+def test_compute_dtype():
+    assert compute_dtype("float32") == torch.float32
+    assert compute_dtype("bfloat16") == torch.bfloat16
+    assert compute_dtype("auto") in (torch.float32, torch.bfloat16)

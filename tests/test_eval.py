@@ -1,0 +1,95 @@
+"""Evaluation metrics and the `reasonrl eval` / `reasonrl train` commands on tiny-random."""
+
+import json
+
+import pytest
+
+from reasonrl.cli import main
+from reasonrl.eval import majority_correct, sampled_metrics
+from reasonrl.reward.base import RewardResult
+
+
+def result(extracted, correct):
+    return RewardResult(float(correct), correct, {"extracted": extracted})
+
+
+def test_sampled_metrics_hand_computed():
+    problems = [
+        [result("5", True), result("4", False), result("5", True)],  # avg 2/3, majority 5 (right), pass
+        [result("1", False), result("2", False), result("2", False)],  # avg 0, majority wrong, no pass
+        [result("7", True), result("8", False), result("8", False)],  # avg 1/3, majority 8 (wrong), pass
+    ]
+    metrics = sampled_metrics(problems)
+    assert metrics["avg@k"] == pytest.approx((2 / 3 + 0 + 1 / 3) / 3)
+    assert metrics["maj@k"] == pytest.approx(1 / 3)
+    assert metrics["pass@k"] == pytest.approx(2 / 3)
+
+
+def test_majority_vote_normalises_numbers_and_breaks_ties_by_order():
+    assert majority_correct([result("0.5", True), result("1/2", True), result("3", False)])
+    assert not majority_correct([result("3", False), result("4", True)])  # tie: the earliest wins
+    assert not majority_correct([result(None, False)])
+
+
+def test_eval_command_on_a_jsonl_file(tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3))
+    )
+    out = tmp_path / "result.json"
+    code = main(
+        [
+            "eval",
+            "--model",
+            "tiny-random",
+            "--dataset",
+            str(data),
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--output",
+            str(out),
+        ]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["n"] == 3 and result["k"] == 2
+    for key in ("pass@1", "avg@k", "maj@k", "pass@k"):
+        assert 0.0 <= result[key] <= 1.0
+
+
+def test_eval_command_reports_bad_data(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json}\n")
+    assert main(["eval", "--model", "tiny-random", "--dataset", str(bad)]) == 1
+    assert f"{bad}:1: malformed JSON line" in capsys.readouterr().err
+
+
+def test_train_command_writes_a_run_directory(tmp_path, capsys):
+    overrides = [
+        "model.name_or_path=tiny-random",
+        "train.rollout_steps=1",
+        "rollout.max_response_tokens=8",
+        "data.eval_prompts=4",
+        "algo.kl_placement=none",
+        f"run.output_dir={tmp_path}",
+        "run.name=cli",
+    ]
+    assert main(["train", "grpo", *overrides, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out accuracy:" in out and "summary:" in out
+    run_dir = tmp_path / "cli"
+    assert json.loads((run_dir / "run.json").read_text())["preset"] == "grpo"
+    assert (run_dir / "final" / "config.json").exists()
+    # --resume continues the same directory; a finished run has nothing left to do
+    assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
+    assert (
+        main(["eval", "--model", str(run_dir), "--dataset", "arithmetic", "--limit", "3", "--max-new-tokens", "4"]) == 0
+    )
+
+
+def test_train_command_refuses_a_bad_config_before_loading(capsys):
+    assert main(["train", "dapo", "train.minibatch_sequences=48"]) == 2
+    assert "does not divide" in capsys.readouterr().err

@@ -1,0 +1,49 @@
+"""RolloutBatch helpers: selection, trimming, concatenation, micro-batching."""
+
+import torch
+
+from reasonrl.batch import RolloutBatch
+
+
+def make(prompt_lens, response_lens):
+    B, P, T = len(prompt_lens), max(prompt_lens), max(response_lens)
+    prompt_mask = torch.tensor([[i >= P - p for i in range(P)] for p in prompt_lens])
+    response_mask = torch.tensor([[i < t for i in range(T)] for t in response_lens])
+    return RolloutBatch(
+        prompt_ids=torch.where(prompt_mask, 5, 0),
+        prompt_mask=prompt_mask,
+        response_ids=torch.where(response_mask, 7, 0),
+        response_mask=response_mask,
+        policy_loss_mask=response_mask.clone(),
+        value_loss_mask=response_mask.clone(),
+        rollout_logprobs=torch.zeros(B, T),
+        rewards=torch.arange(B, dtype=torch.float32),
+        correct=torch.zeros(B, dtype=torch.bool),
+        truncated=torch.zeros(B, dtype=torch.bool),
+        group_ids=torch.arange(B),
+    )
+
+
+def test_select_trims_padding_columns():
+    batch = make([2, 6, 3], [4, 1, 9])
+    part = batch.select([0, 2])
+    assert part.prompt_ids.shape == (2, 3) and part.response_ids.shape == (2, 9)
+    assert part.rewards.tolist() == [0.0, 2.0]
+    assert part.prompt_mask.sum().item() == 5 and part.response_mask.sum().item() == 13
+
+
+def test_micro_batches_cover_every_row_once_within_budget():
+    batch = make([3, 5, 2, 8, 4, 6, 1, 7], [10, 2, 7, 1, 9, 3, 12, 5])
+    groups = batch.micro_batch_rows(token_budget=40)
+    assert sorted(r for g in groups for r in g) == list(range(8))
+    for rows in groups:
+        part = batch.select(rows)
+        width = part.prompt_ids.shape[1] + part.response_ids.shape[1]
+        assert len(rows) == 1 or len(rows) * width <= 40
+
+
+def test_concat_repads_left_and_right():
+    a, b = make([2], [3]), make([4], [1])
+    both = RolloutBatch.concat([a, b])
+    assert both.prompt_mask.tolist() == [[False, False, True, True], [True, True, True, True]]
+    assert both.response_mask.tolist() == [[True, True, True], [True, False, False]]
