@@ -9,7 +9,7 @@ HEAVY = ("ray", "vllm", "deepspeed", "transformers")
 def test_core_imports_load_no_engine():
     code = (
         "import sys\n"
-        "import reasonrl, reasonrl.algo, reasonrl.config, reasonrl.cli\n"
+        "import reasonrl, reasonrl.algo, reasonrl.config, reasonrl.cli, reasonrl.reward, reasonrl.reward.pool\n"
         "from reasonrl.algo import advantages, aggregate, kl, masked, pag, policy_loss, presets, shaping, value_loss\n"
         f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
     )

@@ -164,8 +164,8 @@ def load_model(spec: str, dtype: torch.dtype | None = None) -> PreTrainedModel:
 def compute_dtype(name: Literal["auto", "float32", "bfloat16"]) -> torch.dtype:
     """The dtype forward passes run in.  auto: bf16 where the hardware has native bf16 matmul.
 
-    Measured on the project's 2-core Xeon (AVX512-BF16): bf16 generation is about 1.5× and bf16
-    training about 2× faster than fp32 (docs/benchmarks.md); without native bf16 it is slower.
+    Measured on the project's 2-core Xeon (AVX512-BF16), `python bench/dtype.py`: bf16 generates
+    1.9× and trains 1.9× faster than fp32 (docs/benchmarks.md); without native bf16 it is slower.
     """
     import torch
 
