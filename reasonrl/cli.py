@@ -52,25 +52,41 @@ def _cmd_config_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _latest_run(output_dir: Path, preset: str) -> Path | None:
+    """The newest run directory of ``preset`` under ``output_dir`` that has a checkpoint."""
+    from reasonrl.train.checkpoint import latest_checkpoint
+
+    candidates = []
+    for run_json in output_dir.glob("*/run.json"):
+        if json.loads(run_json.read_text()).get("preset") == preset and latest_checkpoint(run_json.parent):
+            candidates.append(run_json.parent)
+    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.loaders import DataError
     from reasonrl.models.load import ModelError
-    from reasonrl.train.loop import fit
+    from reasonrl.train.loop import check_supported, fit
     from reasonrl.train.rollout import DynamicSamplingError
 
-    if args.resume:
+    preset = args.preset or DEFAULT_PRESET
+    run_dir = None
+    if args.resume == "auto":
+        cfg = load_config(preset, args.overrides)
+        run_dir = _latest_run(Path(cfg.run.output_dir), Path(preset).stem)
+    elif args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"{run_dir} is not a reasonrl run directory (no config.yaml)")
+    if run_dir is not None:
         cfg = load_config(run_dir / "config.yaml", args.overrides)
-        preset = json.loads((run_dir / "run.json").read_text())["preset"] if (run_dir / "run.json").exists() else "run"
+        preset = json.loads((run_dir / "run.json").read_text())["preset"]
     else:
-        preset = args.preset or DEFAULT_PRESET
         cfg = load_config(preset, args.overrides)
         preset = Path(preset).stem
-        name = cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(cfg.run.output_dir) / name
+        run_dir = Path(cfg.run.output_dir) / (cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     resolve(cfg)  # every config problem surfaces before a model loads
+    check_supported(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"preset": preset, "overrides": list(args.overrides)}) + "\n")
     print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
@@ -127,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.rollout_steps=10"
     )
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR|auto",
+        help="continue a run from its latest checkpoint: a run directory, or auto (the newest run of the preset)",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_cmd_train)
 

@@ -85,6 +85,8 @@ def test_train_command_writes_a_run_directory(tmp_path, capsys):
     assert (run_dir / "final" / "config.json").exists()
     # --resume continues the same directory; a finished run has nothing left to do
     assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
+    assert main(["train", "grpo", f"run.output_dir={tmp_path}", "--resume", "auto", "--quiet"]) == 0
+    assert "run directory " + str(run_dir) in capsys.readouterr().err  # auto found the newest grpo run
     assert (
         main(["eval", "--model", str(run_dir), "--dataset", "arithmetic", "--limit", "3", "--max-new-tokens", "4"]) == 0
     )

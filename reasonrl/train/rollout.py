@@ -18,6 +18,7 @@ from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, Plan
 from reasonrl.data.examples import Example
+from reasonrl.data.loaders import DataError
 from reasonrl.data.prompts import prompt_token_ids
 from reasonrl.data.source import TrainingStream
 from reasonrl.reward.base import RewardResult
@@ -199,6 +200,11 @@ class RolloutCollector:
             scored = sample_and_score(
                 self.engine, self.tokenizer, self.pool, self.encoder, examples, params, group_size
             )
+            if not scored.completions:
+                raise DataError(
+                    f"all {len(examples)} prompts of a generation pass are longer than "
+                    f"rollout.max_prompt_tokens={rollout.max_prompt_tokens}; raise it"
+                )
             timing["perf/generate_seconds"] += scored.generate_seconds
             timing["perf/score_seconds"] += scored.score_seconds
             tokens += sum(len(c.token_ids) for c in scored.completions)

@@ -97,11 +97,11 @@ class PolicyUpdater:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf).item()
         if math.isfinite(grad_norm):
             self.optimizer.step()
+            self.scheduler.step()
         else:
             self.skipped_steps += 1
             log.warning("skipping an optimiser step: the gradient norm is %s (NaN/inf loss)", grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         sums["train/grad_norm"] = grad_norm
         return dict(sums)
 

@@ -1,0 +1,76 @@
+"""The policy update: micro-batch invariance end to end, and NaN losses that skip a step."""
+
+import pytest
+import torch
+
+from reasonrl.algo.presets import AlgoSpec
+from reasonrl.batch import RolloutBatch
+from reasonrl.models.load import load_model
+from reasonrl.train.step import PolicyUpdater
+
+
+def rollout_batch(seed=0, rows=8):
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(3, 8, (rows,), generator=g)
+    response_lens = torch.randint(1, 10, (rows,), generator=g)
+    P, T = int(prompt_lens.max()), int(response_lens.max())
+    prompt_mask = torch.arange(P)[None] >= (P - prompt_lens)[:, None]
+    response_mask = torch.arange(T)[None] < response_lens[:, None]
+    return RolloutBatch(
+        prompt_ids=torch.where(prompt_mask, torch.randint(3, 250, (rows, P), generator=g), 0),
+        prompt_mask=prompt_mask,
+        response_ids=torch.where(response_mask, torch.randint(3, 250, (rows, T), generator=g), 0),
+        response_mask=response_mask,
+        policy_loss_mask=response_mask.clone(),
+        value_loss_mask=response_mask.clone(),
+        rollout_logprobs=torch.zeros(rows, T),
+        rewards=torch.zeros(rows),
+        correct=torch.arange(rows) % 3 == 0,
+        truncated=torch.zeros(rows, dtype=torch.bool),
+        group_ids=torch.arange(rows) // 4,
+        old_logprobs=torch.where(response_mask, -2.0 + 0.1 * torch.randn(rows, T, generator=g), 0.0),
+        advantages=torch.where(response_mask, torch.randn(rows, 1, generator=g).expand(rows, T), 0.0),
+    )
+
+
+def updated_parameters(microbatch_tokens, agg, batch, lr=1.0):
+    torch.manual_seed(0)
+    model = load_model("tiny-random")
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    spec = AlgoSpec(loss_agg=agg, eps_high=0.28, nll_weight=0.1)
+    updater = PolicyUpdater(
+        model,
+        optimizer,
+        scheduler,
+        spec,
+        minibatch_sequences=len(batch),
+        epochs=1,
+        microbatch_tokens=microbatch_tokens,
+        grad_clip=None,
+        temperature=1.0,
+        compute_dtype=torch.float32,
+        loss_agg_constant=16.0,
+    )
+    metrics = updater.update(batch, seed=0)
+    return dict(model.named_parameters()), metrics, updater
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_update_is_invariant_to_the_micro_batch_split(agg):
+    batch = rollout_batch()
+    whole, metrics_whole, _ = updated_parameters(10_000, agg, batch)
+    split, metrics_split, _ = updated_parameters(20, agg, batch)  # several micro-batches
+    for name in whole:
+        torch.testing.assert_close(split[name], whole[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert metrics_split["loss/total"] == pytest.approx(metrics_whole["loss/total"], rel=1e-5)
+
+
+def test_a_nan_loss_skips_the_optimiser_step():
+    batch = rollout_batch(1)
+    batch.advantages[0, 0] = float("nan")  # a valid token: the loss becomes NaN
+    before = {n: p.detach().clone() for n, p in load_model("tiny-random").named_parameters()}
+    after, metrics, updater = updated_parameters(10_000, "token-mean", batch)
+    assert updater.skipped_steps == 1 and metrics["train/skipped_steps"] == 1.0
+    for name, value in before.items():
+        assert torch.equal(after[name].detach(), value), name
