@@ -33,8 +33,10 @@ class ModelConfig:
 class RolloutConfig:
     """How responses are sampled."""
 
-    engine: Literal["hf"] = "hf"
-    """Generation engine: hf (transformers generate, the reference engine)."""
+    engine: Literal["auto", "fast", "hf"] = "auto"
+    """Generation engine: fast (reasonrl's continuous-batching decoder for Llama-family models),
+    hf (transformers generate, the reference), or auto (fast on CPU where the model is supported,
+    else hf)."""
 
     rollout_prompts: int = 8
     """Prompts per rollout step (the papers' "batch size", counted in prompts)."""

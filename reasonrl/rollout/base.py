@@ -8,6 +8,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from reasonrl.rollout.sampling import FireParams
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -30,6 +32,12 @@ class SamplingParams:
     seed: int | None = None
     """Seed of this call's sampling: the same seed, prompts and weights give the same completions."""
 
+    fire: FireParams | None = None
+    """FIRE: sample these response positions flaming-hot (fast engine only); None = off."""
+
+    ignore_stop: bool = False
+    """Generate exactly max_new_tokens, past stop tokens (throughput benchmarks only)."""
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -39,8 +47,9 @@ class Completion:
     """Generated token ids, including the stop token when the completion stopped."""
 
     logprobs: list[float]
-    """Log-probability of each generated token under the distribution it was sampled from
-    (temperature applied; top-k/top-p truncation renormalised).  Greedy: under the raw logits."""
+    """Log-probability of each generated token under the distribution it was drawn from: softmax of
+    logits / temperature, restricted by top-k / top-p and renormalised (FIRE positions: FIRE's
+    temperature and top-k).  Greedy: the plain softmax."""
 
     finish_reason: FinishReason
     """stop: a stop token was generated; length: max_new_tokens was reached first."""

@@ -36,5 +36,6 @@ class FakeEngine:
         completions = []
         for prompt in prompts:
             ids = list(self.respond(list(prompt), rng))
-            completions.append(finish(ids, [self.logprob] * len(ids), self.stop_token_ids, params.max_new_tokens))
+            stop_ids = frozenset() if params.ignore_stop else self.stop_token_ids
+            completions.append(finish(ids, [self.logprob] * len(ids), stop_ids, params.max_new_tokens))
         return completions

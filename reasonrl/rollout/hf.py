@@ -88,11 +88,13 @@ class HFEngine:
             eos_token_id=sorted(self.stop_token_ids),
             pad_token_id=self.pad_token_id,
             logits_processor=[recorder],
+            min_new_tokens=params.max_new_tokens if params.ignore_stop else None,
         )
         generated = output[:, width:]  # [B, steps]
         logprobs = recorder.finalize(generated[:, -1])  # [B, steps]
+        stop_ids = frozenset() if params.ignore_stop else self.stop_token_ids
         return [
-            finish(ids, lps, self.stop_token_ids, params.max_new_tokens)
+            finish(ids, lps, stop_ids, params.max_new_tokens)
             for ids, lps in zip(generated.tolist(), logprobs.tolist(), strict=True)
         ]
 

@@ -22,12 +22,12 @@ def scripted(prompt, rng):
     return [*tokens, STOP] if rng.random() < 0.7 else tokens + [7] * 20
 
 
-@pytest.fixture(params=["fake", "hf"])
+@pytest.fixture(params=["fake", "hf", "fast"])
 def engine(request, tiny):
     if request.param == "fake":
         return FakeEngine(scripted, stop_token_ids=[STOP])
     model, tokenizer = tiny
-    return build_engine("hf", model, tokenizer, dtype=torch.float32, max_batch_sequences=3)
+    return build_engine(request.param, model, tokenizer, dtype=torch.float32, max_batch_sequences=3)
 
 
 PROMPTS = [[1, 50, 60, 70], [1, 80], [1, 90, 91, 92, 93, 94, 95], [1, 100, 101]]
@@ -62,9 +62,10 @@ def test_max_tokens_finish_reasons_and_logprob_shapes(engine, max_new_tokens):
             assert not stops and len(c.token_ids) == max_new_tokens
 
 
-def test_hf_logprobs_match_the_trainer_forward(tiny):
+@pytest.mark.parametrize("name", ["hf", "fast"])
+def test_logprobs_match_the_trainer_forward(tiny, name):
     model, tokenizer = tiny
-    engine = build_engine("hf", model, tokenizer, dtype=torch.float32)
+    engine = build_engine(name, model, tokenizer, dtype=torch.float32, max_batch_sequences=3)
     for temperature in (1.0, 0.7):
         completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=temperature, seed=5))
         for prompt, c in zip(PROMPTS, completions, strict=True):

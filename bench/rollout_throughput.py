@@ -1,0 +1,76 @@
+"""Rollout throughput: the hf engine vs the fast engine at several batch sizes (one JSON object).
+
+    python bench/rollout_throughput.py [--model smollm2-135m] [--new-tokens 128] [--batches 8,32,64,128]
+
+Both engines serve bf16 weights and sample (temperature 1) completions of the same arithmetic-task
+prompts (~56 tokens with the chat template).  Two modes:
+  - fixed (the headline keys): every row generates exactly --new-tokens (stop tokens ignored), the
+    usual way to measure engine throughput;
+  - natural (keys with ``_natural``): rows stop at end of turn as in training, so a batch waits for
+    its longest row; tokens/s counts generated tokens only.
+Prompt processing (prefill) is included in the time.  The share of peak is
+(2 × parameters × tokens/s) ÷ the bf16 matmul peak measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from reasonrl.data.arithmetic import ArithmeticTask
+from reasonrl.data.prompts import prompt_token_ids
+from reasonrl.models.load import load_model, load_tokenizer
+from reasonrl.rollout import SamplingParams, build_engine
+
+
+def matmul_peak_flops(dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 10) -> float:
+    """Best-of-``repeats`` FLOP/s of a square matmul: the denominator of utilisation figures."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def tokens_per_second(engine, prompts, new_tokens: int, ignore_stop: bool) -> float:
+    engine.generate(prompts[:2], SamplingParams(4, seed=0))  # warm-up
+    start = time.perf_counter()
+    completions = engine.generate(prompts, SamplingParams(new_tokens, temperature=1.0, seed=1, ignore_stop=ignore_stop))
+    return sum(len(c.token_ids) for c in completions) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--batches", default="8,32,64,128")
+    args = parser.parse_args()
+    tokenizer, model = load_tokenizer(args.model), load_model(args.model)
+    flops_per_token = 2 * sum(p.numel() for p in model.parameters())
+    task = ArithmeticTask()
+    batches = [int(b) for b in args.batches.split(",")]
+    prompts = [prompt_token_ids(tokenizer, task.train_example(i).question, "answer_line") for i in range(max(batches))]
+    peak = matmul_peak_flops()
+    result: dict = {"model": args.model, "new_tokens": args.new_tokens, "bf16_matmul_peak_tflops": peak / 1e12}
+    for batch in batches:
+        for mode, ignore_stop in (("", True), ("_natural", False)):
+            for name in ("hf", "fast"):
+                engine = build_engine(name, model, tokenizer, dtype=torch.bfloat16, max_batch_sequences=batch)
+                rate = tokens_per_second(engine, prompts[:batch], args.new_tokens, ignore_stop)
+                result[f"{name}_tokens_per_second{mode}_bs{batch}"] = rate
+                result[f"{name}_peak_fraction{mode}_bs{batch}"] = rate * flops_per_token / peak
+                del engine
+            result[f"fast_over_hf_bf16{mode}_bs{batch}"] = (
+                result[f"fast_tokens_per_second{mode}_bs{batch}"] / result[f"hf_tokens_per_second{mode}_bs{batch}"]
+            )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
