@@ -80,15 +80,57 @@ def test_logprobs_match_the_trainer_forward(tiny, name):
             torch.testing.assert_close(lp[0], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
-def test_hf_load_weights_changes_what_is_served(tiny):
+@pytest.mark.parametrize("name", ["hf", "fast"])
+def test_load_weights_changes_what_is_served(tiny, name):
     model, tokenizer = tiny
-    engine = build_engine("hf", model, tokenizer, dtype=torch.float32)
+    engine = build_engine(name, model, tokenizer, dtype=torch.float32)
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = engine.generate(PROMPTS, params)
-    state = {k: v + 0.5 * torch.randn_like(v) for k, v in model.state_dict().items()}
-    engine.load_weights(state)
-    assert engine.generate(PROMPTS, params) != before
-    assert torch.equal(engine.model.state_dict()["lm_head.weight"], state["lm_head.weight"])
-    assert not torch.equal(
-        model.state_dict()["lm_head.weight"], state["lm_head.weight"]
-    )  # the trainer's copy is untouched
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    perturbed = {k: v + 0.5 * torch.randn_like(v) for k, v in original.items()}
+    perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]  # tied, as the trainer's are
+    engine.load_weights(perturbed)
+    after = engine.generate(PROMPTS, params)
+    assert after != before
+    assert all(torch.equal(v, original[k]) for k, v in model.state_dict().items())  # the trainer's copy is untouched
+    model.load_state_dict(perturbed)  # the engine now serves exactly these weights: same as a fresh engine
+    assert build_engine(name, model, tokenizer, dtype=torch.float32).generate(PROMPTS, params) == after
+    model.load_state_dict(original)
+
+
+def test_fast_engine_matches_hf_greedy_in_fp32(tiny):
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=10, temperature=0.0)
+    hf = build_engine("hf", model, tokenizer, dtype=torch.float32).generate(PROMPTS, params)
+    fast = build_engine("fast", model, tokenizer, dtype=torch.float32, max_batch_sequences=2).generate(PROMPTS, params)
+    assert [c.token_ids for c in fast] == [c.token_ids for c in hf]
+    for a, b in zip(hf, fast, strict=True):
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+
+
+def test_fast_engine_serves_more_prompts_than_slots_in_order(tiny):
+    # continuous batching: a finished slot takes the next prompt; a reused slot's old cache never leaks
+    model, tokenizer = tiny
+    engine = build_engine("fast", model, tokenizer, dtype=torch.float32, max_batch_sequences=2)
+    prompts = [[1, 10 + i, 20 + i] for i in range(7)]
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    together = engine.generate(prompts, params)
+    alone = [engine.generate([p], params)[0] for p in prompts]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+
+
+def test_repeated_prompts_share_one_prefill_and_sample_independently(tiny):
+    model, tokenizer = tiny
+    engine = build_engine("fast", model, tokenizer, dtype=torch.float32, max_batch_sequences=8)
+    completions = engine.generate([PROMPTS[0]] * 8, SamplingParams(max_new_tokens=8, temperature=1.0, seed=4))
+    assert len({tuple(c.token_ids) for c in completions}) > 1
+    greedy = engine.generate([PROMPTS[0]] * 3, SamplingParams(max_new_tokens=8, temperature=0.0))
+    single = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=0.0))[0]
+    assert greedy[0] == greedy[1] == greedy[2] == single
+
+
+@pytest.mark.parametrize("name", ["hf", "fast"])
+def test_ignore_stop_generates_exactly_max_new_tokens(tiny, name):
+    engine = build_engine(name, *tiny, dtype=torch.float32)
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=9, seed=2, ignore_stop=True))
+    assert all(len(c.token_ids) == 9 and c.finish_reason == "length" for c in completions)
