@@ -1,10 +1,11 @@
-"""fp32 vs bf16 on this machine for the embedded model: generation and training throughput (one JSON object).
+"""fp32 vs bf16 (and eager vs SDPA attention in training) for the embedded model (one JSON object).
 
     python bench/dtype.py [--model smollm2-135m] [--batch 64] [--new-tokens 64]
 
 Generation: the hf engine, sampled, `--batch` arithmetic prompts, `--new-tokens` forced tokens.
 Training: forward + backward of the chunked log-prob loss over 10 sequences of 100 tokens, with
-fp32 weights computed in fp32 or under bf16 autocast (what `model.dtype` selects).
+fp32 weights computed in fp32 or under bf16 autocast (what `model.dtype` selects), and in bf16 with
+eager instead of SDPA attention (what the trainer picks for sequences up to 512 tokens on a CPU).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def main() -> None:
             model, tokenizer, dtype, args.batch, args.new_tokens
         )
         result[f"train_tokens_per_second_{name}"] = training_tokens_per_second(model, dtype)
+    eager = load_model(args.model, attn_implementation="eager")
+    result["train_tokens_per_second_bfloat16_eager_attention"] = training_tokens_per_second(eager, torch.bfloat16)
+    result["train_eager_over_sdpa"] = (
+        result["train_tokens_per_second_bfloat16_eager_attention"] / result["train_tokens_per_second_bfloat16"]
+    )
     for kind in ("generate", "train"):
         result[f"{kind}_bf16_speedup"] = (
             result[f"{kind}_tokens_per_second_bfloat16"] / result[f"{kind}_tokens_per_second_float32"]

@@ -149,13 +149,17 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return _from_pretrained(AutoTokenizer.from_pretrained, spec)  # type: ignore[return-value]
 
 
-def load_model(spec: str, dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """The causal LM of a model spec, in ``dtype`` (fp32 by default), in eval mode."""
+def load_model(spec: str, dtype: torch.dtype | None = None, attn_implementation: str | None = None) -> PreTrainedModel:
+    """The causal LM of a model spec, in ``dtype`` (fp32 by default), in eval mode.
+
+    ``attn_implementation`` as transformers names it (eager, sdpa, ...); None keeps its default.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     def load(location: str) -> PreTrainedModel:
-        return AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32)
+        options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        return AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32, **options)
 
     model = _from_pretrained(load, spec)
     return model.eval()  # type: ignore[union-attr]

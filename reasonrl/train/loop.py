@@ -83,6 +83,16 @@ def check_supported(cfg: Config) -> None:
         )
 
 
+EAGER_ATTENTION_MAX_TOKENS = 512
+
+
+def training_attention(plan: Plan) -> str | None:
+    """Eager attention for short sequences on the CPU, where its backward beats SDPA's
+    (`python bench/dtype.py`, key train_eager_over_sdpa); SDPA above 512 tokens, where eager's saved
+    T×T attention matrices would cost too much memory."""
+    return "eager" if plan.max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS and not torch.cuda.is_available() else None
+
+
 # --- stages --------------------------------------------------------------------------------------
 
 
@@ -95,12 +105,13 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     torch.manual_seed(cfg.run.seed)
     dtype = compute_dtype(cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
-    model = load_model(cfg.model.name_or_path, torch.float32)  # fp32 master weights
+    attention = training_attention(plan)
+    model = load_model(cfg.model.name_or_path, torch.float32, attention)  # fp32 master weights
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if engine is None:
         engine = build_engine(cfg.rollout.engine, model, tokenizer, dtype=dtype)
-    reference = load_model(cfg.model.name_or_path, dtype) if plan.uses_reference else None
+    reference = load_model(cfg.model.name_or_path, dtype, attention) if plan.uses_reference else None
     pool = ScoringPool(verifier or MathVerifier(), cfg.reward.workers, cfg.reward.timeout_seconds)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)

@@ -121,7 +121,7 @@ def test_no_reference_model_without_kl(tmp_path, monkeypatch):
 
     loaded = []
     real = loop.load_model
-    monkeypatch.setattr(loop, "load_model", lambda spec, dtype=None: loaded.append(spec) or real(spec, dtype))
+    monkeypatch.setattr(loop, "load_model", lambda spec, *args: loaded.append(spec) or real(spec, *args))
     fit(tiny_config("train.rollout_steps=1"), tmp_path / "a", verifier=DigitFraction(), show_progress=False)
     assert len(loaded) == 1  # the policy only (DAPO (f): no KL -> no reference)
     fit(
