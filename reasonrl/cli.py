@@ -108,6 +108,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from reasonrl.data.loaders import DataError
     from reasonrl.eval import EvalSettings, run_eval
     from reasonrl.models.load import ModelError
+    from reasonrl.rollout.sampling import FireParams
 
     settings = EvalSettings(
         model=args.model,
@@ -119,6 +120,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         limit=args.limit,
         prompt_template=args.template,
         seed=args.seed,
+        fire=FireParams(args.fire_temperature, args.fire_top_k) if args.fire else None,
     )
     try:
         result = run_eval(settings)
@@ -165,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
     evaluate.add_argument("--template", default="answer_line", choices=["answer_line", "boxed", "plain"])
     evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--fire", action="store_true", help="FIRE: sample the first token flaming-hot")
+    evaluate.add_argument("--fire-temperature", type=float, default=30.0)
+    evaluate.add_argument("--fire-top-k", type=int, default=16)
     evaluate.add_argument("--output", help="also write the JSON here")
     evaluate.set_defaults(handler=_cmd_eval)
 

@@ -15,6 +15,7 @@ from reasonrl.reward.base import RewardResult
 from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.rollout import SamplingParams, build_engine
+from reasonrl.rollout.sampling import FireParams
 from reasonrl.train.rollout import PromptEncoder, sample_and_score
 
 
@@ -34,6 +35,8 @@ class EvalSettings:
     dtype: str = "auto"
     workers: int = 2
     timeout_seconds: float = 10.0
+    fire: FireParams | None = None
+    """FIRE for the k sampled answers (pass@1 stays greedy)."""
 
 
 def _vote_key(result: RewardResult) -> str | None:
@@ -73,7 +76,7 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
     started = time.perf_counter()
     tokenizer = load_tokenizer(settings.model)
     model = load_model(settings.model)
-    engine = build_engine("hf", model, tokenizer, dtype=compute_dtype(settings.dtype))
+    engine = build_engine("auto", model, tokenizer, dtype=compute_dtype(settings.dtype))
     del model
     examples = benchmark_examples(settings.dataset, settings.limit, DataSpec(fields=Fields()))
     encoder = PromptEncoder(tokenizer, settings.prompt_template, max_prompt_tokens=10**9)
@@ -87,7 +90,9 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
             pool,
             encoder,
             examples,
-            SamplingParams(settings.max_new_tokens, settings.temperature, settings.top_p, seed=settings.seed),
+            SamplingParams(
+                settings.max_new_tokens, settings.temperature, settings.top_p, seed=settings.seed, fire=settings.fire
+            ),
             repeats=settings.k,
         )
     groups = [sampled.results[i * settings.k : (i + 1) * settings.k] for i in range(len(examples))]
@@ -97,6 +102,7 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
         "n": len(examples),
         "k": settings.k,
         "temperature": settings.temperature,
+        "fire": settings.fire is not None,
         "pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
         **sampled_metrics(groups),
         "wall_seconds": time.perf_counter() - started,

@@ -94,6 +94,8 @@ def _describe(tp: Any) -> str:
         return " or ".join(_describe(a) for a in typing.get_args(tp))
     if tp is type(None):
         return "null"
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(tp)[0])}s"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
 
@@ -138,6 +140,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+    elif origin is tuple:
+        items = value if isinstance(value, list | tuple) else [value] if isinstance(value, int | float) else None
+        if items is not None:
+            item_type = typing.get_args(tp)[0]
+            return tuple(_coerce(item, item_type, f"{key}[{i}]") for i, item in enumerate(items))
     else:
         raise TypeError(f"{key}: unsupported annotation {tp!r} in the schema")
     raise ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}")
@@ -161,8 +168,10 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """A dataclass as a nested plain dict (YAML-friendly)."""
-    return dataclasses.asdict(cfg)
+    """A dataclass as a nested plain dict (YAML-friendly: tuples become lists)."""
+    return dataclasses.asdict(
+        cfg, dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v for k, v in items}
+    )
 
 
 def _apply(tree: dict[str, Any], key: str, value: Any, valid_keys: set[str]) -> None:

@@ -13,6 +13,7 @@ from reasonrl.config.docs import field_docs
 
 
 def _scalar(value: Any) -> str:
+    value = list(value) if isinstance(value, tuple) else value
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).removesuffix("\n...\n").strip()
 
 

@@ -30,6 +30,28 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class FireConfig:
+    """FIRE sampling (Chen et al. 2024, arXiv:2410.21236): the first response token(s) flaming-hot."""
+
+    enabled: bool = False
+    """Sample the tokens at ``positions`` from top-k(softmax(z / temperature)) in rollouts."""
+
+    temperature: float = 30.0
+    """Temperature of the FIRE positions (the authors' implementation: 30)."""
+
+    top_k: int = 16
+    """Top-k of the FIRE positions (the authors' implementation: 16)."""
+
+    positions: tuple[int, ...] = (0,)
+    """Response positions sampled flaming-hot; 0 is the first generated token."""
+
+    logprob: Literal["mask", "behaviour", "recompute"] = "mask"
+    """The PPO ratio of FIRE tokens, whose behaviour distribution is not the policy's: mask them out
+    of the policy loss (default), use the FIRE sampling log-prob as the old log-prob (behaviour),
+    or recompute it at the regular temperature like any token (recompute, the authors' code)."""
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """How responses are sampled."""
 
@@ -61,6 +83,9 @@ class RolloutConfig:
 
     top_k: int | None = None
     """Sample only among the k most likely tokens; None = off."""
+
+    fire: FireConfig = field(default_factory=FireConfig)
+    """FIRE first-token sampling."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,12 @@ def _ranges(cfg: Config) -> list[str]:
         (r.temperature > 0, "rollout.temperature must be > 0"),
         (0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
         (r.top_k is None or r.top_k >= 1, "rollout.top_k must be >= 1 (or null to disable)"),
+        (r.fire.temperature > 0, "rollout.fire.temperature must be > 0"),
+        (r.fire.top_k >= 1, "rollout.fire.top_k must be >= 1"),
+        (
+            bool(r.fire.positions) and all(0 <= p < r.max_response_tokens for p in r.fire.positions),
+            "rollout.fire.positions must be response positions in [0, rollout.max_response_tokens)",
+        ),
         (0 <= a.gamma <= 1, "algo.gamma must be in [0, 1]"),
         (0 <= a.lambda_policy <= 1, "algo.lambda_policy must be in [0, 1]"),
         (0 <= a.lambda_critic <= 1, "algo.lambda_critic must be in [0, 1]"),

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.rollout.base import Completion, SamplingParams, finish
+from reasonrl.rollout.sampling import sampling_logprobs
 
 
 class _LogprobRecorder(LogitsProcessor):
-    """Records log softmax(logits / T) of each sampled token.
+    """Records the log-prob of each sampled token under the distribution it was drawn from.
 
     transformers applies user processors before its temperature / top-k / top-p warpers, so
-    ``scores`` here are the raw logits.  The token sampled at step t is only known at step t+1
-    (as the last input id), so one step of log-probs is kept in hand.
+    ``scores`` here are the raw logits and the same filtering is re-applied to them
+    (``sampling_logprobs``).  The token sampled at step t is only known at step t+1 (as the last
+    input id), so one step of log-probs is kept in hand.
     """
 
-    def __init__(self, temperature: float) -> None:
-        self.temperature = temperature if temperature > 0 else 1.0
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
         self.pending: torch.Tensor | None = None  # [B, V] log-probs of the step whose token is unknown yet
         self.recorded: list[torch.Tensor] = []  # per step: [B]
 
@@ -31,7 +34,8 @@ class _LogprobRecorder(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.pending is not None:
             self._take(input_ids[:, -1])
-        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        p = self.params
+        self.pending = sampling_logprobs(scores, p.temperature, p.top_k, p.top_p)
         return scores
 
     def finalize(self, last_tokens: torch.Tensor) -> torch.Tensor:
@@ -67,6 +71,29 @@ class HFEngine:
         for name, tensor in state_dict.items():
             own[name].copy_(tensor)
 
+    def _generate_fire_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """FIRE as its authors run it: one flaming-hot token, then the rest with the regular settings."""
+        fire = params.fire
+        if fire.positions != (0,):
+            raise ValueError(
+                "the hf engine applies FIRE to the first token only; use the fast engine for other positions"
+            )
+        hot = SamplingParams(1, fire.temperature, 1.0, fire.top_k, ignore_stop=params.ignore_stop)
+        firsts = self._generate_chunk(prompts, hot)
+        rest_params = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - 1, fire=None)
+        pending = [i for i, c in enumerate(firsts) if c.finish_reason == "length" and params.max_new_tokens > 1]
+        rests = (
+            self._generate_chunk([list(prompts[i]) + firsts[i].token_ids for i in pending], rest_params)
+            if pending
+            else []
+        )
+        merged = list(firsts)
+        for i, rest in zip(pending, rests, strict=True):
+            merged[i] = Completion(
+                firsts[i].token_ids + rest.token_ids, firsts[i].logprobs + rest.logprobs, rest.finish_reason
+            )
+        return merged
+
     @torch.no_grad()
     def _generate_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         width = max(len(p) for p in prompts)
@@ -75,7 +102,7 @@ class HFEngine:
         for row, prompt in enumerate(prompts):  # left padding: the last prompt token sits at width - 1
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
-        recorder = _LogprobRecorder(params.temperature)
+        recorder = _LogprobRecorder(params)
         sample = params.temperature > 0
         output = self.model.generate(
             input_ids=input_ids,
@@ -107,8 +134,7 @@ class HFEngine:
                 torch.manual_seed(params.seed)
             for start in range(0, len(order), self.max_batch_sequences):
                 chunk = order[start : start + self.max_batch_sequences]
-                for index, completion in zip(
-                    chunk, self._generate_chunk([prompts[i] for i in chunk], params), strict=True
-                ):
+                generate_chunk = self._generate_fire_chunk if params.fire else self._generate_chunk
+                for index, completion in zip(chunk, generate_chunk([prompts[i] for i in chunk], params), strict=True):
                     results[index] = completion
         return results  # type: ignore[return-value]

@@ -32,7 +32,7 @@ from reasonrl.reward.pool import ScoringPool
 from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, read_metrics
+from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, read_metrics, release_free_memory
 from reasonrl.train.policy import response_logprobs
 from reasonrl.train.report import plot_metrics, write_summary
 from reasonrl.train.rollout import PromptEncoder, RolloutCollector, hash_seed, sample_and_score
@@ -192,6 +192,10 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
         return out
 
     batch.old_logprobs = forward(run.model)
+    fire = run.cfg.rollout.fire
+    if fire.enabled and fire.logprob == "behaviour":  # the FIRE tokens' true behaviour log-probs
+        positions = list(fire.positions)
+        batch.old_logprobs[:, positions] = batch.rollout_logprobs[:, positions]
     mask = batch.response_mask
     stats = {"rollout/logprob_abs_diff": masked_mean((batch.old_logprobs - batch.rollout_logprobs).abs(), mask).item()}
     if run.reference is not None:
@@ -266,6 +270,7 @@ def fit(
                 metrics |= run.updater.update(batch, seed=hash_seed(cfg.run.seed, step), kl_coef=float(run.kl.coef))
                 metrics["perf/update_seconds"] = time.perf_counter() - t0
                 run.engine.load_weights(run.model.state_dict())
+                release_free_memory()
                 if "policy/kl_ref" in metrics:
                     run.kl.update(metrics["policy/kl_ref"], len(batch))
                 if step % cfg.run.eval_every == 0 or step == total:

@@ -25,6 +25,7 @@ from reasonrl.reward.base import RewardResult
 from reasonrl.reward.format import FormatVerifier
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.rollout.sampling import FireParams
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ class RolloutCollector:
                 top_p=rollout.top_p,
                 top_k=rollout.top_k,
                 seed=hash_seed(cfg.run.seed, step, passes),
+                fire=fire_params(cfg),
             )
             scored = sample_and_score(
                 self.engine, self.tokenizer, self.pool, self.encoder, examples, params, group_size
@@ -232,6 +234,8 @@ class RolloutCollector:
         rewards = torch.cat([r for _, r in kept])
         group_ids = torch.arange(len(kept)).repeat_interleave(group_size)
         batch = build_batch(merged, rewards, group_ids, filter_truncated=algo.overlong == "filter")
+        if rollout.fire.enabled and rollout.fire.logprob == "mask":
+            batch.policy_loss_mask[:, list(rollout.fire.positions)] = False  # FIRE tokens: off-policy
         lengths = batch.response_mask.sum(1).float()
         stats = {
             "reward/mean": batch.rewards.mean().item(),
@@ -247,6 +251,12 @@ class RolloutCollector:
             **timing,
         }
         return batch, stats
+
+
+def fire_params(cfg: Config) -> FireParams | None:
+    """The FIRE sampling parameters of a config, or None when FIRE is off."""
+    fire = cfg.rollout.fire
+    return FireParams(fire.temperature, fire.top_k, fire.positions) if fire.enabled else None
 
 
 def _rows(scored: Scored, rows: slice) -> Scored:

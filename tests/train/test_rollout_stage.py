@@ -87,3 +87,17 @@ def test_soft_overlong_penalty_and_truncation_flags():
     torch.testing.assert_close(batch.rewards, expected)
     assert batch.truncated.any() and not batch.truncated.all()
     assert torch.equal(batch.truncated, batch.response_ids[:, 15] == collect.tokenizer.convert_tokens_to_ids("7"))
+
+
+def test_fire_tokens_are_masked_out_of_the_policy_loss_by_default():
+    collect, pool = collector(["algo.dynamic_sampling=false", "rollout.fire.enabled=true"], mixed_groups)
+    with pool:
+        batch, _ = collect.collect(1)
+    assert not batch.policy_loss_mask[:, 0].any()
+    assert torch.equal(batch.policy_loss_mask[:, 1:], batch.response_mask[:, 1:])
+    collect, pool = collector(
+        ["algo.dynamic_sampling=false", "rollout.fire.enabled=true", "rollout.fire.logprob=behaviour"], mixed_groups
+    )
+    with pool:
+        batch, _ = collect.collect(1)
+    assert torch.equal(batch.policy_loss_mask, batch.response_mask)  # kept: old log-probs come from the sampler
