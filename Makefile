@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: demo bench test test-slow lint format clean
+.PHONY: demo bench bench-speed test test-slow lint format clean
 
 $(VENV)/.installed-base: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -17,9 +17,18 @@ $(VENV)/.installed-dev: pyproject.toml scripts/bootstrap.sh
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/reasonrl train
 
+$(VENV)/.installed-bench: pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh bench
+	touch $@
+
 ## bench: time one RL step of the demo configuration (prints JSON)
 bench: $(VENV)/.installed-base
 	$(PY) bench/rl_step.py
+
+## bench-speed: the engine race (hf vs fast) and TRL's GRPOTrainer vs reasonrl (prints JSON)
+bench-speed: $(VENV)/.installed-bench
+	$(PY) bench/rollout_throughput.py
+	$(PY) bench/vs_trl.py
 
 ## test: set up .venv (with dev tools) and run the default test suite
 test: $(VENV)/.installed-dev

@@ -181,9 +181,10 @@ class TrainConfig:
     minibatch_sequences: int = 32
     """Responses per optimiser step; must divide rollout_prompts × samples_per_prompt."""
 
-    microbatch_tokens: int = 1024
+    microbatch_tokens: int = 768
     """Token budget (rows × padded length) of one forward/backward micro-batch; gradients accumulate
-    over micro-batches.  Activation memory grows about 1 GB per 1k tokens for the 135M model."""
+    over micro-batches.  Activation memory grows about 1 GB per 1k tokens for the 135M model; 768
+    keeps the main job under 6 GB peak RSS (docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)

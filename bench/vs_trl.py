@@ -1,0 +1,171 @@
+"""TRL's GRPOTrainer vs reasonrl's grpo on identical work, side by side (one JSON object).
+
+    pip install -e '.[bench]'
+    python bench/vs_trl.py [--steps 10] [--prompts 8] [--completions 4] [--max-new-tokens 64] [--lr 1e-5]
+
+Same model (SmolLM2-135M-Instruct, the same converted weights), the same prompts (the first
+steps × prompts problems of the arithmetic task, chat-formatted with the same template), the same
+number of completions per prompt, max new tokens, learning rate, steps and seed, the same reward
+(reasonrl's math verifier: 1 correct, 0 wrong), one optimiser step per generation batch, no KL
+(TRL's default β = 0), token-level loss (TRL's default `loss_type="dapo"`), bf16 compute on fp32
+weights for both.  Each trainer runs in its own subprocess, so peak RSS is its own.  Reported: median
+seconds per step, completion tokens per second, peak RSS, and both reward curves;
+``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _prompts(count: int) -> list[tuple[str, str]]:
+    from reasonrl.data.arithmetic import ArithmeticTask
+    from reasonrl.data.prompts import user_message
+
+    task = ArithmeticTask(seed=0)
+    return [(user_message(e.question, "answer_line"), e.answer) for e in map(task.train_example, range(count))]
+
+
+def run_trl(args: argparse.Namespace) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from reasonrl.models.load import resolve_model
+    from reasonrl.reward.math import MathVerifier
+    from reasonrl.train.metrics import peak_rss_gb
+
+    location = resolve_model("smollm2-135m")
+    rows = [{"prompt": [{"role": "user", "content": p}], "answer": a} for p, a in _prompts(args.steps * args.prompts)]
+    verifier = MathVerifier()
+
+    def correctness(completions, answer, **kwargs):
+        return [verifier(c[0]["content"], a).score for c, a in zip(completions, answer, strict=True)]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.start = 0.0
+
+        def on_step_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self.start)
+
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=args.prompts * args.completions,
+            num_generations=args.completions,
+            max_completion_length=args.max_new_tokens,
+            learning_rate=args.lr,
+            max_steps=args.steps,
+            bf16=True,
+            use_cpu=True,
+            beta=0.0,
+            temperature=1.0,
+            logging_steps=1,
+            seed=args.seed,
+            report_to="none",
+            save_strategy="no",
+        )
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32),
+            processing_class=AutoTokenizer.from_pretrained(location),
+            reward_funcs=correctness,
+            args=config,
+            train_dataset=Dataset.from_list(rows),
+            callbacks=[timer],
+        )
+        trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "reward" in entry]
+    lengths = [entry.get("completions/mean_length", 0.0) for entry in logs]
+    return {
+        "seconds_per_step": timer.times,
+        "rewards": [entry["reward"] for entry in logs],
+        "tokens_per_step": [length * args.prompts * args.completions for length in lengths],
+        "peak_rss_gb": peak_rss_gb(),
+    }
+
+
+def run_reasonrl(args: argparse.Namespace) -> dict:
+    from reasonrl.config import load_config
+    from reasonrl.train.loop import fit
+    from reasonrl.train.metrics import read_metrics
+
+    overrides = [
+        f"rollout.rollout_prompts={args.prompts}",
+        f"rollout.samples_per_prompt={args.completions}",
+        f"rollout.max_response_tokens={args.max_new_tokens}",
+        f"train.minibatch_sequences={args.prompts * args.completions}",
+        f"train.lr={args.lr}",
+        f"train.rollout_steps={args.steps}",
+        f"run.seed={args.seed}",
+        "algo.kl_placement=none",
+        "algo.loss_agg=token-mean",
+        "data.eval_prompts=8",
+        f"run.eval_every={10**6}",
+        f"run.save_every={10**6}",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = fit(load_config("grpo", overrides), Path(tmp), preset="grpo", show_progress=False)
+        steps = [r for r in read_metrics(Path(tmp) / "metrics.jsonl") if r["step"] > 0]
+    # the last step also runs the final evaluation: time it without that
+    seconds = [r["perf/step_seconds"] - r.get("perf/eval_seconds", 0.0) for r in steps]
+    return {
+        "seconds_per_step": seconds,
+        "rewards": [r["reward/mean"] for r in steps],
+        "tokens_per_step": [r["rollout/tokens_generated"] for r in steps],
+        "peak_rss_gb": summary["peak_rss_gb"],
+        "overrides": overrides,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--completions", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--worker", choices=["trl", "reasonrl"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps((run_trl if args.worker == "trl" else run_reasonrl)(args)))
+        return
+    result: dict = {"work": {k: v for k, v in vars(args).items() if k != "worker"}}
+    for name in ("reasonrl", "trl"):
+        command = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        run = json.loads(output.strip().splitlines()[-1])
+        median = statistics.median(run["seconds_per_step"])
+        result[name] = {
+            "median_seconds_per_step": median,
+            "tokens_per_second": statistics.median(
+                t / s for t, s in zip(run["tokens_per_step"], run["seconds_per_step"], strict=False)
+            ),
+            "peak_rss_gb": run["peak_rss_gb"],
+            "reward_curve": run["rewards"],
+            "mean_reward_first_half": statistics.fmean(run["rewards"][: len(run["rewards"]) // 2]),
+            "mean_reward_second_half": statistics.fmean(run["rewards"][len(run["rewards"]) // 2 :]),
+            "seconds_per_step": run["seconds_per_step"],
+        }
+    result["speedup_per_step"] = (
+        result["trl"]["median_seconds_per_step"] / result["reasonrl"]["median_seconds_per_step"]
+    )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
