@@ -56,16 +56,27 @@ def main() -> None:
     task = ArithmeticTask()
     batches = [int(b) for b in args.batches.split(",")]
     prompts = [prompt_token_ids(tokenizer, task.train_example(i).question, "answer_line") for i in range(max(batches))]
-    peak = matmul_peak_flops()
-    result: dict = {"model": args.model, "new_tokens": args.new_tokens, "bf16_matmul_peak_tflops": peak / 1e12}
+    peak_before = matmul_peak_flops()
+    result: dict = {"model": args.model, "new_tokens": args.new_tokens}
+    rates: dict[str, float] = {}
     for batch in batches:
         for mode, ignore_stop in (("", True), ("_natural", False)):
             for name in ("hf", "fast"):
                 engine = build_engine(name, model, tokenizer, dtype=torch.bfloat16, max_batch_sequences=batch)
-                rate = tokens_per_second(engine, prompts[:batch], args.new_tokens, ignore_stop)
+                rates[f"{name}{mode}_bs{batch}"] = tokens_per_second(
+                    engine, prompts[:batch], args.new_tokens, ignore_stop
+                )
+                del engine
+    # the peak is measured before and after the engines, and the higher value kept, so a moment of
+    # interference cannot inflate the utilisation figures
+    peak = max(peak_before, matmul_peak_flops())
+    result["bf16_matmul_peak_tflops"] = peak / 1e12
+    for batch in batches:
+        for mode in ("", "_natural"):
+            for name in ("hf", "fast"):
+                rate = rates[f"{name}{mode}_bs{batch}"]
                 result[f"{name}_tokens_per_second{mode}_bs{batch}"] = rate
                 result[f"{name}_peak_fraction{mode}_bs{batch}"] = rate * flops_per_token / peak
-                del engine
             result[f"fast_over_hf_bf16{mode}_bs{batch}"] = (
                 result[f"fast_tokens_per_second{mode}_bs{batch}"] / result[f"hf_tokens_per_second{mode}_bs{batch}"]
             )

@@ -54,6 +54,11 @@ class Plan:
     max_sequence_tokens: int
     """Longest prompt + response a forward pass may see."""
 
+    separate_old_logprob_pass: bool
+    """Old log-probs need their own forward pass before the update.  Not when a rollout is a single
+    mini-batch trained for one epoch without a reference or FIRE behaviour log-probs: the update's
+    own forward then runs at the old policy, and its detached log-probs serve (as TRL does)."""
+
 
 def resolve(cfg: Config) -> Plan:
     """Validate ``cfg`` and derive its Plan (the config itself is frozen and never changed)."""
@@ -84,4 +89,9 @@ def resolve(cfg: Config) -> Plan:
         loss_agg_constant=constant,
         overlong_cache_tokens=cache,
         max_sequence_tokens=r.max_prompt_tokens + r.max_response_tokens,
+        separate_old_logprob_pass=not (
+            per_rollout == 1
+            and not (a.kl_placement != "none" and a.kl_coef > 0)
+            and not (r.fire.enabled and r.fire.logprob == "behaviour")
+        ),
     )

@@ -55,10 +55,10 @@ class FireConfig:
 class RolloutConfig:
     """How responses are sampled."""
 
-    engine: Literal["auto", "fast", "hf"] = "auto"
-    """Generation engine: fast (reasonrl's continuous-batching decoder for Llama-family models),
-    hf (transformers generate, the reference), or auto (fast on CPU where the model is supported,
-    else hf)."""
+    engine: Literal["auto", "fast", "hf", "vllm"] = "auto"
+    """Generation engine: fast (reasonrl's continuous-batching CPU decoder for Llama-family models),
+    hf (transformers generate, the reference), vllm (GPU, the `gpu` extra), or auto (fast on a CPU
+    where the model is supported, vllm on a CUDA machine with vLLM installed, else hf)."""
 
     rollout_prompts: int = 8
     """Prompts per rollout step (the papers' "batch size", counted in prompts)."""

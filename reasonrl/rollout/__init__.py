@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
+
+import torch
 
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 
@@ -13,15 +16,18 @@ __all__ = ["Completion", "RolloutEngine", "SamplingParams", "build_engine"]
 
 
 def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **options) -> RolloutEngine:
-    """The engine called ``name`` (``fast``, ``hf``, or ``auto``), serving its own copy of ``model``'s weights.
+    """The engine called ``name`` (``fast``, ``hf``, ``vllm`` or ``auto``), serving its own copy of ``model``'s weights.
 
-    ``auto`` picks ``fast`` for a model on the CPU whose architecture it supports, else ``hf``.
+    ``auto`` picks ``fast`` for a CPU model whose architecture it supports, ``vllm`` on a CUDA machine
+    where vLLM is installed, else ``hf``.
     """
     if name == "auto":
         from reasonrl.rollout.fast import SUPPORTED
 
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        name = "fast" if on_cpu and model.config.model_type in SUPPORTED else "hf"
+        if torch.cuda.is_available():
+            name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+        else:
+            name = "fast" if model.config.model_type in SUPPORTED else "hf"
     if name == "hf":
         from reasonrl.rollout.hf import HFEngine
 
@@ -30,4 +36,8 @@ def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokeniz
         from reasonrl.rollout.fast import FastEngine
 
         return FastEngine(model, tokenizer, **options)
-    raise ValueError(f"unknown rollout engine {name!r}; available: auto, fast, hf")
+    if name == "vllm":
+        from reasonrl.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, **options)
+    raise ValueError(f"unknown rollout engine {name!r}; available: auto, fast, hf, vllm")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -76,3 +77,26 @@ def finish(token_ids: list[int], logprobs: list[float], stop_ids: frozenset[int]
         if token in stop_ids:
             return Completion(token_ids[: i + 1], logprobs[: i + 1], "stop")
     return Completion(token_ids[:max_new_tokens], logprobs[:max_new_tokens], "length")
+
+
+def first_token_fire(
+    generate: Callable[[Sequence[Sequence[int]], SamplingParams], list[Completion]],
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+) -> list[Completion]:
+    """FIRE as its authors run it on engines without per-position sampling: one call samples the
+    first token flaming-hot, a second continues from it with the regular settings."""
+    fire = params.fire
+    if fire is None or fire.positions != (0,):
+        raise ValueError("this engine applies FIRE to the first token only; use the fast engine for other positions")
+    hot = SamplingParams(1, fire.temperature, 1.0, fire.top_k, params.seed, ignore_stop=params.ignore_stop)
+    firsts = generate(prompts, hot)
+    rest = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - 1, fire=None)
+    pending = [i for i, c in enumerate(firsts) if c.finish_reason == "length" and params.max_new_tokens > 1]
+    tails = generate([list(prompts[i]) + firsts[i].token_ids for i in pending], rest) if pending else []
+    merged = list(firsts)
+    for i, tail in zip(pending, tails, strict=True):
+        merged[i] = Completion(
+            firsts[i].token_ids + tail.token_ids, firsts[i].logprobs + tail.logprobs, tail.finish_reason
+        )
+    return merged

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 import torch
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
-from reasonrl.rollout.base import Completion, SamplingParams, finish
+from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire
 from reasonrl.rollout.sampling import sampling_logprobs
 
 
@@ -71,29 +70,6 @@ class HFEngine:
         for name, tensor in state_dict.items():
             own[name].copy_(tensor)
 
-    def _generate_fire_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        """FIRE as its authors run it: one flaming-hot token, then the rest with the regular settings."""
-        fire = params.fire
-        if fire.positions != (0,):
-            raise ValueError(
-                "the hf engine applies FIRE to the first token only; use the fast engine for other positions"
-            )
-        hot = SamplingParams(1, fire.temperature, 1.0, fire.top_k, ignore_stop=params.ignore_stop)
-        firsts = self._generate_chunk(prompts, hot)
-        rest_params = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - 1, fire=None)
-        pending = [i for i, c in enumerate(firsts) if c.finish_reason == "length" and params.max_new_tokens > 1]
-        rests = (
-            self._generate_chunk([list(prompts[i]) + firsts[i].token_ids for i in pending], rest_params)
-            if pending
-            else []
-        )
-        merged = list(firsts)
-        for i, rest in zip(pending, rests, strict=True):
-            merged[i] = Completion(
-                firsts[i].token_ids + rest.token_ids, firsts[i].logprobs + rest.logprobs, rest.finish_reason
-            )
-        return merged
-
     @torch.no_grad()
     def _generate_chunk(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         width = max(len(p) for p in prompts)
@@ -134,7 +110,11 @@ class HFEngine:
                 torch.manual_seed(params.seed)
             for start in range(0, len(order), self.max_batch_sequences):
                 chunk = order[start : start + self.max_batch_sequences]
-                generate_chunk = self._generate_fire_chunk if params.fire else self._generate_chunk
-                for index, completion in zip(chunk, generate_chunk([prompts[i] for i in chunk], params), strict=True):
+                chunk_prompts = [prompts[i] for i in chunk]
+                if params.fire:
+                    completions = first_token_fire(self._generate_chunk, chunk_prompts, params)
+                else:
+                    completions = self._generate_chunk(chunk_prompts, params)
+                for index, completion in zip(chunk, completions, strict=True):
                     results[index] = completion
         return results  # type: ignore[return-value]

@@ -197,7 +197,11 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
         positions = list(fire.positions)
         batch.old_logprobs[:, positions] = batch.rollout_logprobs[:, positions]
     mask = batch.response_mask
-    stats = {"rollout/logprob_abs_diff": masked_mean((batch.old_logprobs - batch.rollout_logprobs).abs(), mask).item()}
+    gap = (batch.old_logprobs - batch.rollout_logprobs).abs()
+    stats = {
+        "rollout/logprob_abs_diff": masked_mean(gap, mask).item(),
+        "rollout/logprob_max_abs_diff": gap[mask].max().item() if mask.any() else 0.0,
+    }
     if run.reference is not None:
         batch.ref_logprobs = forward(run.reference)
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, run.cfg.algo.kl_estimator)
@@ -262,9 +266,10 @@ def fit(
             for step in range(start_step + 1, total + 1):
                 step_start = time.perf_counter()
                 batch, metrics = run.collector.collect(step)
-                t0 = time.perf_counter()
-                metrics |= logprob_stage(run, batch)
-                metrics["perf/logprob_seconds"] = time.perf_counter() - t0
+                if run.plan.separate_old_logprob_pass:
+                    t0 = time.perf_counter()
+                    metrics |= logprob_stage(run, batch)
+                    metrics["perf/logprob_seconds"] = time.perf_counter() - t0
                 assign_advantages(batch, cfg.algo, float(run.kl.coef))
                 t0 = time.perf_counter()
                 metrics |= run.updater.update(batch, seed=hash_seed(cfg.run.seed, step), kl_coef=float(run.kl.coef))

@@ -69,8 +69,10 @@ class PolicyUpdater:
                 compute_dtype=self.compute_dtype,
             )
             micro_mask = micro.policy_loss_mask
+            # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch)
+            old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             per_token, stats = ppo_clip(
-                logprobs, micro.old_logprobs, micro.advantages, micro_mask, spec.eps_low, spec.eps_high, spec.dual_clip
+                logprobs, old_logprobs, micro.advantages, micro_mask, spec.eps_low, spec.eps_high, spec.dual_clip
             )
             policy_loss = self._aggregate(per_token, micro_mask, tokens, seqs)
             loss = policy_loss

@@ -223,3 +223,12 @@ def test_rendered_yaml_loads_back_to_the_same_config(tmp_path, name):
 
 def test_algo_group_is_the_pure_algo_spec():
     assert typing.get_type_hints(Config)["algo"] is AlgoSpec
+
+
+def test_plan_says_when_old_logprobs_need_their_own_pass():
+    assert resolve(load_config("dapo")).separate_old_logprob_pass  # 2 mini-batches per rollout
+    assert not resolve(load_config("dapo", ["train.minibatch_sequences=64"])).separate_old_logprob_pass
+    assert resolve(load_config("grpo")).separate_old_logprob_pass  # the KL needs them
+    assert resolve(
+        load_config("dapo", ["train.minibatch_sequences=64", "train.epochs_per_rollout=2"])
+    ).separate_old_logprob_pass

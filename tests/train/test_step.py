@@ -74,3 +74,20 @@ def test_a_nan_loss_skips_the_optimiser_step():
     assert updater.skipped_steps == 1 and metrics["train/skipped_steps"] == 1.0
     for name, value in before.items():
         assert torch.equal(after[name].detach(), value), name
+
+
+def test_single_minibatch_update_can_take_old_logprobs_from_its_own_forward():
+    # one mini-batch, one epoch: the update's forward runs at the old policy, so skipping the
+    # separate old-log-prob pass (plan.separate_old_logprob_pass=False) changes nothing
+    from reasonrl.train.policy import response_logprobs
+
+    batch = rollout_batch(2)
+    model = load_model("tiny-random")
+    with torch.no_grad():
+        old, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    batch.old_logprobs = old
+    with_pass, _, _ = updated_parameters(10_000, "token-mean", batch, lr=0.1)
+    batch.old_logprobs = None
+    without_pass, _, _ = updated_parameters(10_000, "token-mean", batch, lr=0.1)
+    for name in with_pass:
+        torch.testing.assert_close(without_pass[name], with_pass[name], atol=1e-6, rtol=1e-5, msg=name)
