@@ -92,11 +92,14 @@ class RolloutConfig:
 class CriticConfig:
     """The value model of critic-based estimators (gae, egae)."""
 
-    init: Literal["policy", "checkpoint"] = "policy"
-    """Initial critic weights: a copy of the policy backbone with a fresh scalar head, or a saved critic."""
+    init: Literal["policy", "checkpoint", "reward_model"] = "policy"
+    """Initial critic weights: policy (a copy of the policy backbone with a zero scalar head),
+    checkpoint (a saved critic at critic.path; value pretraining is skipped) or reward_model (a
+    scalar reward model at critic.path, then value pretraining as VAPO does)."""
 
-    checkpoint: str | None = None
-    """Path of a saved critic; required when init is checkpoint (and then value pretraining is skipped)."""
+    path: str | None = None
+    """Directory of a saved critic or reward model (init checkpoint / reward_model): a run's
+    critic_pretrained/ or checkpoints/step-N/critic/, or the output of `reasonrl rm train`."""
 
     lr: float | None = None
     """Critic learning rate; None = 2 × train.lr (VAPO: "the critic must keep pace", 2e-6 vs 1e-6)."""

@@ -133,10 +133,10 @@ def _algorithm(cfg: Config) -> list[str]:
         )
     if a.kl_controller == "adaptive" and a.kl_placement == "none":
         problems.append("algo.kl_controller=adaptive needs algo.kl_placement=reward or loss")
-    if cfg.critic.init == "checkpoint" and not cfg.critic.checkpoint:
-        problems.append("critic.init=checkpoint needs critic.checkpoint=PATH (a saved critic)")
-    if cfg.critic.init != "checkpoint" and cfg.critic.checkpoint:
-        problems.append("critic.checkpoint is set but critic.init is not 'checkpoint'; set critic.init=checkpoint")
+    if cfg.critic.init != "policy" and not cfg.critic.path:
+        problems.append(f"critic.init={cfg.critic.init} needs critic.path=DIR (a saved critic or reward model)")
+    if cfg.critic.init == "policy" and cfg.critic.path:
+        problems.append("critic.path is set but critic.init is 'policy'; set critic.init=checkpoint or reward_model")
     return problems
 
 

@@ -4,18 +4,55 @@ from __future__ import annotations
 
 import torch
 
-from reasonrl.algo.advantages import group_advantages, reinforce_pp_advantages, rloo_advantages, sequence_to_tokens
+from reasonrl.algo.advantages import (
+    decoupled_gae,
+    group_advantages,
+    length_adaptive_lambda,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    sequence_to_tokens,
+)
 from reasonrl.algo.kl import kl_estimate, kl_penalized_rewards
+from reasonrl.algo.masked import masked_mean, masked_whiten
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.algo.shaping import terminal_token_rewards
 from reasonrl.batch import RolloutBatch
 
 
-def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> RolloutBatch:
-    """Fill ``token_rewards`` and ``advantages`` (critic-free estimators) on the whole rollout batch.
+def policy_lambda(spec: AlgoSpec, response_mask: torch.Tensor) -> torch.Tensor:
+    """λ_policy per sequence [B]: the preset's constant, or VAPO's length-adaptive 1 − 1/(α·l)."""
+    lengths = response_mask.sum(1)  # [B]
+    if spec.lambda_policy_mode == "length_adaptive":
+        return length_adaptive_lambda(lengths, spec.length_alpha)
+    return torch.full(lengths.shape, spec.lambda_policy, dtype=torch.get_default_dtype())
+
+
+def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
+    """GAE with decoupled λ: policy advantages from λ_policy, critic targets (returns) from λ_critic."""
+    assert batch.values is not None and batch.token_rewards is not None, "the critic's values come first"
+    lam = policy_lambda(spec, batch.response_mask)  # [B]
+    batch.advantages, batch.returns = decoupled_gae(
+        batch.token_rewards,
+        batch.values,
+        batch.response_mask,
+        spec.gamma,
+        lam,
+        spec.lambda_critic,
+        mask_mode=spec.gae_mask_mode,
+    )
+    stats = {"critic/lambda_policy_mean": lam.mean().item()}
+    if spec.lambda_policy_mode == "length_adaptive":
+        stats["critic/lambda_clamped_fraction"] = (lam <= 0).float().mean().item()
+    return stats
+
+
+def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> dict[str, float]:
+    """Fill ``token_rewards``, ``advantages`` (and ``returns`` where the estimator has them); returns metrics.
 
     Outcome rewards sit on the last response token (spec §1.3).  With the KL in the reward,
     ``r_t −= β·kl_t``; group estimators then use the per-sequence sum of the token rewards.
+    Critic estimators need ``batch.values``.  ``advantage_norm=batch_whiten`` then whitens the
+    advantages over the policy-loss tokens of the whole rollout batch (verl).
     """
     token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
     if spec.kl_placement == "reward" and kl_coef > 0:
@@ -24,6 +61,7 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> Ro
         token_rewards = kl_penalized_rewards(token_rewards, kl, kl_coef, batch.response_mask)
     batch.token_rewards = token_rewards
     sequence_rewards = token_rewards.sum(-1)  # [B]
+    stats: dict[str, float] = {}
     if spec.advantage_estimator == "grpo":
         per_sequence = group_advantages(
             sequence_rewards, batch.group_ids, spec.group_norm_by_std, unbiased=spec.group_std_unbiased
@@ -33,8 +71,11 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> Ro
         batch.advantages = sequence_to_tokens(rloo_advantages(sequence_rewards, batch.group_ids), batch.response_mask)
     elif spec.advantage_estimator == "reinforce_pp":
         batch.advantages, batch.returns = reinforce_pp_advantages(token_rewards, batch.response_mask, spec.gamma)
+    elif spec.advantage_estimator == "gae":
+        stats |= critic_advantages(batch, spec)
     else:
-        raise NotImplementedError(
-            f"advantage_estimator={spec.advantage_estimator!r} needs a critic, which this version cannot train yet"
-        )
-    return batch
+        raise NotImplementedError(f"advantage_estimator={spec.advantage_estimator!r} needs T-PPO's rollout pool")
+    stats["policy/advantage_mean"] = masked_mean(batch.advantages, batch.policy_loss_mask).item()
+    if spec.advantage_norm == "batch_whiten":
+        batch.advantages = masked_whiten(batch.advantages, batch.policy_loss_mask)
+    return stats

@@ -1,10 +1,11 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically.
 
 A checkpoint is a directory ``checkpoints/step-NNNNNN`` holding the policy weights
-(safetensors), optimiser + scheduler + RNG states (``trainer.pt``) and ``state.json`` (step, data
-position, KL coefficient, ...).  It is assembled in ``step-NNNNNN.tmp`` and renamed into place,
-then ``checkpoints/latest`` is replaced atomically: a run killed mid-checkpoint leaves the previous
-checkpoint intact and a ``.tmp`` directory that the next start removes.
+(safetensors), the critic (``critic/``, a ``ValueModel`` directory, when there is one), optimiser +
+scheduler + RNG states (``trainer.pt``) and ``state.json`` (step, data position, KL coefficient,
+...).  It is assembled in ``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest``
+is replaced atomically: a run killed mid-checkpoint leaves the previous checkpoint intact and a
+``.tmp`` directory that the next start removes.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_model
+
+from reasonrl.models.value import HEAD_FILE, ValueModel
 
 STATE_FILE = "state.json"  # written last: its presence marks a complete checkpoint
+CRITIC_DIR = "critic"
 
 
 def _checkpoint_dir(run_dir: Path) -> Path:
@@ -47,6 +51,7 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: dict[str, Any],
     keep: int,
+    critic: tuple[ValueModel, torch.optim.Optimizer] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and keep only the ``keep`` most recent ones."""
     root = _checkpoint_dir(run_dir)
@@ -55,10 +60,11 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-        tmp / "trainer.pt",
-    )
+    trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()}
+    if critic is not None:
+        critic[0].save(tmp / CRITIC_DIR)
+        trainer["critic_optimizer"] = critic[1].state_dict()
+    torch.save(trainer, tmp / "trainer.pt")
     (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2))
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
@@ -89,11 +95,21 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    critic: tuple[ValueModel, torch.optim.Optimizer] | None = None,
 ) -> dict[str, Any]:
     """Restore weights, optimiser, scheduler and RNG states; returns the saved ``state.json``."""
     load_model(model, str(path / "model.safetensors"))
     trainer = torch.load(path / "trainer.pt", weights_only=False)
+    if critic is not None:
+        load_value_weights(critic[0], path / CRITIC_DIR)
+        critic[1].load_state_dict(trainer["critic_optimizer"])
     optimizer.load_state_dict(trainer["optimizer"])
     scheduler.load_state_dict(trainer["scheduler"])
     set_rng_state(trainer["rng"])
     return json.loads((path / STATE_FILE).read_text())
+
+
+def load_value_weights(value_model: ValueModel, directory: Path) -> None:
+    """Load a saved ``ValueModel`` directory's weights into an existing critic (in place)."""
+    value_model.backbone.load_state_dict(load_file(directory / "model.safetensors"))
+    value_model.head.load_state_dict(load_file(directory / HEAD_FILE))

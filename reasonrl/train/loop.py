@@ -1,8 +1,8 @@
 """``fit()``: one RL run as named stages (DESIGN §3).
 
-setup -> restore -> evaluate (before)
-each step: rollout (generate, score, filter, shape) -> log-probs (old, reference)
-           -> advantages -> policy update -> weight sync -> evaluate? -> log -> checkpoint
+setup -> restore -> evaluate (before) -> value pretraining (critic presets)
+each step: rollout (generate, score, filter, shape) -> log-probs (old, reference) -> values
+           -> advantages -> policy update -> critic update -> weight sync -> evaluate? -> log -> checkpoint
 -> evaluate (after) -> export -> report
 """
 
@@ -26,20 +26,25 @@ from reasonrl.config.render import render_yaml
 from reasonrl.data.loaders import Fields
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
 from reasonrl.reward.base import Verifier
 from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
 from reasonrl.train.advantages import assign_advantages
-from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, load_value_weights, save_checkpoint
+from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, read_metrics, release_free_memory
 from reasonrl.train.policy import response_logprobs
-from reasonrl.train.report import plot_metrics, write_summary
+from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PromptEncoder, RolloutCollector, hash_seed, sample_and_score
 from reasonrl.train.step import PolicyUpdater
+from reasonrl.train.value_pretrain import pretrain_critic
 
 log = logging.getLogger(__name__)
 PLOT_NAME = "training_curves.png"
+PRETRAINED_CRITIC = "critic_pretrained"
+VALUE_PRETRAIN = "value_pretrain"  # its metrics file (.jsonl) and plot (.png)
 
 
 @dataclass
@@ -60,6 +65,7 @@ class Run:
     updater: PolicyUpdater
     kl: FixedKLController | AdaptiveKLController
     compute_dtype: torch.dtype
+    critic: CriticUpdater | None
 
 
 def data_spec(cfg: Config) -> DataSpec:
@@ -76,10 +82,10 @@ def data_spec(cfg: Config) -> DataSpec:
 
 def check_supported(cfg: Config) -> None:
     """Refuse, before anything loads, the parts of a config this version cannot run yet."""
-    if cfg.algo.uses_critic:
+    if cfg.algo.advantage_estimator == "egae" or cfg.algo.window_tokens is not None:
         raise ConfigError(
-            f"algo.advantage_estimator={cfg.algo.advantage_estimator!r} trains a critic; critic-based presets "
-            "(ppo, vc_ppo, vapo, t_ppo) are not available in this version yet. Use grpo, dr_grpo or dapo."
+            "T-PPO's truncated rollouts (algo.advantage_estimator=egae, algo.window_tokens) need the rollout "
+            "pool, which this version does not have yet.  Use ppo, vc_ppo or vapo for the value-based family."
         )
 
 
@@ -91,6 +97,27 @@ def training_attention(plan: Plan) -> str | None:
     (`python bench/dtype.py`, key train_eager_over_sdpa); SDPA above 512 tokens, where eager's saved
     T×T attention matrices would cost too much memory."""
     return "eager" if plan.max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS and not torch.cuda.is_available() else None
+
+
+def build_critic(cfg: Config, plan: Plan, attention: str | None, dtype: torch.dtype) -> CriticUpdater:
+    """The value model (from the policy's weights, a saved critic or a reward model) and its optimiser."""
+    if cfg.critic.init == "policy":
+        model = value_model_from_policy(cfg.model.name_or_path, attention)
+    else:
+        model = load_value_model(cfg.critic.path, attention)
+    if cfg.model.gradient_checkpointing:
+        model.backbone.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
+    return CriticUpdater(
+        model,
+        optimizer,
+        value_clip=cfg.algo.value_clip,
+        minibatch_sequences=cfg.train.minibatch_sequences,
+        epochs=cfg.train.epochs_per_rollout,
+        microbatch_tokens=cfg.train.microbatch_tokens,
+        grad_clip=cfg.train.grad_clip,
+        compute_dtype=dtype,
+    )
 
 
 # --- stages --------------------------------------------------------------------------------------
@@ -138,9 +165,29 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         else (FixedKLController(a.kl_coef))
     )
     collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
+    critic = build_critic(cfg, plan, attention, dtype) if plan.uses_critic else None
     return Run(
-        cfg, plan, run_dir, model, tokenizer, engine, reference, pool, stream, encoder, collector, updater, kl, dtype
+        cfg,
+        plan,
+        run_dir,
+        model,
+        tokenizer,
+        engine,
+        reference,
+        pool,
+        stream,
+        encoder,
+        collector,
+        updater,
+        kl,
+        dtype,
+        critic,
     )
+
+
+def critic_state(run: Run) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
+    """What a checkpoint saves of the critic (None without one)."""
+    return (run.critic.model, run.critic.optimizer) if run.critic is not None else None
 
 
 def restore(run: Run) -> dict[str, Any]:
@@ -148,7 +195,7 @@ def restore(run: Run) -> dict[str, Any]:
     checkpoint = latest_checkpoint(run.run_dir) if run.cfg.run.resume == "auto" else None
     if checkpoint is None:
         return {}
-    state = load_checkpoint(checkpoint, run.model, run.updater.optimizer, run.updater.scheduler)
+    state = load_checkpoint(checkpoint, run.model, run.updater.optimizer, run.updater.scheduler, critic_state(run))
     run.stream.load_state_dict(state["stream"])
     run.kl.coef = state["kl_coef"]
     run.updater.skipped_steps = state["skipped_steps"]
@@ -167,6 +214,49 @@ def evaluate(run: Run) -> dict[str, float]:
         "eval/accuracy": sum(r.correct for r in scored.results) / max(1, len(scored.results)),
         "eval/response_length": sum(lengths) / max(1, len(lengths)),
         "perf/eval_seconds": scored.generate_seconds + scored.score_seconds,
+    }
+
+
+def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
+    """Train the critic on the frozen initial policy's rollouts, once per run (VC-PPO, VAPO).
+
+    The pretrained critic is saved to ``critic_pretrained/``; a restarted run loads it from there
+    instead of pretraining again.  Metrics go to ``value_pretrain.jsonl`` and ``value_pretrain.png``.
+    """
+    assert run.critic is not None
+    saved = run.run_dir / PRETRAINED_CRITIC
+    if (saved / HEAD_FILE).exists():
+        load_value_weights(run.critic.model, saved)
+        log.warning("loaded the pretrained critic from %s", saved)
+        return {}
+    started = time.perf_counter()
+    steps = run.plan.value_pretrain_steps
+    writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
+    with ProgressDisplay(steps, 0, enabled=show_progress, label="value pretraining") as progress:
+
+        def record(step: int, metrics: dict[str, float]) -> None:
+            metrics["perf/step_seconds"] = time.perf_counter() - started
+            writer.write(step, metrics)
+            progress.update(step, metrics)
+
+        done = pretrain_critic(
+            run.collector,
+            run.critic,
+            steps=steps,
+            ev_target=run.cfg.algo.value_pretrain_ev_target,
+            gamma=run.cfg.algo.gamma,
+            seed=run.cfg.run.seed,
+            on_step=record,
+        )
+    writer.close()
+    records = read_metrics(writer.path)
+    plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", "value pretraining (policy frozen)", CRITIC_PANELS)
+    run.critic.model.save(saved)
+    release_free_memory()
+    return {
+        "value_pretrain_steps": done,
+        "value_pretrain_explained_variance": records[-1].get("critic/explained_variance") if records else None,
+        "value_pretrain_seconds": time.perf_counter() - started,
     }
 
 
@@ -219,7 +309,14 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
         **extra,
     }
     save_checkpoint(
-        run.run_dir, step, run.model, run.updater.optimizer, run.updater.scheduler, state, run.cfg.run.keep_checkpoints
+        run.run_dir,
+        step,
+        run.model,
+        run.updater.optimizer,
+        run.updater.scheduler,
+        state,
+        run.cfg.run.keep_checkpoints,
+        critic_state(run),
     )
 
 
@@ -259,6 +356,9 @@ def fit(
             before = evaluate(run)
             accuracy_before = before["eval/accuracy"]
             writer.write(0, before)
+        pretraining = state.get("value_pretraining", {})
+        if start_step == 0 and run.plan.value_pretrain_steps:
+            pretraining = value_pretrain_stage(run, show_progress)
         total = cfg.train.rollout_steps
         last_eval: dict[str, float] = {}
         with ProgressDisplay(total, start_step, enabled=show_progress) as progress:
@@ -270,10 +370,18 @@ def fit(
                     t0 = time.perf_counter()
                     metrics |= logprob_stage(run, batch)
                     metrics["perf/logprob_seconds"] = time.perf_counter() - t0
-                assign_advantages(batch, cfg.algo, float(run.kl.coef))
+                if run.critic is not None:
+                    t0 = time.perf_counter()
+                    batch.values = run.critic.values(batch)
+                    metrics["perf/value_seconds"] = time.perf_counter() - t0
+                metrics |= assign_advantages(batch, cfg.algo, float(run.kl.coef))
                 t0 = time.perf_counter()
                 metrics |= run.updater.update(batch, seed=hash_seed(cfg.run.seed, step), kl_coef=float(run.kl.coef))
                 metrics["perf/update_seconds"] = time.perf_counter() - t0
+                if run.critic is not None:
+                    t0 = time.perf_counter()
+                    metrics |= run.critic.update(batch, seed=hash_seed(cfg.run.seed, step))
+                    metrics["perf/critic_update_seconds"] = time.perf_counter() - t0
                 run.engine.load_weights(run.model.state_dict())
                 release_free_memory()
                 if "policy/kl_ref" in metrics:
@@ -288,7 +396,8 @@ def fit(
                 progress.update(step, metrics)
                 if step % cfg.run.save_every == 0 or step == total:
                     wall = elapsed_before + time.perf_counter() - started
-                    checkpoint_stage(run, step, {"accuracy_before": accuracy_before, "wall_seconds": wall})
+                    extra = {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
+                    checkpoint_stage(run, step, extra)
         after = last_eval or evaluate(run)
         final = export_stage(run)
         writer.close()
@@ -305,6 +414,7 @@ def fit(
             "peak_rss_gb": peak_rss_gb(),
             "plot": PLOT_NAME,
             "final_model": final.name,
+            **pretraining,
         }
         write_summary(run_dir, summary)
         return summary

@@ -39,16 +39,21 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Appends one JSON object per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+    """Appends one JSON object per step to ``<name>.jsonl`` and mirrors scalars to TensorBoard.
 
-    def __init__(self, run_dir: Path, resume_step: int = 0) -> None:
-        self.path = run_dir / "metrics.jsonl"
+    ``metrics`` (the RL steps) logs to ``tensorboard/``; any other name (e.g. ``value_pretrain``)
+    to ``tensorboard/<name>``, so its step numbers do not collide with the RL steps'.
+    """
+
+    def __init__(self, run_dir: Path, resume_step: int = 0, name: str = "metrics") -> None:
+        self.path = run_dir / f"{name}.jsonl"
         # after a crash, records past the checkpoint being resumed are replayed: drop them first
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         from tensorboardX import SummaryWriter
 
-        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+        board = run_dir / "tensorboard" if name == "metrics" else run_dir / "tensorboard" / name
+        self.tensorboard = SummaryWriter(str(board), purge_step=resume_step + 1)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step's metrics."""
@@ -71,10 +76,10 @@ class MetricsWriter:
 class ProgressDisplay:
     """A progress bar with step, reward, accuracy, response length and step time."""
 
-    def __init__(self, total_steps: int, start_step: int, enabled: bool = True) -> None:
+    def __init__(self, total_steps: int, start_step: int, enabled: bool = True, label: str = "RL") -> None:
         self.console = CONSOLE if enabled else Console(stderr=True, quiet=True)
         self.progress = Progress(
-            TextColumn("[bold]RL[/bold]"),
+            TextColumn(f"[bold]{label}[/bold]"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
@@ -99,6 +104,8 @@ class ProgressDisplay:
             f"len {metrics.get('rollout/response_length', float('nan')):.0f}  "
             f"{metrics.get('perf/step_seconds', float('nan')):.1f}s/step"
         )
+        if "critic/explained_variance" in metrics:
+            status += f"  EV {metrics['critic/explained_variance']:+.2f}"
         if "eval/accuracy" in metrics:
             status += f"  eval {metrics['eval/accuracy']:.2f}"
         self.progress.update(self.task, completed=step, status=status)

@@ -34,6 +34,31 @@ def autocast_context(compute_dtype: torch.dtype, device: torch.device) -> contex
     return torch.autocast(device_type=device.type, dtype=compute_dtype)
 
 
+def response_hidden_states(
+    backbone: torch.nn.Module,
+    prompt_ids: Tensor,  # [B, P] left-padded
+    prompt_mask: Tensor,  # [B, P]
+    response_ids: Tensor,  # [B, T] right-padded
+    response_mask: Tensor,  # [B, T]
+    compute_dtype: torch.dtype,
+) -> Tensor:
+    """The backbone's last hidden state at the position *before* each response token: [B, T, d].
+
+    Row t is the state s_t that predicts response token t (position P + t − 1 of prompt + response),
+    which is where log π(a_t | s_t) and V(s_t) are read (spec §1.1, as verl does).
+    """
+    device = next(backbone.parameters()).device
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
+    attention = torch.cat([prompt_mask, response_mask], dim=1).to(device)  # [B, P+T]
+    positions = (attention.long().cumsum(-1) - 1).clamp(min=0)  # [B, P+T]
+    with autocast_context(compute_dtype, device):
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=attention.long(), position_ids=positions
+        ).last_hidden_state  # [B, P+T, d]
+    prompt_len = prompt_ids.shape[1]
+    return hidden[:, prompt_len - 1 : prompt_len - 1 + response_ids.shape[1]]  # [B, T, d]
+
+
 def response_logprobs(
     model: PreTrainedModel,
     prompt_ids: Tensor,  # [B, P] left-padded
@@ -51,16 +76,9 @@ def response_logprobs(
     hold 0.  Gradients flow into the log-probs (and the entropy) when grad mode is on.
     """
     device = next(model.parameters()).device
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
-    attention = torch.cat([prompt_mask, response_mask], dim=1).to(device)  # [B, P+T]
-    positions = (attention.long().cumsum(-1) - 1).clamp(min=0)  # [B, P+T]
-    with autocast_context(compute_dtype, device):
-        hidden = model.base_model(
-            input_ids=input_ids, attention_mask=attention.long(), position_ids=positions
-        ).last_hidden_state  # [B, P+T, d]
-    prompt_len = prompt_ids.shape[1]
-    # the hidden state at position i predicts token i+1: response token t is predicted at P+t-1
-    response_hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + response_ids.shape[1]]  # [B, T, d]
+    response_hidden = response_hidden_states(
+        model.base_model, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype
+    )  # [B, T, d]
     mask = response_mask.to(device).bool()
     flat_hidden = response_hidden[mask]  # [N, d]
     flat_targets = response_ids.to(device)[mask]  # [N]

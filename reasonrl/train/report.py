@@ -13,18 +13,27 @@ PANELS: list[tuple[str, list[str]]] = [
     ("response length (tokens)", ["rollout/response_length"]),
     ("policy entropy (nats/token)", ["policy/entropy"]),
     ("clip fractions", ["policy/clip_frac_high", "policy/clip_frac_low"]),
+    ("critic value loss", ["critic/value_loss"]),
+    ("critic explained variance", ["critic/explained_variance"]),
     ("seconds per step", ["perf/step_seconds"]),
+]
+CRITIC_PANELS: list[tuple[str, list[str]]] = [
+    ("critic value loss", ["critic/value_loss"]),
+    ("critic explained variance", ["critic/explained_variance"]),
+    ("values vs returns", ["critic/value_mean", "critic/return_mean"]),
 ]
 
 
-def plot_metrics(records: list[dict[str, Any]], path: Path, title: str) -> None:
+def plot_metrics(
+    records: list[dict[str, Any]], path: Path, title: str, panels: list[tuple[str, list[str]]] = PANELS
+) -> None:
     """Draw every panel that has data, metric vs step, into ``path`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(name, keys) for name, keys in PANELS if any(r.get(k) is not None for r in records for k in keys)]
+    panels = [(name, keys) for name, keys in panels if any(r.get(k) is not None for r in records for k in keys)]
     columns = 3
     rows = max(1, -(-len(panels) // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False)

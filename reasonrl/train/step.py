@@ -11,6 +11,7 @@ import logging
 import math
 import random
 from collections import defaultdict
+from collections.abc import Iterator
 
 import torch
 
@@ -95,15 +96,8 @@ class PolicyUpdater:
             sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
             for key, value in stats.items():
                 sums[f"policy/{key}"] += value.item() * share
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf).item()
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-            self.scheduler.step()
-        else:
-            self.skipped_steps += 1
-            log.warning("skipping an optimiser step: the gradient norm is %s (NaN/inf loss)", grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = apply_gradients(self.model, self.optimizer, self.grad_clip, self.scheduler)
+        self.skipped_steps += not math.isfinite(grad_norm)
         sums["train/grad_norm"] = grad_norm
         return dict(sums)
 
@@ -112,16 +106,44 @@ class PolicyUpdater:
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
-        for epoch in range(self.epochs):
-            order = list(range(len(batch)))
-            random.Random(seed * 1000 + epoch).shuffle(order)
-            for start in range(0, len(order), self.minibatch_sequences):
-                minibatch = batch.select(order[start : start + self.minibatch_sequences])
-                for key, value in self._minibatch_step(minibatch, kl_coef).items():
-                    totals[key] += value
-                steps += 1
+        for minibatch in shuffled_minibatches(batch, self.minibatch_sequences, self.epochs, seed):
+            for key, value in self._minibatch_step(minibatch, kl_coef).items():
+                totals[key] += value
+            steps += 1
         self.model.eval()
         metrics = {key: value / steps for key, value in totals.items()}
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/skipped_steps"] = float(self.skipped_steps)
         return metrics
+
+
+def shuffled_minibatches(batch: RolloutBatch, size: int, epochs: int, seed: int) -> Iterator[RolloutBatch]:
+    """``epochs`` passes over ``batch`` in mini-batches of ``size`` sequences, reshuffled each epoch (seeded)."""
+    for epoch in range(epochs):
+        order = list(range(len(batch)))
+        random.Random(seed * 1000 + epoch).shuffle(order)
+        for start in range(0, len(order), size):
+            yield batch.select(order[start : start + size])
+
+
+def apply_gradients(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    grad_clip: float | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> float:
+    """Clip and apply the accumulated gradients; returns the gradient norm.
+
+    A non-finite norm (a NaN/inf loss) skips the step with a warning and leaves the weights as they were.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf).item()
+    if math.isfinite(grad_norm):
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    else:
+        name = type(model).__name__
+        log.warning("skipping an optimiser step of %s: the gradient norm is %s (NaN/inf loss)", name, grad_norm)
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm

@@ -107,7 +107,7 @@ def test_all_problems_are_reported_at_once():
         (["algo.overlong_cache_tokens=500"], "algo.overlong_cache_tokens=500 must be between 1"),
         (["algo.value_pretrain_steps=5"], "value_pretrain_steps=5 trains a critic"),
         (["algo.kl_controller=adaptive"], "kl_controller=adaptive needs"),
-        (["critic.init=checkpoint"], "critic.init=checkpoint needs critic.checkpoint"),
+        (["critic.init=checkpoint"], "critic.init=checkpoint needs critic.path"),
         (["algo.dual_clip=0.5"], "algo.dual_clip must be > 1"),
     ],
 )

@@ -1,0 +1,80 @@
+"""The critic: a causal-LM backbone with a scalar head, V(s_t) at every response token (DESIGN §2).
+
+A value model is saved as a directory: the backbone in Hugging Face format (``config.json`` +
+``model.safetensors``, loadable with ``AutoModel``) plus ``value_head.safetensors``.  A
+Bradley-Terry reward model uses the same layout, so a critic can start from one (VAPO §5.1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from reasonrl.models.load import ModelError, load_model
+from reasonrl.train.policy import response_hidden_states
+
+HEAD_FILE = "value_head.safetensors"
+
+
+class ValueModel(torch.nn.Module):
+    """V(s_t) = w·h_t + b, with h_t the backbone's last hidden state before response token t."""
+
+    def __init__(self, backbone: torch.nn.Module, head: torch.nn.Linear | None = None) -> None:
+        super().__init__()
+        self.backbone = backbone
+        if head is None:
+            # zero head: V ≡ 0 at the start, so the critic carries no initial bias (VC-PPO's diagnosis)
+            head = torch.nn.Linear(backbone.config.hidden_size, 1)
+            torch.nn.init.zeros_(head.weight)
+            torch.nn.init.zeros_(head.bias)
+        self.head = head
+
+    def forward(
+        self,
+        prompt_ids: Tensor,  # [B, P] left-padded
+        prompt_mask: Tensor,  # [B, P]
+        response_ids: Tensor,  # [B, T] right-padded
+        response_mask: Tensor,  # [B, T]
+        compute_dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        """V(s_t) for every response token, fp32 [B, T]; 0 at masked positions."""
+        hidden = response_hidden_states(
+            self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype
+        )  # [B, T, d]
+        values = self.head(hidden.float()).squeeze(-1)  # [B, T]; the d -> 1 head is cheap in fp32
+        return values * response_mask.to(values.device)
+
+    def save(self, directory: Path) -> Path:
+        """Write the backbone (Hugging Face format) and the head to ``directory``."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(directory)
+        head = {"weight": self.head.weight.detach().contiguous(), "bias": self.head.bias.detach()}
+        save_file(head, directory / HEAD_FILE)
+        return directory
+
+
+def value_model_from_policy(spec: str, attn_implementation: str | None = None) -> ValueModel:
+    """A critic whose backbone is a copy of the policy's (fp32) with a fresh zero head."""
+    causal_lm = load_model(spec, torch.float32, attn_implementation)
+    return ValueModel(causal_lm.base_model)
+
+
+def load_value_model(directory: str | Path, attn_implementation: str | None = None) -> ValueModel:
+    """A critic or reward model saved by ``ValueModel.save`` (fp32)."""
+    from transformers import AutoModel
+
+    directory = Path(directory)
+    if not (directory / HEAD_FILE).exists():
+        raise ModelError(
+            f"{directory} is not a saved value model (no {HEAD_FILE}); point critic.path at a directory "
+            "written by a critic-based run (critic_pretrained/ or a checkpoint's critic/) or by `reasonrl rm train`"
+        )
+    options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    backbone = AutoModel.from_pretrained(directory, dtype=torch.float32, **options)
+    tensors = load_file(directory / HEAD_FILE)
+    head = torch.nn.Linear(tensors["weight"].shape[1], 1)
+    head.load_state_dict(tensors)
+    return ValueModel(backbone, head).eval()

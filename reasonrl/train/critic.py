@@ -1,0 +1,109 @@
+"""The critic worker: V(s_t) for a rollout batch, and the clipped value-loss update (spec §1.8).
+
+Values are computed the way policy log-probs are: micro-batches of at most ``microbatch_tokens``
+padded tokens, bf16 autocast over fp32 weights, the hidden state before each response token.
+The critic has its own optimiser and learning rate (VAPO: 2 × the actor's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from reasonrl.algo.aggregate import count_for_aggregation
+from reasonrl.algo.value_loss import explained_variance, value_loss
+from reasonrl.batch import RolloutBatch
+from reasonrl.models.value import ValueModel
+from reasonrl.train.step import apply_gradients, shuffled_minibatches
+
+
+class CriticUpdater:
+    """Computes values and trains a ``ValueModel`` on a batch's ``returns``."""
+
+    def __init__(
+        self,
+        model: ValueModel,
+        optimizer: torch.optim.Optimizer,
+        *,
+        value_clip: float | None,
+        minibatch_sequences: int,
+        epochs: int,
+        microbatch_tokens: int,
+        grad_clip: float | None,
+        compute_dtype: torch.dtype,
+    ) -> None:
+        self.model, self.optimizer, self.value_clip = model, optimizer, value_clip
+        self.minibatch_sequences, self.epochs, self.microbatch_tokens = minibatch_sequences, epochs, microbatch_tokens
+        self.grad_clip, self.compute_dtype = grad_clip, compute_dtype
+        self.skipped_steps = 0
+
+    def values(self, batch: RolloutBatch) -> torch.Tensor:
+        """V(s_t) at every response token of ``batch`` [B, T] (no gradient); 0 where masked."""
+        out = torch.zeros(batch.response_mask.shape)
+        with torch.no_grad():
+            for rows in batch.micro_batch_rows(self.microbatch_tokens):
+                part = batch.select(rows)
+                values = self.model(
+                    part.prompt_ids, part.prompt_mask, part.response_ids, part.response_mask, self.compute_dtype
+                )
+                out[rows, : values.shape[1]] = values.cpu()
+        return out
+
+    def _minibatch_step(self, minibatch: RolloutBatch) -> dict[str, float]:
+        mask = minibatch.value_loss_mask
+        tokens, seqs = count_for_aggregation(mask)
+        sums: dict[str, float] = defaultdict(float)
+        for micro in minibatch.micro_batches(self.microbatch_tokens):
+            if not micro.value_loss_mask.any():
+                continue  # e.g. only truncated T-PPO sequences: nothing to regress on
+            values = self.model(
+                micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask, self.compute_dtype
+            )
+            loss, stats = value_loss(
+                values,
+                micro.values,
+                micro.returns,
+                micro.value_loss_mask,
+                self.value_clip,
+                "token-mean",
+                global_tokens=tokens,
+                global_seqs=seqs,
+            )
+            loss.backward()
+            share = micro.value_loss_mask.sum().item() / max(1, int(tokens))
+            sums["critic/value_loss"] += loss.item()
+            sums["critic/clip_frac"] += stats["clip_frac"].item() * share
+        grad_norm = apply_gradients(self.model, self.optimizer, self.grad_clip)
+        self.skipped_steps += not math.isfinite(grad_norm)
+        sums["critic/grad_norm"] = grad_norm
+        return dict(sums)
+
+    def update(self, batch: RolloutBatch, seed: int) -> dict[str, float]:
+        """All epochs over shuffled mini-batches; needs ``batch.values`` (rollout-time V) and ``batch.returns``.
+
+        Returns metrics averaged over mini-batches, plus the explained variance of the rollout-time
+        values against the returns (how well the critic predicted this fresh batch before updating).
+        """
+        assert batch.values is not None and batch.returns is not None, "compute values and returns first"
+        mask = batch.value_loss_mask
+        metrics: dict[str, float] = {
+            "critic/explained_variance": explained_variance(batch.values, batch.returns, mask).item(),
+            "critic/value_mean": (batch.values[mask].mean().item() if mask.any() else math.nan),
+            "critic/return_mean": (batch.returns[mask].mean().item() if mask.any() else math.nan),
+        }
+        if not mask.any():  # T-PPO: no sequence finished this step, so there is nothing to learn from
+            metrics["critic/skipped_update"] = 1.0
+            return metrics
+        self.model.train()
+        totals: dict[str, float] = defaultdict(float)
+        steps = 0
+        for minibatch in shuffled_minibatches(batch, self.minibatch_sequences, self.epochs, seed):
+            for key, value in self._minibatch_step(minibatch).items():
+                totals[key] += value
+            steps += 1
+        self.model.eval()
+        metrics |= {key: value / steps for key, value in totals.items()}
+        metrics["critic/skipped_steps"] = float(self.skipped_steps)
+        return metrics

@@ -1,0 +1,42 @@
+"""Value pretraining (VC-PPO arXiv 2503.01491; VAPO arXiv 2504.05118 §5.1 "value warm-up").
+
+Before any policy update, sample from the frozen initial policy and regress the critic on
+Monte-Carlo returns (GAE with λ = 1, γ from the preset) for a step budget, stopping early once the
+explained variance reaches a target.  The policy is never touched: no optimiser step, no weight
+sync.  Each step is one fresh rollout batch, so the logged EV (values before the update against
+that batch's returns) is a held-out estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reasonrl.algo.advantages import gae
+from reasonrl.algo.shaping import terminal_token_rewards
+from reasonrl.train.critic import CriticUpdater
+from reasonrl.train.rollout import RolloutCollector, hash_seed
+
+PRETRAIN_SEED_SALT = 7919  # keeps pretraining's sampler seeds apart from the RL steps'
+
+
+def pretrain_critic(
+    collector: RolloutCollector,
+    critic: CriticUpdater,
+    *,
+    steps: int,
+    ev_target: float | None,
+    gamma: float,
+    seed: int,
+    on_step: Callable[[int, dict[str, float]], None],
+) -> int:
+    """Run up to ``steps`` critic-only steps; ``on_step(step, metrics)`` records each.  Returns the steps run."""
+    for step in range(1, steps + 1):
+        batch, metrics = collector.collect(hash_seed(PRETRAIN_SEED_SALT, step))
+        batch.values = critic.values(batch)
+        token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
+        _, batch.returns = gae(token_rewards, batch.values, batch.response_mask, gamma, 1.0)  # Monte-Carlo
+        metrics |= critic.update(batch, seed=hash_seed(seed, PRETRAIN_SEED_SALT, step))
+        on_step(step, metrics)
+        if ev_target is not None and metrics["critic/explained_variance"] >= ev_target:
+            return step
+    return steps
