@@ -69,6 +69,15 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
         f"- rollout steps: {summary['steps']}; wall time {summary['wall_seconds'] / 60:.1f} min; "
         f"peak RSS {summary['peak_rss_gb']:.2f} GB",
         f"- curves: `{summary['plot']}`; metrics: `metrics.jsonl`; TensorBoard: `tensorboard/`",
+        *(
+            [
+                f"- value pretraining: {summary['value_pretrain_steps']} steps, final explained variance "
+                f"{_number(summary.get('value_pretrain_explained_variance'))} (`value_pretrain.png`, "
+                "`value_pretrain.jsonl`; critic saved in `critic_pretrained/`)"
+            ]
+            if "value_pretrain_steps" in summary
+            else []
+        ),
         f"- trained model (Hugging Face format): `{summary['final_model']}`",
         "",
         f"Reproduce: `{' '.join(['reasonrl train', summary['preset'], *summary.get('overrides', [])])}`",
@@ -78,3 +87,7 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
