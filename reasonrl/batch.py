@@ -116,3 +116,16 @@ def _pad(value: Tensor, width: int, left: bool) -> Tensor:
         return value
     pad = torch.zeros(value.shape[0], missing, dtype=value.dtype)
     return torch.cat([pad, value] if left else [value, pad], dim=1)
+
+
+def pad_rows(rows: Sequence[Sequence], width: int, left: bool, dtype: torch.dtype, fill=0) -> torch.Tensor:
+    """Ragged rows as one [N, width] tensor, padded with ``fill`` on the left (prompts) or the right."""
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        if row:
+            values = torch.tensor(list(row), dtype=dtype)
+            if left:
+                out[i, width - len(row) :] = values
+            else:
+                out[i, : len(row)] = values
+    return out

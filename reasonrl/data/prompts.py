@@ -23,8 +23,12 @@ def user_message(question: str, template: PromptTemplate) -> str:
 
 def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, question: str, template: PromptTemplate) -> list[int]:
     """Chat-formatted prompt ids ending with the assistant header, ready for generation."""
-    messages = [{"role": "user", "content": user_message(question, template)}]
+    return chat_token_ids(tokenizer, [{"role": "user", "content": user_message(question, template)}])
+
+
+def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation through the chat template, ending with the assistant header (plain text without one)."""
     if tokenizer.chat_template:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(messages[0]["content"])["input_ids"])
+    return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])

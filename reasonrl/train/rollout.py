@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
-from reasonrl.batch import RolloutBatch
+from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.config import Config, Plan
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
@@ -96,34 +96,22 @@ def sample_and_score(
     return Scored(expanded, prompts, completions, results, generated - start, scored_at - generated)  # type: ignore[arg-type]
 
 
-def _pad_rows(rows: Sequence[Sequence], width: int, left: bool, dtype: torch.dtype, fill=0) -> torch.Tensor:
-    out = torch.full((len(rows), width), fill, dtype=dtype)
-    for i, row in enumerate(rows):
-        if row:
-            values = torch.tensor(list(row), dtype=dtype)
-            if left:
-                out[i, width - len(row) :] = values
-            else:
-                out[i, : len(row)] = values
-    return out
-
-
 def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, filter_truncated: bool) -> RolloutBatch:
     """Tensors for a scored set of completions (``rewards`` already shaped)."""
     prompts, completions = scored.prompts, scored.completions
     p_width = max(len(p) for p in prompts)
     t_width = max(1, max(len(c.token_ids) for c in completions))
-    response_mask = _pad_rows([[1] * len(c.token_ids) for c in completions], t_width, False, torch.bool)
+    response_mask = pad_rows([[1] * len(c.token_ids) for c in completions], t_width, False, torch.bool)
     truncated = torch.tensor([c.finish_reason == "length" for c in completions])
     policy_mask = response_mask & ~truncated[:, None] if filter_truncated else response_mask.clone()
     return RolloutBatch(
-        prompt_ids=_pad_rows(prompts, p_width, True, torch.long),
-        prompt_mask=_pad_rows([[1] * len(p) for p in prompts], p_width, True, torch.bool),
-        response_ids=_pad_rows([c.token_ids for c in completions], t_width, False, torch.long),
+        prompt_ids=pad_rows(prompts, p_width, True, torch.long),
+        prompt_mask=pad_rows([[1] * len(p) for p in prompts], p_width, True, torch.bool),
+        response_ids=pad_rows([c.token_ids for c in completions], t_width, False, torch.long),
         response_mask=response_mask,
         policy_loss_mask=policy_mask,
         value_loss_mask=response_mask.clone(),
-        rollout_logprobs=_pad_rows([c.logprobs for c in completions], t_width, False, torch.float32),
+        rollout_logprobs=pad_rows([c.logprobs for c in completions], t_width, False, torch.float32),
         rewards=rewards.to(torch.float32),
         correct=torch.tensor([r.correct for r in scored.results]),
         truncated=truncated,

@@ -1,0 +1,278 @@
+"""Bradley-Terry reward model: preference pairs in, a scalar scorer out (`reasonrl rm train`).
+
+The model is a ``ValueModel`` (causal-LM backbone + scalar head); the score of a response is the
+head's output at its last token.  Saved in the ``ValueModel`` layout plus the tokenizer, so a
+critic can start from it (``critic.init=reward_model``, VAPO §5.1) and the hybrid router can load
+it as a scorer.  Preference data: HH-RLHF transcripts (``chosen`` / ``rejected``, shared prefix)
+or any jsonl with ``prompt`` / ``chosen`` / ``rejected`` fields.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from reasonrl.algo.preference import bradley_terry_loss, pairwise_accuracy
+from reasonrl.batch import pad_rows
+from reasonrl.data.loaders import DataError
+from reasonrl.data.prompts import chat_token_ids
+from reasonrl.models.value import ValueModel, load_value_model, value_model_from_policy
+
+Messages = list[dict[str, str]]
+BUILTIN_PREFERENCES = {"hh-rlhf-harmless": "hh-rlhf-harmless-test.jsonl.gz"}
+_TURN = re.compile(r"\n\n(Human|Assistant): ")
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """A conversation and two candidate final assistant turns, the first preferred."""
+
+    prompt: Messages
+    chosen: str
+    rejected: str
+
+
+def parse_transcript(text: str) -> Messages:
+    """HH-RLHF ``\\n\\nHuman: ...\\n\\nAssistant: ...`` text -> chat messages."""
+    parts = _TURN.split(text)
+    roles = {"Human": "user", "Assistant": "assistant"}
+    return [{"role": roles[parts[i]], "content": parts[i + 1].strip()} for i in range(1, len(parts) - 1, 2)]
+
+
+def _pair_from_row(row: dict, where: str) -> PreferencePair:
+    if "prompt" in row:
+        prompt = row["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        return PreferencePair(messages, str(row["chosen"]), str(row["rejected"]))
+    chosen, rejected = parse_transcript(row["chosen"]), parse_transcript(row["rejected"])
+    if not chosen or chosen[-1]["role"] != "assistant" or not rejected or rejected[-1]["role"] != "assistant":
+        raise DataError(f"{where}: a transcript does not end with an Assistant turn")
+    return PreferencePair(chosen[:-1], chosen[-1]["content"], rejected[-1]["content"])
+
+
+def load_preference_pairs(source: str) -> list[PreferencePair]:
+    """Pairs from a built-in set (``hh-rlhf-harmless``) or a .jsonl / .jsonl.gz file; malformed rows are errors."""
+    if source in BUILTIN_PREFERENCES:
+        path = Path(str(resources.files("reasonrl.data") / "builtin" / BUILTIN_PREFERENCES[source]))
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise DataError(f"preference data '{source}' is neither a file nor one of {', '.join(BUILTIN_PREFERENCES)}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    pairs = []
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                pairs.append(_pair_from_row(json.loads(line), where))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(f"{where}: not a preference pair ({exc!r}); need chosen/rejected [+ prompt]") from exc
+    return pairs
+
+
+def split_pairs(pairs: Sequence[PreferencePair], held_out: float, seed: int) -> tuple[list, list]:
+    """A seeded shuffle split into (train, held-out)."""
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    cut = len(order) - max(1, round(held_out * len(order)))
+    return [pairs[i] for i in order[:cut]], [pairs[i] for i in order[cut:]]
+
+
+class RewardModel:
+    """A scalar scorer: ``score(prompts, responses)`` -> one float per response."""
+
+    def __init__(
+        self,
+        model: ValueModel,
+        tokenizer,
+        *,
+        max_prompt_tokens: int = 256,
+        max_response_tokens: int = 128,
+        compute_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_prompt_tokens, self.max_response_tokens = max_prompt_tokens, max_response_tokens
+        self.compute_dtype = compute_dtype
+
+    def encode(self, prompt: Messages, response: str) -> tuple[list[int], list[int]]:
+        """(prompt ids, keeping the most recent tokens; response ids, keeping the first tokens, + EOS)."""
+        prompt_ids = chat_token_ids(self.tokenizer, prompt)[-self.max_prompt_tokens :]
+        response_ids = self.tokenizer(response, add_special_tokens=False)["input_ids"][: self.max_response_tokens - 1]
+        return prompt_ids, [*response_ids, self.tokenizer.eos_token_id]
+
+    def forward_scores(self, encoded: Sequence[tuple[list[int], list[int]]]) -> torch.Tensor:
+        """Scores [N] of encoded (prompt, response) rows, differentiable when grad mode is on."""
+        prompts, responses = [p for p, _ in encoded], [r for _, r in encoded]
+        p_width, r_width = max(map(len, prompts)), max(map(len, responses))
+        values = self.model(
+            pad_rows(prompts, p_width, True, torch.long),
+            pad_rows([[1] * len(p) for p in prompts], p_width, True, torch.bool),
+            pad_rows(responses, r_width, False, torch.long),
+            pad_rows([[1] * len(r) for r in responses], r_width, False, torch.bool),
+            self.compute_dtype,
+        )  # [N, T]
+        last = torch.tensor([len(r) - 1 for r in responses])  # [N] the EOS position
+        return values.gather(1, last[:, None]).squeeze(1)
+
+    def score(self, prompts: Sequence[Messages], responses: Sequence[str], batch_size: int = 8) -> list[float]:
+        """One score per (prompt, response), computed in batches without gradients."""
+        out: list[float] = []
+        self.model.eval()
+        with torch.no_grad():
+            for start in range(0, len(responses), batch_size):
+                chunk = zip(prompts[start : start + batch_size], responses[start : start + batch_size], strict=True)
+                out += self.forward_scores([self.encode(p, r) for p, r in chunk]).tolist()
+        return out
+
+    def save(self, directory: Path) -> Path:
+        """The ValueModel layout plus the tokenizer."""
+        self.model.save(directory)
+        self.tokenizer.save_pretrained(directory)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, **options) -> RewardModel:
+        """A reward model written by ``save``."""
+        from transformers import AutoTokenizer
+
+        return cls(load_value_model(directory), AutoTokenizer.from_pretrained(directory), **options)
+
+    @classmethod
+    def from_policy(cls, spec: str, **options) -> RewardModel:
+        """An untrained reward model on a policy's backbone (zero head)."""
+        from reasonrl.models.load import load_tokenizer
+
+        return cls(value_model_from_policy(spec), load_tokenizer(spec), **options)
+
+
+def pair_accuracy(rm: RewardModel, pairs: Sequence[PreferencePair]) -> float:
+    """Held-out pairwise accuracy: the share of pairs whose chosen response scores higher (ties count ½)."""
+    prompts = [p.prompt for p in pairs]
+    chosen = torch.tensor(rm.score(prompts, [p.chosen for p in pairs]))
+    rejected = torch.tensor(rm.score(prompts, [p.rejected for p in pairs]))
+    return pairwise_accuracy(chosen, rejected)
+
+
+def _batches(pairs: Sequence[PreferencePair], size: int, seed: int) -> Iterator[list[PreferencePair]]:
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        for start in range(0, len(order) - size + 1, size):
+            yield [pairs[i] for i in order[start : start + size]]
+
+
+def train_bradley_terry(
+    rm: RewardModel,
+    pairs: Sequence[PreferencePair],
+    *,
+    steps: int,
+    batch_pairs: int = 8,
+    micro_pairs: int = 4,
+    lr: float = 1e-5,
+    head_lr: float = 1e-3,
+    seed: int = 0,
+    on_step=None,
+) -> list[dict[str, float]]:
+    """Minimise the Bradley-Terry loss for ``steps`` optimiser steps; returns per-step metrics.
+
+    The zero-initialised head gets its own, larger learning rate.  A non-finite gradient skips the step.
+    """
+    from reasonrl.train.step import apply_gradients
+
+    head = list(rm.model.head.parameters())
+    backbone = [p for n, p in rm.model.named_parameters() if not n.startswith("head.")]
+    optimizer = torch.optim.AdamW([{"params": backbone, "lr": lr}, {"params": head, "lr": head_lr}], weight_decay=0.0)
+    history = []
+    rm.model.train()
+    for step, batch in zip(range(1, steps + 1), _batches(pairs, min(batch_pairs, len(pairs)), seed), strict=False):
+        loss_sum = correct = 0.0
+        for start in range(0, len(batch), micro_pairs):
+            micro = batch[start : start + micro_pairs]
+            rows = [rm.encode(p.prompt, p.chosen) for p in micro] + [rm.encode(p.prompt, p.rejected) for p in micro]
+            scores = rm.forward_scores(rows)  # [2m]
+            chosen, rejected = scores[: len(micro)], scores[len(micro) :]
+            loss = bradley_terry_loss(chosen, rejected) * len(micro) / len(batch)
+            loss.backward()
+            loss_sum += loss.item()
+            correct += (chosen > rejected).sum().item()
+        grad_norm = apply_gradients(rm.model, optimizer, 1.0)
+        record = {"step": step, "loss": loss_sum, "train_accuracy": correct / len(batch), "grad_norm": grad_norm}
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+    rm.model.eval()
+    return history
+
+
+@dataclass(frozen=True)
+class RewardModelRun:
+    """Settings of `reasonrl rm train`."""
+
+    model: str = "smollm2-135m"
+    """Backbone to start from (a policy spec; the scalar head starts at zero)."""
+    data: str = "hh-rlhf-harmless"
+    """Preference pairs: a built-in set or a .jsonl/.jsonl.gz path."""
+    out: str = "runs/reward-model"
+    """Where the trained model, metrics.jsonl and summary.json go."""
+    steps: int = 100
+    """Optimiser steps."""
+    batch_pairs: int = 8
+    """Pairs per optimiser step."""
+    lr: float = 1e-5
+    """Backbone learning rate (the head uses 100×)."""
+    held_out: float = 0.2
+    """Fraction of pairs kept out of training for the accuracy measurement."""
+    eval_pairs: int | None = 200
+    """Held-out pairs scored before and after training (None = all)."""
+    seed: int = 0
+    """Split, shuffling and initialisation seed."""
+
+
+def run_reward_model_training(settings: RewardModelRun) -> dict:
+    """Split, measure held-out accuracy, train, measure again, save; returns (and writes) the summary."""
+    import time
+
+    from reasonrl.models.load import compute_dtype
+
+    torch.manual_seed(settings.seed)
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, held_out = split_pairs(load_preference_pairs(settings.data), settings.held_out, settings.seed)
+    held_out = held_out[: settings.eval_pairs] if settings.eval_pairs else held_out
+    rm = RewardModel.from_policy(settings.model, compute_dtype=compute_dtype("auto"))
+    started = time.perf_counter()
+    before = pair_accuracy(rm, held_out)  # zero head: every pair ties, so 0.5
+    metrics_path = out / "metrics.jsonl"
+    metrics_path.write_text("")
+
+    def record(metrics: dict) -> None:
+        with metrics_path.open("a") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+
+    lr = settings.lr
+    train_bradley_terry(rm, train, steps=settings.steps, batch_pairs=settings.batch_pairs, lr=lr, head_lr=100 * lr,
+                        seed=settings.seed, on_step=record)  # fmt: skip
+    summary = {
+        "model": settings.model,
+        "data": settings.data,
+        "train_pairs_seen": settings.steps * settings.batch_pairs,
+        "train_pairs_available": len(train),
+        "held_out_pairs": len(held_out),
+        "held_out_accuracy_before": before,
+        "held_out_accuracy": pair_accuracy(rm, held_out),
+        "wall_seconds": time.perf_counter() - started,
+        "saved": str(rm.save(out / "model")),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

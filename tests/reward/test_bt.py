@@ -1,0 +1,70 @@
+"""Bradley-Terry reward model: data parsing, learning a preference, save/load, critic init."""
+
+import json
+
+import pytest
+import torch
+
+from reasonrl.data.loaders import DataError
+from reasonrl.models.value import load_value_model
+from reasonrl.reward.bt import (
+    PreferencePair,
+    RewardModel,
+    load_preference_pairs,
+    pair_accuracy,
+    parse_transcript,
+    split_pairs,
+    train_bradley_terry,
+)
+
+
+def test_hh_transcripts_become_a_shared_prompt_and_two_final_turns():
+    messages = parse_transcript("\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how are you?\n\nAssistant: fine")
+    assert messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "how are you?"},
+        {"role": "assistant", "content": "fine"},
+    ]
+    pairs = load_preference_pairs("hh-rlhf-harmless")
+    assert len(pairs) == 2312
+    assert all(p.prompt and p.prompt[-1]["role"] == "user" for p in pairs[:50])
+    train, held_out = split_pairs(pairs, 0.2, seed=0)
+    assert len(held_out) == 462 and not {id(p) for p in train} & {id(p) for p in held_out}
+
+
+def test_malformed_preference_rows_name_the_file_and_line(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n" + json.dumps({"chosen": 1}) + "\n"
+    )
+    with pytest.raises(DataError, match=r"pairs.jsonl:2"):
+        load_preference_pairs(str(path))
+    with pytest.raises(DataError, match="neither a file"):
+        load_preference_pairs("no-such-preferences")
+
+
+def synthetic_pairs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    words = ["apple", "river", "cloud", "stone", "music", "paper"]
+    pairs = []
+    for i in range(n):
+        topic = words[int(torch.randint(len(words), (1,), generator=g))]
+        prompt = [{"role": "user", "content": f"Tell me about {topic} number {i}."}]
+        pairs.append(PreferencePair(prompt, f"Sure, {topic} is lovely. Thank you!", f"No. {topic}? Go away."))
+    return pairs
+
+
+def test_bradley_terry_training_learns_a_held_out_preference(tmp_path):
+    torch.manual_seed(0)
+    rm = RewardModel.from_policy("tiny-random")
+    held_out = synthetic_pairs(16, seed=1)
+    history = train_bradley_terry(rm, synthetic_pairs(64, seed=0), steps=15, batch_pairs=8, lr=1e-3, head_lr=1e-2)
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert pair_accuracy(rm, held_out) == 1.0
+    saved = rm.save(tmp_path / "rm")
+    reloaded = RewardModel.load(saved)
+    prompts, responses = [p.prompt for p in held_out[:4]], [p.chosen for p in held_out[:4]]
+    assert reloaded.score(prompts, responses) == pytest.approx(rm.score(prompts, responses), abs=1e-5)
+    critic = load_value_model(saved)  # a reward model is a valid critic initialisation
+    assert torch.equal(critic.head.weight, rm.model.head.weight)
