@@ -5,6 +5,7 @@ reasonrl eval --model M --dataset D --k N  pass@1, avg@k, maj@k, pass@k of a mod
 reasonrl presets                           list the run presets (name, description, paper)
 reasonrl config show PRESET|FILE [k=v]     the fully resolved config and its derived plan
 reasonrl config validate FILE [k=v]        check a config file; exit status 2 if it is invalid
+reasonrl sandbox run SOLUTION --tests TESTS run a solution against assert-style tests in the sandbox (JSON verdict)
 """
 
 from __future__ import annotations
@@ -134,6 +135,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sandbox_run(args: argparse.Namespace) -> int:
+    from reasonrl.reward.sandbox import SandboxLimits, run_code
+
+    try:
+        solution, tests = Path(args.solution).read_text(), Path(args.tests).read_text()
+        context = Path(args.context).read_text() if args.context else ""
+    except OSError as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 2
+    limits = SandboxLimits(timeout_s=args.timeout, total_timeout_s=args.total_timeout, memory_mb=args.memory_mb)
+    verdict = run_code(solution, tests, args.entry_point, context, limits, args.mode, not args.one_process)
+    print(json.dumps(verdict.to_dict(), indent=2))
+    return 0 if verdict.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``reasonrl`` command."""
     parser = argparse.ArgumentParser(prog="reasonrl", description="RL for reasoning language models.")
@@ -187,6 +203,30 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("file", help="a YAML config file")
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides")
     validate.set_defaults(handler=_cmd_config_validate)
+
+    sandbox = commands.add_parser("sandbox", help="run untrusted code against tests in the sandbox")
+    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
+    run = sandbox_commands.add_parser(
+        "run",
+        help="run SOLUTION.py against TESTS.py; print the JSON verdict (exit status 0 if every test passed, else 1)",
+    )
+    run.add_argument("solution", help="the Python file under test")
+    run.add_argument(
+        "--tests", required=True, help="assert lines, and/or HumanEval's def check(candidate) + check(name)"
+    )
+    run.add_argument("--entry-point", help="the function under test (what check(candidate) receives)")
+    run.add_argument("--context", help="task code run before the solution and as trusted helpers of the tests")
+    run.add_argument("--timeout", type=float, default=3.0, help="seconds per test case (wall clock and CPU)")
+    run.add_argument("--total-timeout", type=float, default=None, help="seconds for the whole run")
+    run.add_argument("--memory-mb", type=int, default=512, help="address-space limit of the code")
+    run.add_argument(
+        "--mode",
+        default="auto",
+        choices=["auto", "rpc", "in_process"],
+        help="where asserts run: auto (in the judge; in the child only for non-plain values), rpc, in_process",
+    )
+    run.add_argument("--one-process", action="store_true", help="one process for all tests (faster, less isolated)")
+    run.set_defaults(handler=_cmd_sandbox_run)
     return parser
 
 

@@ -230,6 +230,11 @@ _VAPO = replace(
 # aggregation are not verified [M]; VAPO's (same authors) are used.  No value warm-up (spec §5 (e)6).
 _T_PPO = replace(_VAPO, advantage_estimator="egae", nll_weight=0.0, value_pretrain_steps=0, window_tokens=8192)
 
+# Pairwise-RL (arXiv 2504.04950): the reward is a pairwise generative judge's position-debiased win
+# probability against an anchor response; what else "pairwise PPO" changes is not stated in the
+# abstract, so the objective is the PPO baseline's (spec §6 (e)4 [M]).
+_PAIRWISE_PPO = _PPO
+
 PRESETS: dict[str, AlgoPreset] = {
     "ppo": AlgoPreset(
         _PPO,
@@ -260,6 +265,11 @@ PRESETS: dict[str, AlgoPreset] = {
         _VAPO,
         "Yue et al. 2025, VAPO, arXiv:2504.05118",
         "VAPO: VC-PPO + length-adaptive GAE, clip-higher, token-level loss, positive NLL",
+    ),
+    "pairwise_ppo": AlgoPreset(
+        _PAIRWISE_PPO,
+        "Xu et al. 2025, A Unified Pairwise Framework for RLHF (Pairwise-RL), arXiv:2504.04950",
+        "Pairwise-RL: PPO on a pairwise generative judge's debiased win rate against an anchor",
     ),
     "t_ppo": AlgoPreset(
         _T_PPO,

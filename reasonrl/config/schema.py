@@ -122,7 +122,18 @@ class RewardConfig:
     """Per-response scoring time limit; a scorer that exceeds it gets incorrect_score and a warning."""
 
     workers: int = 2
-    """Processes that score responses in parallel."""
+    """Processes that score responses in parallel (per verifier)."""
+
+    routes: tuple[str, ...] = ()
+    """Overrides of the reward router's table, as "task_type=source" (sources: math, code,
+    genrm_reference, genrm_bon, bt); defaults: math=math, code=code, reference=genrm_reference,
+    open=genrm_bon, preference=bt.  Verifiable tasks can only go to a verifier."""
+
+    judge_model: str | None = None
+    """The GenRM / pairwise judge: any causal LM spec; None = the policy's initial model."""
+
+    reward_model: str | None = None
+    """A Bradley-Terry reward model directory (`reasonrl rm train`), for the bt source."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +141,8 @@ class DataConfig:
     """Where prompts come from."""
 
     dataset: str = "arithmetic"
-    """Training prompts: a built-in task (arithmetic, gsm8k, math500, aime2024), a local .jsonl or
-    .parquet file, or a `datasets` name."""
+    """Training prompts: a built-in task (arithmetic, gsm8k, math500, aime2024, humaneval, mbpp), a
+    local .jsonl or .parquet file, or a `datasets` name; `a+b` mixes several (e.g. gsm8k+mbpp)."""
 
     eval_dataset: str | None = None
     """Held-out prompts; None = the held-out split of dataset."""
@@ -155,6 +166,10 @@ class DataConfig:
 
     answer_field: str = "answer"
     """Field holding the reference final answer in a jsonl/parquet/`datasets` source."""
+
+    task_mix: tuple[str, ...] = ()
+    """Task-mix schedule: phases "STEP:type=weight,..." or "STEP:natural", e.g. the math/code-first
+    curriculum ["0:math=1,code=1", "20:natural"]; empty = the dataset's own order and mix."""
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from reasonrl.data.code_tasks import CodeTaskError, humaneval_example, mbpp_example
 from reasonrl.data.examples import Example
 
 HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by a stable hash) for evaluation
@@ -37,6 +38,9 @@ class Fields:
 class BuiltinDataset:
     files: dict[str, str]  # split -> file in reasonrl/data/builtin
     fields: Fields
+    convert: Callable[[str, str, dict[str, Any], int], Example | None] | None = None
+    """Rows that are not question/answer pairs (code tasks): (split, location, row, index) -> Example,
+    or None for a row of another split of a shared file."""
 
 
 BUILTIN_DATASETS = {
@@ -45,6 +49,10 @@ BUILTIN_DATASETS = {
     ),
     "math500": BuiltinDataset({"test": "math500-test.jsonl.gz"}, Fields(question="problem")),
     "aime2024": BuiltinDataset({"test": "aime2024-test.jsonl.gz"}, Fields(question="problem")),
+    "humaneval": BuiltinDataset({"test": "humaneval-test.jsonl.gz"}, Fields(), humaneval_example),
+    "mbpp": BuiltinDataset(
+        dict.fromkeys(("train", "test", "validation", "prompt"), "mbpp.jsonl.gz"), Fields(), mbpp_example
+    ),
 }
 ALIASES = {"aime24": "aime2024", "math-500": "math500"}
 
@@ -119,6 +127,12 @@ def load_examples(source: str, split: str = "train", fields: Fields | None = Non
         if split not in builtin.files:
             raise DataError(f"built-in dataset '{name}' has no '{split}' split (it has {', '.join(builtin.files)})")
         path = Path(str(resources.files("reasonrl.data") / "builtin" / builtin.files[split]))
+        if builtin.convert is not None:
+            try:
+                rows = [builtin.convert(split, loc, row, i) for i, (loc, row) in enumerate(read_rows(path))]
+            except CodeTaskError as exc:
+                raise DataError(str(exc)) from None
+            return [row for row in rows if row is not None]
         return [_example(loc, row, builtin.fields, name, i) for i, (loc, row) in enumerate(read_rows(path))]
     fields = fields or Fields()
     path = Path(source).expanduser()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 
 from reasonrl.data.arithmetic import ArithmeticTask
+from reasonrl.data.curriculum import TaskMixSampler, parse_task_mix
 from reasonrl.data.examples import Example
-from reasonrl.data.loaders import Fields, has_split, in_holdout, load_examples
+from reasonrl.data.loaders import DataError, Fields, has_split, in_holdout, load_examples
 
 ARITHMETIC = "arithmetic"
 
@@ -21,13 +23,15 @@ class DataSpec:
     arithmetic_digits: int = 2
     arithmetic_operations: str = "+"
     fields: Fields = field(default_factory=Fields)
+    task_mix: tuple[str, ...] = ()
 
 
 class TrainingStream:
     """An endless, seeded sequence of training examples; its position is its whole state.
 
     Finite datasets are reshuffled every epoch with a seed derived from (seed, epoch), so
-    ``take`` after ``load_state_dict`` continues exactly where a checkpoint left off.
+    ``take`` after ``load_state_dict`` continues exactly where a checkpoint left off.  With a
+    task-mix schedule (``data.task_mix``) a ``TaskMixSampler`` picks the task type of every draw.
     """
 
     def __init__(self, spec: DataSpec, seed: int) -> None:
@@ -35,10 +39,16 @@ class TrainingStream:
         self.consumed = 0
         self._task: ArithmeticTask | None = None
         self._rows: list[Example] = []
+        self._mix: TaskMixSampler | None = None
         if spec.dataset == ARITHMETIC:
             self._task = ArithmeticTask(spec.arithmetic_digits, spec.arithmetic_operations, seed)
         else:
             self._rows = training_examples(spec)
+        if spec.task_mix:
+            if self._task is not None:
+                raise DataError("data.task_mix needs a dataset with several task types, not the arithmetic task")
+            types = sorted({row.task_type for row in self._rows})
+            self._mix = TaskMixSampler(self._rows, parse_task_mix(spec.task_mix, types), seed)
         self._order: list[int] = []
         self._order_epoch = -1
 
@@ -52,19 +62,27 @@ class TrainingStream:
             self._order_epoch = epoch
         return self._rows[self._order[index]]
 
-    def take(self, count: int) -> list[Example]:
-        """The next ``count`` examples."""
-        examples = [self._row(self.consumed + i) for i in range(count)]
+    def take(self, count: int, step: int = 0) -> list[Example]:
+        """The next ``count`` examples (``step`` selects the task-mix phase, when there is a schedule)."""
+        if self._mix is not None:
+            examples = self._mix.take(count, step)
+        else:
+            examples = [self._row(self.consumed + i) for i in range(count)]
         self.consumed += count
         return examples
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict:
         """The stream position (for checkpoints)."""
-        return {"consumed": self.consumed}
+        return {"consumed": self.consumed, **({"mix": self._mix.state_dict()} if self._mix is not None else {})}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict) -> None:
         """Continue from a saved position."""
         self.consumed = int(state["consumed"])
+        if self._mix is not None:
+            self._mix.load_state_dict(state["mix"])
+
+
+MIXTURE_SEPARATOR = "+"  # data.dataset=gsm8k+mbpp trains on both
 
 
 def _single_split(source: str, fields: Fields) -> list[Example]:
@@ -73,7 +91,12 @@ def _single_split(source: str, fields: Fields) -> list[Example]:
 
 def training_examples(spec: DataSpec) -> list[Example]:
     """Rows to train on: the train split, or a single-split source minus its hold-out (unless a
-    separate eval source is given)."""
+    separate eval source is given).  ``a+b`` concatenates the training rows of several sources."""
+    sources = spec.dataset.split(MIXTURE_SEPARATOR)
+    if len(sources) > 1:
+        if ARITHMETIC in sources:
+            raise DataError("the arithmetic task is endless and cannot be mixed with other datasets")
+        return [row for source in sources for row in training_examples(replace(spec, dataset=source))]
     if has_split(spec.dataset, "train"):
         return load_examples(spec.dataset, "train", spec.fields)
     rows = _single_split(spec.dataset, spec.fields)
@@ -81,8 +104,16 @@ def training_examples(spec: DataSpec) -> list[Example]:
 
 
 def eval_examples(spec: DataSpec, count: int) -> list[Example]:
-    """The first ``count`` held-out examples of a run, disjoint from its training rows."""
+    """The first ``count`` held-out examples of a run, disjoint from its training rows (of a mixture,
+    ``count`` split evenly between its sources, interleaved)."""
     source = spec.eval_dataset or spec.dataset
+    parts = source.split(MIXTURE_SEPARATOR)
+    if len(parts) > 1:
+        shares = [count // len(parts) + (i < count % len(parts)) for i in range(len(parts))]
+        lists = [
+            eval_examples(replace(spec, dataset=p, eval_dataset=None), n) for p, n in zip(parts, shares, strict=True)
+        ]
+        return [row for group in zip_longest(*lists) for row in group if row is not None]
     if spec.eval_dataset is None and source != ARITHMETIC and not has_split(source, "train"):
         return [row for row in _single_split(source, spec.fields) if in_holdout(row)][:count]
     return benchmark_examples(source, count, spec)

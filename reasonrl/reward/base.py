@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from reasonrl.data.examples import Example
 
 
 @dataclass(frozen=True)
@@ -27,3 +31,15 @@ class Verifier(Protocol):
     """
 
     def __call__(self, response: str, reference: str) -> RewardResult: ...
+
+
+class Scorer(Protocol):
+    """What the rollout stage scores with: a verifier pool or the reward router."""
+
+    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
+        """One result per (example, response)."""
+        ...
+
+    def close(self) -> None:
+        """Release worker processes."""
+        ...

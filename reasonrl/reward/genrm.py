@@ -2,10 +2,11 @@
 
 "GenRM with ground truth" compares a response with the reference solution of a reasoning task;
 "GenRM vs best-of-N" compares it with the initial policy's best-of-N response picked by the
-Bradley-Terry model.  Both are the pairwise judge of ``pairwise.py`` with the reference as the
-anchor, position-debiased, so the score is in [0, 1] with 0.5 = parity with the reference
-(the Data-Scaling paper's convention).  ``parse_verdict`` reads a *generated* verdict, for judges
-that answer in text (an API model, or sampling instead of reading logits).
+Bradley-Terry model.  Both are the pairwise judge of ``pairwise.py`` (same template, so a judge
+trained with `reasonrl rm train --kind pairwise` serves here) with the reference as the anchor,
+position-debiased, so the score is in [0, 1] with 0.5 = parity with the reference (the
+Data-Scaling paper's convention).  ``parse_verdict`` reads a *generated* verdict, for judges that
+answer in text (an API model, or sampling instead of reading logits).
 """
 
 from __future__ import annotations
@@ -17,10 +18,6 @@ import torch
 
 from reasonrl.reward.pairwise import PairwiseJudge
 
-GENRM_TEMPLATE = (
-    "Judge two answers to a question; one of them may be a reference solution.\n\n[Question]\n{question}\n\n"
-    "[Answer A]\n{first}\n\n[Answer B]\n{second}\n\nWhich answer is more correct? Reply with one letter: A or B."
-)
 _VERDICT = re.compile(
     r"(?:\[\[\s*([AB]|tie)\s*\]\]|verdict\s*[:=]\s*([AB]|tie)\b|^\s*([AB])\s*[.)!]?\s*$)", re.I | re.M
 )
@@ -51,7 +48,7 @@ class GenRM:
         from reasonrl.models.load import load_model, load_tokenizer
 
         model = load_model(spec, torch.float32)
-        return cls(PairwiseJudge(model, load_tokenizer(spec), template=GENRM_TEMPLATE, compute_dtype=compute_dtype))
+        return cls(PairwiseJudge(model, load_tokenizer(spec), compute_dtype=compute_dtype))
 
     def score(self, questions: Sequence[str], responses: Sequence[str], references: Sequence[str]) -> list[float]:
         """Position-debiased P(response ≻ reference)."""

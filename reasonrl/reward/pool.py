@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
+from reasonrl.data.examples import Example
 from reasonrl.reward.base import RewardResult, Verifier
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,10 @@ class ScoringPool:
                     del busy[conn]
                     self._replace(worker)
         return results  # type: ignore[return-value]
+
+    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
+        """Score each response against its example's reference answer (the ``Scorer`` protocol)."""
+        return self.score([(response, e.answer) for e, response in zip(examples, responses, strict=True)])
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()

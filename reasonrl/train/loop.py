@@ -27,9 +27,10 @@ from reasonrl.data.loaders import Fields
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
-from reasonrl.reward.base import Verifier
+from reasonrl.reward.base import Scorer, Verifier
 from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, load_value_weights, save_checkpoint
@@ -58,7 +59,7 @@ class Run:
     tokenizer: Any
     engine: RolloutEngine
     reference: torch.nn.Module | None
-    pool: ScoringPool
+    pool: Scorer
     stream: TrainingStream
     encoder: PromptEncoder
     collector: RolloutCollector
@@ -77,6 +78,7 @@ def data_spec(cfg: Config) -> DataSpec:
         d.arithmetic_digits,
         d.arithmetic_operations,
         Fields(d.question_field, d.answer_field),
+        d.task_mix,
     )
 
 
@@ -120,6 +122,35 @@ def build_critic(cfg: Config, plan: Plan, attention: str | None, dtype: torch.dt
     )
 
 
+def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
+    """The hybrid reward router of a config: verifiers for math and code, judges loaded on first use."""
+    from reasonrl.reward.code import CodeVerifier
+
+    judge: list = []
+
+    def genrm():  # one judge serves both GenRM sources
+        if not judge:
+            from reasonrl.reward.genrm import GenRM
+
+            judge.append(GenRM.from_model(cfg.reward.judge_model or cfg.model.name_or_path, dtype))
+        return judge[0]
+
+    def bradley_terry():
+        from reasonrl.reward.bt import RewardModel
+
+        if not cfg.reward.reward_model:
+            raise ConfigError("task_type 'preference' is routed to the bt source: set reward.reward_model=DIR")
+        return RewardModel.load(cfg.reward.reward_model, compute_dtype=dtype)
+
+    return RewardRouter(
+        resolve_routes(cfg.reward.routes),
+        {"math": MathVerifier(), "code": CodeVerifier()},
+        {"genrm_reference": genrm, "genrm_bon": genrm, "bt": bradley_terry},
+        workers=cfg.reward.workers,
+        timeout=cfg.reward.timeout_seconds,
+    )
+
+
 # --- stages --------------------------------------------------------------------------------------
 
 
@@ -139,7 +170,10 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     if engine is None:
         engine = build_engine(cfg.rollout.engine, model, tokenizer, dtype=dtype)
     reference = load_model(cfg.model.name_or_path, dtype, attention) if plan.uses_reference else None
-    pool = ScoringPool(verifier or MathVerifier(), cfg.reward.workers, cfg.reward.timeout_seconds)
+    if verifier is not None:  # a user's verifier scores every task
+        pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
+    else:
+        pool = build_router(cfg, dtype)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)

@@ -21,9 +21,8 @@ from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
 from reasonrl.data.prompts import prompt_token_ids
 from reasonrl.data.source import TrainingStream
-from reasonrl.reward.base import RewardResult
+from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.reward.format import FormatVerifier
-from reasonrl.reward.pool import ScoringPool
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.sampling import FireParams
 
@@ -77,7 +76,7 @@ class PromptEncoder:
 def sample_and_score(
     engine: RolloutEngine,
     tokenizer,
-    pool: ScoringPool,
+    pool: Scorer,
     encoder: PromptEncoder,
     examples: Sequence[Example],
     params: SamplingParams,
@@ -91,7 +90,7 @@ def sample_and_score(
     completions = engine.generate(prompts, params) if prompts else []
     generated = time.perf_counter()
     texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    results = pool.score([(text, e.answer) for text, e in zip(texts, expanded, strict=True)])
+    results = pool.score_examples(expanded, texts)
     scored_at = time.perf_counter()
     return Scored(expanded, prompts, completions, results, generated - start, scored_at - generated)  # type: ignore[arg-type]
 
@@ -128,7 +127,7 @@ class RolloutCollector:
         plan: Plan,
         engine: RolloutEngine,
         tokenizer,
-        pool: ScoringPool,
+        pool: Scorer,
         stream: TrainingStream,
         encoder: PromptEncoder,
     ) -> None:
@@ -160,8 +159,13 @@ class RolloutCollector:
             stats["reward/overlong_penalty"] = penalty.mean().item()
         return rewards, stats
 
-    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """This step's batch of ``rollout_prompts`` groups and the rollout metrics."""
+    def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
+        """This step's batch of ``rollout_prompts`` groups and the rollout metrics.
+
+        ``step`` selects the task-mix phase; the sampler is seeded by (run seed, ``seed_step``, pass),
+        ``seed_step`` defaulting to ``step`` (value pretraining passes its own, all at step 0).
+        """
+        seed_step = step if seed_step is None else seed_step
         cfg, algo, rollout = self.cfg, self.cfg.algo, self.cfg.rollout
         group_size = rollout.samples_per_prompt
         kept: list[tuple[Scored, torch.Tensor]] = []  # (one group, its rewards)
@@ -178,13 +182,13 @@ class RolloutCollector:
                     "or set algo.dynamic_sampling=false"
                 )
             passes += 1
-            examples = self.stream.take(self.plan.prompts_per_generation_pass)
+            examples = self.stream.take(self.plan.prompts_per_generation_pass, step)
             params = SamplingParams(
                 max_new_tokens=rollout.max_response_tokens,
                 temperature=rollout.temperature,
                 top_p=rollout.top_p,
                 top_k=rollout.top_k,
-                seed=hash_seed(cfg.run.seed, step, passes),
+                seed=hash_seed(cfg.run.seed, seed_step, passes),
                 fire=fire_params(cfg),
             )
             scored = sample_and_score(
@@ -235,10 +239,24 @@ class RolloutCollector:
             "rollout/generation_passes": float(passes),
             "rollout/kept_group_fraction": kept_groups / max(1, generated_groups),
             "rollout/tokens_generated": float(tokens),
+            **source_stats(merged.results),
             **reward_stats,
             **timing,
         }
         return batch, stats
+
+
+def source_stats(results: Sequence[RewardResult]) -> dict[str, float]:
+    """Per reward source (results routed by the reward router): mean raw score and share of the batch."""
+    by_source: dict[str, list[float]] = {}
+    for result in results:
+        if "source" in result.info:
+            by_source.setdefault(result.info["source"], []).append(result.score)
+    stats = {}
+    for source, scores in by_source.items():
+        stats[f"reward/{source}/mean"] = sum(scores) / len(scores)
+        stats[f"reward/{source}/fraction"] = len(scores) / len(results)
+    return stats
 
 
 def fire_params(cfg: Config) -> FireParams | None:

@@ -31,7 +31,7 @@ def pretrain_critic(
 ) -> int:
     """Run up to ``steps`` critic-only steps; ``on_step(step, metrics)`` records each.  Returns the steps run."""
     for step in range(1, steps + 1):
-        batch, metrics = collector.collect(hash_seed(PRETRAIN_SEED_SALT, step))
+        batch, metrics = collector.collect(0, seed_step=hash_seed(PRETRAIN_SEED_SALT, step))
         batch.values = critic.values(batch)
         token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
         _, batch.returns = gae(token_rewards, batch.values, batch.response_mask, gamma, 1.0)  # Monte-Carlo

@@ -81,8 +81,8 @@ def test_critic_update_is_invariant_to_the_micro_batch_split():
 class PromptDecidesReturn:
     """A collector stand-in: the last prompt token decides the reward (a learnable value)."""
 
-    def collect(self, step):
-        batch = rollout_batch(100 + step, rows=16)
+    def collect(self, step, seed_step):
+        batch = rollout_batch(seed_step % 10_000, rows=16)
         batch.prompt_ids[:8, -1], batch.prompt_ids[8:, -1] = 5, 7  # prompts are left-padded: -1 is real
         batch.rewards = (torch.arange(16) < 8).float()
         return batch, {"reward/mean": batch.rewards.mean().item()}

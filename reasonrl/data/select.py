@@ -1,0 +1,112 @@
+"""Pre-PPO prompt selection (Data-Scaling RLHF, arXiv 2503.22230; spec §7 (b)3).
+
+Sample responses to every candidate prompt with the initial policy, score them with the reward
+(the router: verifiers, GenRM or the Bradley-Terry model), z-normalise the mean score per prompt
+within its domain (task type: score scales differ by domain), keep the lowest-scoring p% — the
+hardest, least hackable prompts — and merge them into the base set.  `reasonrl data select`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from reasonrl.algo.preference import domain_zscores
+from reasonrl.data.examples import Example
+
+
+def select_hardest(candidates: Sequence[Example], scores: Sequence[float], fraction: float) -> list[Example]:
+    """The ``fraction`` of candidates with the lowest within-domain z-score (ties: first in order).
+
+    Invariant to any per-domain affine rescaling a·s + b (a > 0) of the scores.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"the kept fraction must be in (0, 1], got {fraction}")
+    z = domain_zscores(torch.tensor(list(scores), dtype=torch.float64), [e.task_type for e in candidates])
+    keep = math.ceil(fraction * len(candidates))
+    order = sorted(range(len(candidates)), key=lambda i: (z[i].item(), i))
+    return [candidates[i] for i in sorted(order[:keep])]
+
+
+def merge(base: Sequence[Example], selected: Sequence[Example]) -> list[Example]:
+    """The base set followed by the selected prompts it does not already hold (by question text)."""
+    seen = {e.question for e in base}
+    return [*base, *(e for e in selected if e.question not in seen)]
+
+
+def write_jsonl(examples: Sequence[Example], path: Path) -> Path:
+    """One row per example with question, answer, task_type and id (loadable as a dataset)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for e in examples:
+            handle.write(json.dumps({"id": e.id, "question": e.question, "answer": e.answer, "task_type": e.task_type}))
+            handle.write("\n")
+    return path
+
+
+def mean_prompt_scores(
+    engine, tokenizer, scorer, encoder, examples: Sequence[Example], samples: int, max_new_tokens: int, seed: int
+) -> list[float]:
+    """Mean reward of ``samples`` sampled responses per prompt under the current (initial) policy."""
+    from reasonrl.rollout import SamplingParams
+    from reasonrl.train.rollout import sample_and_score
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+    scored = sample_and_score(engine, tokenizer, scorer, encoder, examples, params, samples)
+    totals: dict[str, list[float]] = {}
+    for example, result in zip(scored.examples, scored.results, strict=True):
+        totals.setdefault(example.id, []).append(result.score)
+    return [sum(totals[e.id]) / len(totals[e.id]) if e.id in totals else math.inf for e in examples]
+
+
+def run_selection(
+    candidates_source: str,
+    base_source: str | None,
+    out: Path,
+    *,
+    fraction: float = 0.1,
+    samples: int = 4,
+    max_new_tokens: int = 64,
+    overrides: Sequence[str] = (),
+) -> dict:
+    """Score ``candidates_source`` with the initial policy and the run's reward router, keep the hardest
+    ``fraction``, merge into ``base_source`` and write ``out``; returns a summary."""
+    from reasonrl.config import load_config
+    from reasonrl.data.loaders import Fields, load_examples
+    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+    from reasonrl.rollout import build_engine
+    from reasonrl.train.loop import build_router
+    from reasonrl.train.rollout import PromptEncoder
+
+    cfg = load_config(None, list(overrides))
+    dtype = compute_dtype(cfg.model.dtype)
+    fields = Fields(cfg.data.question_field, cfg.data.answer_field)
+    candidates = load_examples(candidates_source, "train", fields)
+    base = load_examples(base_source, "train", fields) if base_source else []
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    engine = build_engine(cfg.rollout.engine, load_model(cfg.model.name_or_path), tokenizer, dtype=dtype)
+    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
+    scorer = build_router(cfg, dtype)
+    try:
+        scores = mean_prompt_scores(
+            engine, tokenizer, scorer, encoder, candidates, samples, max_new_tokens, cfg.run.seed
+        )
+    finally:
+        scorer.close()
+    selected = select_hardest(candidates, scores, fraction)
+    merged = merge(base, selected)
+    write_jsonl(merged, out)
+    finite = [s for s in scores if math.isfinite(s)]
+    return {
+        "candidates": len(candidates),
+        "selected": len(selected),
+        "base": len(base),
+        "written": len(merged),
+        "out": str(out),
+        "candidate_mean_score": sum(finite) / max(1, len(finite)),
+        "selected_mean_score": sum(scores[candidates.index(e)] for e in selected) / max(1, len(selected)),
+    }

@@ -1,0 +1,187 @@
+"""Inside the sandbox: the operating-system layers the judge builds before it runs anything untrusted.
+
+As root inside the new mount namespace: a tmpfs root holding read-only, nosuid, nodev binds of
+the interpreter and the system libraries, a few /dev nodes, /proc (hidepid=2), world-writable
+/tmp and /dev/shm on the same size-limited tmpfs, and /work owned by the sandbox uid; then chroot.
+And the process sweep that kills whatever the solution started.  Standard library only (the judge
+loads this file by path; it runs with ``-I -S``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+# --- the filesystem view -------------------------------------------------------------------------------------
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    return libc
+
+
+def _mount(libc, source, target, fstype, flags, data=None) -> None:
+    enc = [None if s is None else s.encode() for s in (source, target, fstype, data)]
+    if libc.mount(enc[0], enc[1], enc[2], flags, enc[3]) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
+
+
+def _bind(libc, root: str, path: str, done: set[str]) -> None:
+    if path in done or any(path.startswith(d + "/") for d in done) or not os.path.lexists(path):
+        return
+    done.add(path)
+    target = root + path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.islink(path):  # e.g. /lib -> usr/lib: the same link, and its target bound too
+        os.symlink(os.readlink(path), target)
+        _bind(libc, root, os.path.realpath(path), done)
+        return
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    else:
+        open(target, "a").close()
+    _mount(libc, path, target, None, MS_BIND | MS_REC)
+    _mount(libc, None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def build_root(job: dict, uid: int | None, child_source: str) -> None:
+    """A tmpfs root holding read-only binds of ``job["binds"]``, /dev nodes, /proc, /tmp and /work; chroot into it."""
+    libc, root = _libc(), job["rootfs"]
+    os.umask(0o022)
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    size = f"size={job['limits']['disk_mb']}m,nr_inodes=16384,mode=755"
+    _mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, size)
+    done: set[str] = set()
+    for path in job["binds"]:
+        _bind(libc, root, path, done)
+    os.makedirs(root + "/dev")
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            open(f"{root}/dev/{name}", "a").close()
+            _mount(libc, f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "fd/0"), ("stdout", "fd/1"), ("stderr", "fd/2")):
+        os.symlink(target, f"{root}/dev/{name}")
+    for shared in ("/tmp", "/dev/shm"):
+        os.makedirs(root + shared, exist_ok=True)
+        os.chmod(root + shared, 0o1777)
+    os.makedirs(root + "/work", mode=0o700)
+    os.makedirs(root + "/proc")
+    try:  # hidepid: the untrusted uid sees only its own processes, not the judge
+        _mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV, "hidepid=2")
+    except OSError:
+        _mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV)
+    os.makedirs(root + "/sandbox")
+    with open(root + "/sandbox/child.py", "w") as handle:
+        handle.write(child_source)
+    if uid is not None:
+        os.chown(root + "/work", uid, uid)
+    os.chroot(root)
+    os.chdir("/")
+
+
+def _world_usable(path: str) -> bool:
+    """Whether any uid may execute ``path`` (every directory on the way searchable by others)."""
+    path = os.path.realpath(path)
+    parts = path.split("/")
+    for i in range(2, len(parts) + 1):
+        try:
+            mode = os.stat("/".join(parts[:i]) or "/").st_mode
+        except OSError:
+            return False
+        if not mode & 0o001 or (i == len(parts) and not mode & 0o004):
+            return False
+    return True
+
+
+def isolate(job: dict) -> tuple[dict, int | None, str, str]:
+    """Build what this process can: (isolation report, child uid, workdir, child script path)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    iso = {"pid_namespace": os.getpid() == 1, "no_new_privs": libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0}
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the solution come back here to be killed
+    with open(job["child_path"]) as handle:
+        child_source = handle.read()
+    root = os.geteuid() == 0
+    uid, workdir, child_path = None, job["workdir"], job["child_path"]
+    iso["filesystem"] = False
+    if root and job.get("rootfs"):
+        try:
+            build_root(job, job["uid"], child_source)
+            iso["filesystem"], workdir, child_path = True, "/work", "/sandbox/child.py"
+        except OSError as exc:
+            iso["filesystem_error"] = str(exc)
+    if root and job.get("uid") is not None and (iso["filesystem"] or _world_usable(job["python"])):
+        uid = job["uid"]
+        if not iso["filesystem"]:
+            os.chown(workdir, uid, uid)
+    iso["unprivileged_uid"] = uid is not None
+    return iso, uid, workdir, child_path
+
+
+# --- processes -------------------------------------------------------------------------------------
+
+
+def _processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as handle:
+                    for line in handle:
+                        if line.startswith("Uid:"):
+                            if int(line.split()[1]) == uid:
+                                found.append(int(entry))
+                            break
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _descendants() -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [os.getpid()]
+    while stack:
+        for pid in children.get(stack.pop(), []):
+            found.append(pid)
+            stack.append(pid)
+    return found
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_all(uid: int | None) -> None:
+    """Kill every process the solution left: all of the sandbox uid, or (without one) all descendants."""
+    for _ in range(100):
+        pids = _processes_of(uid) if uid is not None else _descendants()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
+        _reap()

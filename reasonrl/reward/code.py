@@ -1,0 +1,130 @@
+"""The code verifier: take the program out of a response and run it against the task's tests in the sandbox.
+
+Reference encoding (the ``answer`` of an ``Example`` with ``task_type="code"``): a JSON object
+
+    {"tests": "<test program>", "entry_point": "<function name or null>", "context": "<code>"}
+
+``tests`` is a test program as ``reasonrl.reward.testcases`` splits it (top-level asserts, or
+HumanEval's ``def check(candidate)`` plus ``check(entry_point)``); ``entry_point`` names the
+function under test; ``context`` is task code (HumanEval's prompt: imports, helpers, the signature)
+that runs before the solution and, as trusted helpers, before the tests.  ``entry_point`` and
+``context`` may be left out.  A reference that is not a JSON object is the test program itself.
+``code_reference`` writes this encoding.
+
+Extraction: the last fenced block (```python, ```py or a bare ```) that defines the entry point,
+else the last python-tagged block, else the last bare block; without a fence, the whole response
+(from its first ``def``/``class``/``import`` line if the whole does not parse).  A block
+that does not define the entry point and starts indented is taken as the continuation of the
+context (a HumanEval completion); otherwise the context runs first and the block after it.
+
+Score: the fraction of test cases passed; correct: all of them passed.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+from reasonrl.reward.base import RewardResult
+from reasonrl.reward.sandbox import CodeJob, Mode, SandboxLimits, run_job
+
+FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+PYTHON_TAGS = ("python", "py", "python3", "py3")
+
+
+def code_reference(tests: str, entry_point: str | None = None, context: str = "") -> str:
+    """The reference string of a code task (see the module docstring)."""
+    return json.dumps({"tests": tests, "entry_point": entry_point, "context": context})
+
+
+def parse_reference(reference: str) -> tuple[str, str | None, str]:
+    """(tests, entry_point, context) of a reference string."""
+    try:
+        data = json.loads(reference)
+    except ValueError:
+        return reference, None, ""
+    if not isinstance(data, dict):
+        return reference, None, ""
+    tests, entry_point, context = data.get("tests"), data.get("entry_point"), data.get("context") or ""
+    if not isinstance(tests, str) or not isinstance(context, str) or not isinstance(entry_point, str | None):
+        raise ValueError("a code reference needs 'tests' (str), optional 'entry_point' (str) and 'context' (str)")
+    return tests, entry_point, context
+
+
+def _defines(code: str, name: str | None) -> bool:
+    return bool(name) and re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+def extract_code(response: str, entry_point: str | None = None) -> tuple[str, str]:
+    """(code, how): how is 'fenced', 'raw' (no code fence: the whole response) or 'none' (empty)."""
+    blocks = [(tag.lower(), body) for tag, body in FENCE.findall(response) if tag.lower() in ("", *PYTHON_TAGS)]
+    if blocks:
+        for wanted in (lambda t, b: _defines(b, entry_point), lambda t, b: t != "", lambda t, b: True):
+            chosen = [body for tag, body in blocks if wanted(tag, body)]
+            if chosen:
+                return chosen[-1], "fenced"
+    if "```" in response or not response.strip():
+        return "", "none"
+    return _from_first_code_line(response), "raw"
+
+
+def _from_first_code_line(text: str) -> str:
+    """``text``, or (if it does not parse) its tail from the first line that starts Python code."""
+    try:
+        ast.parse(text)
+        return text
+    except SyntaxError:
+        pass
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if re.match(r"(def|async def|class|import|from)\s", line):
+            return "".join(lines[i:])
+    return text
+
+
+def build_program(code: str, entry_point: str | None, context: str) -> str:
+    """The solution the child runs after the context: the code, or context + code for a bare completion."""
+    first = next((line for line in code.splitlines() if line.strip()), "")
+    if context and not _defines(code, entry_point) and first[:1] in (" ", "\t"):
+        return context + code  # the body of the context's last function (HumanEval's completion format)
+    return code
+
+
+class CodeVerifier:
+    """Runs the response's program against the reference's tests; score = pass fraction, correct = all pass.
+
+    Picklable (it holds only its settings).  A run takes at most ``total_timeout_s`` plus the
+    harness's 2 s grace: keep that under the scoring pool's per-call limit (``reward.timeout_seconds``,
+    10 s by default), or the pool, not the sandbox, ends the call.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = 3.0,
+        total_timeout_s: float = 7.0,
+        memory_mb: int = 512,
+        mode: Mode = "auto",
+        isolate_tests: bool = True,
+    ) -> None:
+        self.limits = SandboxLimits(timeout_s=timeout_s, total_timeout_s=total_timeout_s, memory_mb=memory_mb)
+        self.mode, self.isolate_tests = mode, isolate_tests
+
+    def __call__(self, response: str, reference: str) -> RewardResult:
+        tests, entry_point, context = parse_reference(reference)
+        code, how = extract_code(response, entry_point)
+        if not code.strip():
+            return RewardResult(0.0, False, {"status": "no_code", "extraction": how, "passed_fraction": 0.0})
+        job = CodeJob(build_program(code, entry_point, context), tests, entry_point, context)
+        verdict = run_job(job, self.limits, self.mode, self.isolate_tests)
+        info = {
+            "status": verdict.status,
+            "passed_fraction": verdict.passed_fraction,
+            "tests_passed": sum(t.passed for t in verdict.tests),
+            "tests": len(verdict.tests),
+            "extraction": how,
+            "detail": verdict.detail[:300],
+            "network_isolated": verdict.network_isolated,
+            "wall_seconds": verdict.wall_seconds,
+        }
+        return RewardResult(verdict.passed_fraction, verdict.passed, info)

@@ -1,0 +1,139 @@
+"""The hybrid reward router (Data-Scaling RLHF, arXiv 2503.22230 §3; spec §7 (b)2).
+
+Each sample's ``task_type`` picks exactly one reward source:
+
+| task_type    | source            | what scores it                                                        |
+|--------------|-------------------|-----------------------------------------------------------------------|
+| `math`       | `math`            | the math verifier (RTV)                                               |
+| `code`       | `code`            | the code verifier: tests in the sandbox (RTV)                         |
+| `reference`  | `genrm_reference` | GenRM against the example's ground-truth answer                       |
+| `open`       | `genrm_bon`       | GenRM against the example's best-of-N reference (in its answer field) |
+| `preference` | `bt`              | the Bradley-Terry reward model, σ(score)                              |
+
+``reward.routes`` overrides entries (``task_type=source``), but a verifiable task (math, code)
+can only be routed to a verifier: verifiable tasks never reach a learned judge.  Every source
+reports a score in [0, 1] (verifiers: 1/0 or the pass fraction; GenRM: the position-debiased win
+probability, 0.5 = parity; BT: σ(score)), so one scale reaches the advantage stage; a model
+source calls a response correct when its score is above 0.5.  Verifiers run in their own
+time-limited worker pools; the judges run batched in the trainer process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from reasonrl.data.examples import Example
+from reasonrl.reward.base import RewardResult, Verifier
+from reasonrl.reward.pool import ScoringPool
+
+DEFAULT_ROUTES: dict[str, str] = {
+    "math": "math",
+    "code": "code",
+    "reference": "genrm_reference",
+    "open": "genrm_bon",
+    "preference": "bt",
+}
+VERIFIER_SOURCES = ("math", "code")
+MODEL_SOURCES = ("genrm_reference", "genrm_bon", "bt")
+VERIFIABLE_TASKS = ("math", "code")
+
+
+class RoutingError(ValueError):
+    """A task type without a route, or a route that would break the routing rules."""
+
+
+def resolve_routes(overrides: Sequence[str] = ()) -> dict[str, str]:
+    """The default table updated with ``task_type=source`` entries; checked against the routing rules."""
+    routes = dict(DEFAULT_ROUTES)
+    for entry in overrides:
+        task_type, _, source = entry.partition("=")
+        if not source:
+            raise RoutingError(f"reward.routes entry {entry!r} is not 'task_type=source'")
+        routes[task_type.strip()] = source.strip()
+    for task_type, source in routes.items():
+        if source not in VERIFIER_SOURCES + MODEL_SOURCES:
+            raise RoutingError(
+                f"route {task_type}={source}: unknown source; choose one of {VERIFIER_SOURCES + MODEL_SOURCES}"
+            )
+        if task_type in VERIFIABLE_TASKS and source not in VERIFIER_SOURCES:
+            raise RoutingError(
+                f"route {task_type}={source}: a verifiable task must be scored by a verifier, not a judge"
+            )
+    return routes
+
+
+def route(task_type: str, routes: Mapping[str, str]) -> str:
+    """The one source of a task type."""
+    try:
+        return routes[task_type]
+    except KeyError:
+        raise RoutingError(
+            f"no reward source for task_type {task_type!r}; known task types: {', '.join(routes)} "
+            "(add one with reward.routes=['{task_type}=SOURCE'])"
+        ) from None
+
+
+class RewardRouter:
+    """Scores (example, response) pairs by routing each to its source; sources load on first use.
+
+    ``verifiers`` maps a verifier source to the verifier it runs; ``models`` maps a model source to a
+    zero-argument factory of the scorer (loaded lazily: a math-only run never loads a judge).
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[str, str],
+        verifiers: Mapping[str, Verifier],
+        models: Mapping[str, Callable[[], object]],
+        *,
+        workers: int = 2,
+        timeout: float = 10.0,
+    ) -> None:
+        self.routes, self._verifiers, self._model_factories = dict(routes), dict(verifiers), dict(models)
+        self.workers, self.timeout = workers, timeout
+        self._pools: dict[str, ScoringPool] = {}
+        self._models: dict[str, object] = {}
+
+    def _pool(self, source: str) -> ScoringPool:
+        if source not in self._pools:
+            if source not in self._verifiers:
+                raise RoutingError(f"reward source {source!r} has no verifier configured")
+            self._pools[source] = ScoringPool(self._verifiers[source], self.workers, self.timeout)
+        return self._pools[source]
+
+    def _model(self, source: str):
+        if source not in self._models:
+            if source not in self._model_factories:
+                raise RoutingError(f"reward source {source!r} needs a model (reward.judge_model / reward.reward_model)")
+            self._models[source] = self._model_factories[source]()
+        return self._models[source]
+
+    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
+        """One result per response, each tagged with ``info["source"]``."""
+        sources = [route(e.task_type, self.routes) for e in examples]
+        results: list[RewardResult | None] = [None] * len(examples)
+        for source in dict.fromkeys(sources):
+            rows = [i for i, s in enumerate(sources) if s == source]
+            if source in VERIFIER_SOURCES:
+                scored = self._pool(source).score([(responses[i], examples[i].answer) for i in rows])
+                scored = [RewardResult(r.score, r.correct, {**r.info, "source": source}) for r in scored]
+            else:
+                scores = self._model_scores(source, [examples[i] for i in rows], [responses[i] for i in rows])
+                scored = [RewardResult(s, s > 0.5, {"source": source}) for s in scores]
+            for i, result in zip(rows, scored, strict=True):
+                results[i] = result
+        return results  # type: ignore[return-value]
+
+    def _model_scores(self, source: str, examples: Sequence[Example], responses: Sequence[str]) -> list[float]:
+        scorer = self._model(source)
+        questions = [e.question for e in examples]
+        if source == "bt":
+            prompts = [[{"role": "user", "content": q}] for q in questions]
+            return [1.0 / (1.0 + math.exp(-s)) for s in scorer.score(prompts, responses)]
+        return scorer.score(questions, responses, [e.answer for e in examples])  # GenRM vs the reference
+
+    def close(self) -> None:
+        """Stop the verifier pools."""
+        for pool in self._pools.values():
+            pool.close()

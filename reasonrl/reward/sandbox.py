@@ -1,0 +1,407 @@
+"""Run model-written Python against tests, treating it as hostile.  Design and threat model: docs/sandbox.md.
+
+Layers, outermost first (each one that this machine supports; the verdict says which were active):
+
+1. ``unshare --net --pid --fork --kill-child --mount-proc --ipc --uts``: no network (a new network
+   namespace with only a down loopback), its own PID namespace (killing its init kills every process
+   the code started), private IPC and hostname.  Without ``unshare`` but with ``bwrap`` (non-root),
+   bubblewrap gives the same namespaces and a read-only view of ``/``.
+2. The judge (``_sandbox_judge.py``, root inside the namespaces) mounts a tmpfs root holding read-only
+   binds of the interpreter and system libraries only, with private ``/tmp`` and ``/work``, and chroots.
+3. The code runs in a child as a random unprivileged uid (so RLIMIT_NPROC is enforced even where we
+   run as root, and the code cannot read the judge's memory or signal it), with RLIMIT_AS, RLIMIT_CPU,
+   RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE and no core files, ``-I -S`` (standard library only), a
+   scrubbed environment (PATH, HOME=/work, TMPDIR, LANG) and capped output.
+4. Wall clock: per test in the judge, and for the whole run here (the process group is killed).
+
+The verdict: each test runs in a fresh child; the test's code runs in the judge, and every call of a
+solution function is a round trip that carries only plain data (numbers, strings, containers), so
+asserts and comparisons happen where the solution cannot reach, and exit codes or output never
+count.  A test that passes objects that are not plain data (e.g. MBPP's tree tests) falls back to
+running inside the child with hardened asserts, where a deliberate protocol forgery could still
+pass it: ``mode="rpc"`` refuses that fallback.  Residual risks are listed in docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from reasonrl.reward.testcases import split_tests
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).resolve().parent
+JUDGE = HERE / "_sandbox_judge.py"
+CHILD = HERE / "_sandbox_child.py"
+SYSTEM_BINDS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/localtime")
+UID_BASE, UID_SPAN = 1_900_000_000, 200_000_000  # one random uid per run, far from real and container users
+UNSHARE_FLAGS = ("--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts")
+Mode = Literal["auto", "rpc", "in_process"]
+STATUS_ORDER = ("timeout", "memory", "output_limit", "crashed", "error", "failed")
+GRACE_S = 2.0  # the judge enforces the run's time limit itself; the harness kills it this much later
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandboxed run."""
+
+    timeout_s: float = 3.0
+    """Wall-clock limit per test case (the CPU limit of its process is this, rounded up)."""
+
+    total_timeout_s: float | None = None
+    """Wall-clock limit of the whole run; None = ``timeout_s`` per test plus 2 s, at most 60 s."""
+
+    memory_mb: int = 512
+    """Address-space limit (RLIMIT_AS) of the untrusted process, in MiB."""
+
+    max_processes: int = 8
+    """Process/thread limit (RLIMIT_NPROC) of the sandbox's uid.  Without cgroups, memory is limited per
+    process: a run may hold up to ``max_processes * memory_mb`` (plus ``disk_mb`` of tmpfs)."""
+
+    max_file_mb: int = 16
+    """Largest file the code may write (RLIMIT_FSIZE), in MiB."""
+
+    disk_mb: int = 64
+    """Size of the private tmpfs that holds /work and /tmp, in MiB."""
+
+    output_limit_bytes: int = 1 << 16
+    """Output (stdout + stderr) a test may write before it is killed and scored ``output_limit``."""
+
+    max_message_bytes: int = 16 << 20
+    """Largest value (encoded) a solution function may return."""
+
+    def total_for(self, tests: int) -> float:
+        """The whole run's wall-clock limit for ``tests`` test cases."""
+        return self.total_timeout_s if self.total_timeout_s is not None else min(60.0, self.timeout_s * tests + 2.0)
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """The verdict on one test case."""
+
+    __test__ = False  # not a pytest test class
+
+    index: int
+    passed: bool
+    status: str
+    """passed, failed, error, timeout, memory, output_limit or crashed."""
+    mode: str
+    """Where its asserts ran: rpc (in the judge), in_process (fallback, in the child), or '' (not run)."""
+    seconds: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The harness's verdict on one solution."""
+
+    passed: bool
+    """Every test case passed."""
+    passed_fraction: float
+    status: str
+    """passed; else the most telling failure: timeout, memory, output_limit, crashed, error, failed."""
+    wall_seconds: float
+    tests: tuple[TestResult, ...]
+    network_isolated: bool
+    isolation: dict[str, bool] = field(default_factory=dict)
+    detail: str = ""
+    output: str = ""
+    """The first 4 KiB of what the program printed (diagnostics only; never part of the verdict)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CodeJob:
+    """A solution and the tests it must pass."""
+
+    solution: str
+    tests: str
+    """A test program: assert lines and/or HumanEval's ``def check(candidate)`` (see testcases.py)."""
+    entry_point: str | None = None
+    """The function under test (HumanEval's ``candidate``)."""
+    context: str = ""
+    """Task code run before the solution in the child and, as trusted helpers, before the tests."""
+
+
+@dataclass(frozen=True)
+class Support:
+    """What isolation this machine offers (probed once per process)."""
+
+    launcher: Literal["unshare", "bwrap", "none"]
+    root: bool
+    network_isolated: bool
+
+
+@functools.cache
+def isolation_support() -> Support:
+    """Probe once per process which launcher works here.
+
+    As root: ``unshare`` (the judge then adds the read-only root and the unprivileged uid), else
+    ``bwrap``.  Otherwise: ``bwrap`` (a read-only view of / without root), else ``unshare``.  With
+    neither, the code runs without namespaces and verdicts say ``network_isolated: false``.
+    """
+    root = os.geteuid() == 0
+    probe = [os.path.realpath(sys.executable), "-I", "-S", "-c", ""]
+    unshare, bwrap = shutil.which("unshare"), shutil.which("bwrap")
+    candidates = [("unshare", unshare), ("bwrap", bwrap)] if root else [("bwrap", bwrap), ("unshare", unshare)]
+    for name, path in candidates:
+        if not path:
+            continue
+        prefix = [path, *UNSHARE_FLAGS] if name == "unshare" else _bwrap_prefix(path, tempfile.gettempdir())
+        if _works([*prefix, *probe]):
+            return Support(name, root, True)
+    return Support("none", root, False)
+
+
+def _works(command: list[str]) -> bool:
+    try:
+        return subprocess.run(command, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _bwrap_prefix(bwrap: str, workdir: str) -> list[str]:
+    return [
+        bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+        "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--ro-bind", str(HERE), str(HERE), "--bind", workdir, workdir, "--chdir", workdir,
+    ]  # fmt: skip
+
+
+def _binds() -> list[str]:
+    """Host paths the read-only root shows: system libraries and this interpreter's installation."""
+    executable = os.path.realpath(sys.executable)
+    prefixes = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(executable))}
+    return [*SYSTEM_BINDS, *sorted(p for p in prefixes if p not in ("/", "") and os.path.isdir(p))]
+
+
+def _rlimits(limits: SandboxLimits, tests: int, isolate_tests: bool) -> dict[str, int]:
+    cpu = math.ceil(limits.timeout_s if isolate_tests else limits.total_for(tests)) + 1
+    return {
+        "RLIMIT_AS": limits.memory_mb << 20,
+        "RLIMIT_CPU": cpu,
+        "RLIMIT_FSIZE": limits.max_file_mb << 20,
+        "RLIMIT_NPROC": limits.max_processes,
+        "RLIMIT_NOFILE": 64,
+        "RLIMIT_CORE": 0,
+    }
+
+
+def _aggregate(tests: list[TestResult]) -> str:
+    if tests and all(t.passed for t in tests):
+        return "passed"
+    statuses = {t.status for t in tests}
+    return next((s for s in STATUS_ORDER if s in statuses), "error")
+
+
+def _failed_verdict(detail: str, started: float, support: Support, status: str = "error") -> Verdict:
+    return Verdict(False, 0.0, status, round(time.monotonic() - started, 4), (), support.network_isolated, {}, detail)
+
+
+def run_job(
+    job: CodeJob, limits: SandboxLimits = SandboxLimits(), mode: Mode = "auto", isolate_tests: bool = True
+) -> Verdict:
+    """Run ``job.solution`` against ``job.tests`` in a fresh sandbox; never raises for anything the code does.
+
+    ``mode``: auto (asserts in the judge, falling back to the child for tests with non-plain values),
+    rpc (no fallback: such tests fail), in_process (every test inside the child, as upstream HumanEval).
+    ``isolate_tests``: a fresh process per test case (False: one process runs them all, faster).
+    """
+    started = time.monotonic()
+    support = isolation_support()
+    try:
+        plan = split_tests(job.tests, job.entry_point)
+    except ValueError as exc:
+        return _failed_verdict(str(exc), started, support)
+    total = limits.total_for(len(plan.cases))
+    scratch = Path(tempfile.mkdtemp(prefix="reasonrl-sandbox-"))
+    try:
+        (scratch / "root").mkdir()
+        (scratch / "work").mkdir()
+        payload = {
+            "solution": job.solution,
+            "context": job.context,
+            "setup": plan.setup,
+            "tests": list(plan.cases),
+            "in_process_tests": list(plan.in_process),
+            "entry_point": job.entry_point,
+            "mode": mode,
+            "isolate_tests": isolate_tests,
+            "python": os.path.realpath(sys.executable),
+            "child_path": str(CHILD),
+            "rootfs": str(scratch / "root") if support.launcher == "unshare" and support.root else None,
+            "workdir": str(scratch / "work"),
+            "uid": UID_BASE + secrets.randbelow(UID_SPAN) if support.root and support.launcher != "bwrap" else None,
+            "binds": _binds(),
+            "limits": {
+                **asdict(limits),
+                "total_timeout_s": total,
+                "rlimits": _rlimits(limits, len(plan.cases), isolate_tests),
+            },
+        }
+        command = [os.path.realpath(sys.executable), "-I", "-S", str(JUDGE)]
+        if support.launcher == "unshare":
+            command = [shutil.which("unshare") or "unshare", *UNSHARE_FLAGS, *command]
+        elif support.launcher == "bwrap":
+            command = [*_bwrap_prefix(shutil.which("bwrap") or "bwrap", str(scratch / "work")), *command]
+        lines, killed, stderr = _execute(command, json.dumps(payload).encode(), total + GRACE_S, scratch / "work")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return _verdict(lines, killed, stderr, len(plan.cases), started, support)
+
+
+def _execute(command: list[str], payload: bytes, wall: float, cwd: Path) -> tuple[list[str], str, str]:
+    """Run the judge; its stdout lines, why it was killed ('' if it was not) and its stderr's tail."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
+    cap, deadline, killed = 8 << 20, time.monotonic() + wall, ""
+    out, err = bytearray(), bytearray()
+    try:
+        try:
+            process.stdin.write(payload)
+            process.stdin.close()
+        except BrokenPipeError:
+            pass
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ, out)
+            selector.register(process.stderr, selectors.EVENT_READ, err)
+            while selector.get_map():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    killed = "the run passed its total time limit"
+                    break
+                for key, _ in selector.select(remaining):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                    key.data.extend(chunk)
+                del err[:-65536]  # the judge's own stderr: keep its tail only
+                if len(out) > cap:
+                    killed = "the judge's report passed its size limit"
+                    break
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)  # the judge and, with it, its namespaces
+        process.wait()
+        for stream in (process.stdout, process.stderr):
+            stream.close()
+    return out.decode("utf-8", "replace").splitlines(), killed, err[-2000:].decode("utf-8", "replace")
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
+def _verdict(lines: list[str], killed: str, stderr: str, count: int, started: float, support: Support) -> Verdict:
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    isolation = {k: v for r in records if r.get("kind") == "isolation" for k, v in r.items() if k != "kind"}
+    isolation = {k: v for k, v in isolation.items() if isinstance(v, bool)}
+    isolation["network"] = support.network_isolated
+    isolation["bwrap"] = support.launcher == "bwrap"
+    if support.root and isolation.get("unprivileged_uid") is False:
+        _warn_once("the sandbox ran code as root: no unprivileged uid was possible here (see docs/sandbox.md)")
+    end = next((r for r in records if r.get("kind") == "end"), None)
+    if end is not None:
+        isolation["rlimits"] = bool(end.get("rlimits"))
+    by_index = {r["index"]: r for r in records if r.get("kind") == "test"}
+    tests = []
+    for index in range(count):
+        record = by_index.get(index)
+        if record is None:
+            status = "timeout" if killed.endswith("time limit") else "error"
+            tests.append(TestResult(index, False, status, "", 0.0, killed or "the judge stopped before this test"))
+        else:
+            status = str(record["status"])
+            tests.append(
+                TestResult(index, status == "passed", status, record["mode"], record["seconds"], record["detail"])
+            )
+    passed = sum(t.passed for t in tests)
+    detail = killed or ("" if end is not None else f"the judge did not finish: {stderr.strip()[-500:]}")
+    return Verdict(
+        passed=passed == count,
+        passed_fraction=passed / count if count else 0.0,
+        status=_aggregate(tests),
+        wall_seconds=round(time.monotonic() - started, 4),
+        tests=tuple(tests),
+        network_isolated=support.network_isolated,
+        isolation=isolation,
+        detail=detail or next((t.detail for t in tests if not t.passed and t.detail), ""),
+        output=str(end.get("output", "")) if end is not None else "",
+    )
+
+
+def run_code(
+    solution: str,
+    tests: str,
+    entry_point: str | None = None,
+    context: str = "",
+    limits: SandboxLimits = SandboxLimits(),
+    mode: Mode = "auto",
+    isolate_tests: bool = True,
+) -> Verdict:
+    """``run_job`` for one solution given as strings."""
+    return run_job(CodeJob(solution, tests, entry_point, context), limits, mode, isolate_tests)
+
+
+class SandboxPool:
+    """Runs jobs with at most ``max_concurrent`` sandboxes at a time (threads driving subprocesses)."""
+
+    def __init__(
+        self,
+        max_concurrent: int | None = None,
+        limits: SandboxLimits = SandboxLimits(),
+        mode: Mode = "auto",
+        isolate_tests: bool = True,
+    ) -> None:
+        self.limits, self.mode, self.isolate_tests = limits, mode, isolate_tests
+        self._executor = ThreadPoolExecutor(max_workers=max_concurrent or os.cpu_count() or 2)
+
+    def run(self, job: CodeJob) -> Verdict:
+        """One verdict."""
+        return self.run_many([job])[0]
+
+    def run_many(self, jobs: Sequence[CodeJob]) -> list[Verdict]:
+        """One verdict per job, in order."""
+        return list(self._executor.map(lambda j: run_job(j, self.limits, self.mode, self.isolate_tests), jobs))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

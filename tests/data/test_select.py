@@ -1,0 +1,32 @@
+"""Pre-PPO prompt selection: the hardest prompts per domain, invariant to per-domain score scales."""
+
+import json
+
+from reasonrl.data.examples import Example
+from reasonrl.data.select import merge, select_hardest, write_jsonl
+
+CANDIDATES = [Example(f"m{i}", f"math {i}", str(i), "math") for i in range(10)] + [
+    Example(f"o{i}", f"open {i}", "ref", "open") for i in range(10)
+]
+MATH_SCORES = [0.9, 0.8, 0.1, 0.7, 0.95, 0.6, 0.85, 0.75, 0.65, 0.5]
+OPEN_SCORES = [8.0, 9.0, 7.5, 9.5, 6.0, 8.5, 9.2, 8.8, 7.0, 9.9]  # another domain, another scale
+SCORES = [*MATH_SCORES, *OPEN_SCORES]
+
+
+def test_selection_keeps_the_lowest_within_domain_scores():
+    picked = select_hardest(CANDIDATES, SCORES, 0.1)  # 2 of 20
+    assert [e.id for e in picked] == ["m2", "o4"]  # raw scores would pick two math prompts
+
+
+def test_selection_is_invariant_to_a_per_domain_affine_rescaling():
+    rescaled = [3 * s - 1 for s in SCORES[:10]] + [0.01 * s + 40 for s in SCORES[10:]]
+    for fraction in (0.1, 0.25, 0.5):
+        assert select_hardest(CANDIDATES, SCORES, fraction) == select_hardest(CANDIDATES, rescaled, fraction)
+
+
+def test_merge_keeps_the_base_and_adds_only_new_prompts(tmp_path):
+    base = [Example("b0", "math 2", "2", "math"), Example("b1", "base only", "x", "math")]
+    merged = merge(base, select_hardest(CANDIDATES, SCORES, 0.1))
+    assert [e.id for e in merged] == ["b0", "b1", "o4"]
+    rows = [json.loads(line) for line in write_jsonl(merged, tmp_path / "out.jsonl").read_text().splitlines()]
+    assert rows[2] == {"id": "o4", "question": "open 4", "answer": "ref", "task_type": "open"}

@@ -1,0 +1,288 @@
+"""The sandbox: per-test verdicts decided outside the untrusted process, and the attack suite.
+
+Every attack must be contained and, where it tries to pass tests it does not pass, scored as a
+failure.  Attacks that need an isolation layer this machine lacks skip, naming the layer.
+"""
+
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import reasonrl.reward.sandbox as sandbox
+from reasonrl.cli import main
+from reasonrl.reward.sandbox import CodeJob, SandboxLimits, SandboxPool, run_code
+from reasonrl.reward.testcases import harden_asserts, split_tests
+
+FAST = SandboxLimits(timeout_s=2.0, memory_mb=256, max_processes=8)
+IDENTITY = "def f(x):\n    return x\n"
+
+
+@pytest.fixture(scope="module")
+def layers() -> dict[str, bool]:
+    """The isolation layers active on this machine (from a trivial run)."""
+    verdict = run_code(IDENTITY, "assert f(1) == 1", "f", limits=FAST)
+    assert verdict.passed, verdict
+    return verdict.isolation
+
+
+def needs(layers: dict[str, bool], *names: str) -> None:
+    if not any(layers.get(name) for name in names):
+        pytest.skip(f"this machine lacks the isolation layer ({' or '.join(names)}) this attack needs")
+
+
+def processes_with(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_each_test_case_gets_its_own_verdict():
+    verdict = run_code(
+        "def add(a, b):\n    return a + b\n",
+        "assert add(1, 2) == 3\nassert add(2, 2) == 5\nassert add([1], [2]) == [1, 2]\n",
+        "add",
+        limits=FAST,
+    )
+    assert not verdict.passed and verdict.status == "failed"
+    assert verdict.passed_fraction == pytest.approx(2 / 3)
+    assert [t.status for t in verdict.tests] == ["passed", "failed", "passed"]
+    assert verdict.tests[1].detail.startswith("AssertionError")
+    assert {t.mode for t in verdict.tests} == {"rpc"}  # asserts ran in the judge
+    assert verdict.wall_seconds > 0 and isinstance(verdict.network_isolated, bool)
+
+
+def test_humaneval_check_is_split_per_assert_and_setup_is_kept():
+    tests = (
+        "import math\n\ndef check(candidate):\n    base = 10\n    assert candidate(base) == 10\n"
+        "    assert True, 'not a test'\n    for i in range(3):\n        assert candidate(i) == i\n"
+        "    assert candidate(base + 1) == math.floor(11.5)\n\ncheck(f)\n"
+    )
+    plan = split_tests(tests)
+    assert len(plan.cases) == 3 and "import math" in plan.setup
+    assert all("base = 10" in case for case in plan.cases)  # each case keeps the body's setup
+    assert "__rr_cmp__" in plan.in_process[0] and "__rr_cmp__" not in plan.cases[0]
+    assert (
+        split_tests("def check(candidate):\n    assert candidate(1)\n", entry_point="g")
+        .cases[0]
+        .endswith("__check__(g)")
+    )
+    with pytest.raises(ValueError, match="no test case"):
+        split_tests("x = 1\n")
+    verdict = run_code("def f(x):\n    return x if x < 5 else 0\n", tests, "f", limits=FAST)
+    assert [t.passed for t in verdict.tests] == [False, True, False]
+
+
+def test_harden_asserts_routes_comparisons_and_truth_tests():
+    hardened = harden_asserts("assert f(1) == 2 and not g(3)\nx = a == b")
+    assert "__rr_cmp__([f(1), 2], ['Eq'])" in hardened and "not __rr_truth__(g(3))" in hardened
+    assert hardened.endswith("x = a == b")  # comparisons outside asserts are left alone
+
+
+def test_infinite_loops_time_out_and_a_solution_that_never_loads_fails_every_test():
+    limits = SandboxLimits(timeout_s=1.0, memory_mb=256)
+    verdict = run_code("def f(x):\n    while True:\n        pass\n", "assert f(1) == 1", "f", limits=limits)
+    assert verdict.status == "timeout" and verdict.passed_fraction == 0
+    start = time.monotonic()
+    verdict = run_code("while True:\n    pass\n", "assert f(1) == 1\nassert f(2) == 2", "f", limits=limits)
+    assert [t.status for t in verdict.tests] == ["timeout", "timeout"]
+    assert verdict.tests[1].mode == ""  # not run again: the load failure applies to every test
+    assert time.monotonic() - start < 5
+
+
+def test_fork_bomb_is_contained(layers):
+    if os.geteuid() == 0 and not layers.get("unprivileged_uid"):
+        pytest.skip("as root without an unprivileged uid, RLIMIT_NPROC is not enforced: no fork bomb here")
+    marker = f"7{uuid.uuid4().int % 10**8}.5"
+    bomb = (
+        "import os\ndef f(x):\n    while True:\n        try:\n            if os.fork() == 0 and os.getpid() % 2:\n"
+        f"                os.execvp('sleep', ['sleep', '{marker}'])\n        except OSError:\n            pass\n"
+    )
+    start = time.monotonic()
+    limits = SandboxLimits(timeout_s=1.0, memory_mb=256, max_processes=8)
+    verdict = run_code(bomb, "assert f(1) == 1", "f", limits=limits)
+    assert not verdict.passed and verdict.status in ("timeout", "crashed")
+    assert time.monotonic() - start < 10
+    time.sleep(0.2)
+    assert processes_with(f"sleep {marker}") == []
+
+
+def test_memory_bomb_scores_memory():
+    verdict = run_code("def f(x):\n    return len('a' * 10**10)\n", "assert f(1) == 10**10", "f", limits=FAST)
+    assert verdict.status == "memory" and not verdict.passed
+    verdict = run_code("hog = []\nwhile True:\n    hog.append(bytearray(10**6))\n", "assert f(1)", "f", limits=FAST)
+    assert verdict.status == "memory"
+
+
+def test_huge_output_is_capped():
+    limits = SandboxLimits(timeout_s=2.0, memory_mb=256, output_limit_bytes=10_000)
+    verdict = run_code("def f(x):\n    while True:\n        print('x' * 1000)\n", "assert f(1)", "f", limits=limits)
+    assert verdict.status == "output_limit" and not verdict.passed
+    assert 0 < len(verdict.output) <= 4096
+
+
+def test_filling_the_disk_fails():
+    limits = SandboxLimits(timeout_s=2.0, memory_mb=256, max_file_mb=1)
+    code = "def f(x):\n    with open('big', 'wb') as out:\n        out.write(b'x' * (4 << 20))\n    return x\n"
+    verdict = run_code(code, "assert f(1) == 1", "f", limits=limits)
+    assert not verdict.passed and "File too large" in verdict.tests[0].detail
+
+
+def test_writing_outside_the_sandbox_fails(layers, tmp_path):
+    needs(layers, "filesystem", "unprivileged_uid", "bwrap")
+    target = tmp_path / "written-by-the-solution"
+    code = f"def f(x):\n    open({str(target)!r}, 'w').write('pwned')\n    return x\n"
+    verdict = run_code(code, "assert f(1) == 1", "f", limits=FAST)
+    assert not verdict.passed and not target.exists()
+
+
+def test_a_secret_outside_the_sandbox_cannot_be_read(layers, tmp_path):
+    needs(layers, "filesystem", "unprivileged_uid", "bwrap")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-4242")
+    secret.chmod(0o600)
+    code = f"def f(x):\n    text = open({str(secret)!r}).read()\n    print(text)\n    return text\n"
+    verdict = run_code(code, "assert f(1) == 'TOPSECRET-4242'", "f", limits=FAST)
+    assert not verdict.passed and "TOPSECRET" not in json.dumps(verdict.to_dict())
+
+
+def test_no_network(layers):
+    if not layers.get("network"):
+        pytest.skip("no network namespace here (unshare --net and bwrap both unavailable): network_isolated is false")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        code = f"import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).send(b'x')\n"
+        verdict = run_code(code + "    return x\n", "assert f(1) == 1", "f", limits=FAST)
+        assert not verdict.passed and verdict.network_isolated
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody connected
+
+
+def test_killing_the_parent_leaves_the_harness_alive():
+    code = "import os\ndef f(x):\n    os.kill(os.getppid(), 9)\n    return x\n"
+    verdict = run_code(code, "assert f(1) == 1\nassert f(2) == 2", "f", limits=FAST)
+    assert not verdict.passed and verdict.passed_fraction == 0
+    assert os.getpid() > 0  # still here
+
+
+@pytest.mark.parametrize(
+    "solution",
+    [
+        "import sys\nsys.exit(0)\ndef f(x):\n    return 0\n",
+        "import os\nos._exit(0)\n",
+        "import os\ndef f(x):\n    os._exit(0)\n",
+        "import sys\ndef f(x):\n    sys.exit(0)\n",
+    ],
+    ids=["sys.exit-at-load", "os._exit-at-load", "os._exit-in-call", "sys.exit-in-call"],
+)
+def test_exiting_before_the_asserts_fails(solution):
+    verdict = run_code(solution, "assert f(1) == 1\nassert f(2) == 2", "f", limits=FAST)
+    assert not verdict.passed and verdict.passed_fraction == 0
+
+
+def test_printing_a_fake_success_fails():
+    fake = json.dumps({"kind": "test", "index": 0, "status": "passed", "mode": "rpc", "seconds": 0, "detail": ""})
+    code = f"print('all tests passed')\nprint({fake!r})\ndef f(x):\n    print({fake!r})\n    return 0\n"
+    verdict = run_code(code, "assert f(1) == 1", "f", limits=FAST)
+    assert not verdict.passed and "all tests passed" in verdict.output
+
+
+@pytest.mark.parametrize("mode", ["auto", "rpc", "in_process"])
+def test_monkeypatching_builtins_and_always_equal_objects_fail(mode):
+    code = (
+        "import builtins\n"
+        "class Yes:\n    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
+        "class YesInt(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "builtins.AssertionError = type('Quiet', (Exception,), {})\n"
+        "builtins.__import__ = None\n"
+        "def f(x):\n    return Yes()\n"
+        "def g(x):\n    return YesInt(0)\n"
+    )
+    verdict = run_code(code, "assert f(1) == 1\nassert g(1) == 1\nassert f(2)", "f", limits=FAST, mode=mode)
+    assert verdict.passed_fraction == 0, verdict.tests
+
+
+@pytest.mark.parametrize("mode", ["auto", "in_process"])
+def test_a_solution_cannot_replace_the_builtins_the_tests_use(mode):
+    code = "def abs(x):\n    return 0\n\ndef len(x):\n    return 3\n\ndef f(x):\n    return x + 1\n"
+    tests = "assert abs(f(1) - 1) < 1e-9\nassert len(str(f(1))) == 3\nassert f(1) == 2\n"
+    verdict = run_code(code, tests, "f", limits=FAST, mode=mode)
+    assert [t.passed for t in verdict.tests] == [False, False, True]
+
+
+def test_background_processes_do_not_outlive_the_run():
+    marker = f"8{uuid.uuid4().int % 10**8}.5"
+    code = (
+        "import os, subprocess\n"
+        "def f(x):\n"
+        f"    subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+        "    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n"
+        f"            os.execvp('sleep', ['sleep', '{marker}'])\n        os._exit(0)\n"
+        "    return x\n"
+    )
+    verdict = run_code(code, "assert f(1) == 1", "f", limits=FAST)
+    assert verdict.passed  # it did answer correctly
+    time.sleep(0.2)
+    assert processes_with(f"sleep {marker}") == []
+
+
+def test_mutated_arguments_and_exception_types_reach_the_test():
+    code = "def sort_in_place(xs):\n    xs.sort()\n\ndef parse(s):\n    return int(s)\n"
+    tests = (
+        "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]\n"
+        "try:\n    parse('x')\n    raised = False\nexcept ValueError:\n    raised = True\nassert raised\n"
+        "assert parse('7') == 7\n"
+    )
+    verdict = run_code(code, tests, limits=FAST)
+    assert verdict.passed, verdict.tests
+
+
+def test_values_that_are_not_plain_data_fall_back_to_the_child():
+    code = "class Node:\n    def __init__(self, v):\n        self.v = v\n\ndef value(n):\n    return n.v\n"
+    verdict = run_code(code, "root = Node(3)\nassert value(root) == 3", limits=FAST)
+    assert verdict.passed and verdict.tests[0].mode == "in_process"
+    strict = run_code(code, "root = Node(3)\nassert value(root) == 3", limits=FAST, mode="rpc")
+    assert not strict.passed
+
+
+def test_pool_one_process_mode_and_degraded_isolation(monkeypatch):
+    jobs = [CodeJob(f"def f(x):\n    return x + {k}\n", "assert f(0) == 0\nassert f(1) == 1", "f") for k in range(4)]
+    with SandboxPool(max_concurrent=2, limits=FAST, isolate_tests=False) as pool:
+        verdicts = pool.run_many(jobs)
+    assert [v.passed for v in verdicts] == [True, False, False, False]
+    monkeypatch.setattr(sandbox, "isolation_support", lambda: sandbox.Support("none", os.geteuid() == 0, False))
+    verdict = run_code(IDENTITY, "assert f(1) == 1\nassert f(2) == 3", "f", limits=FAST)
+    assert not verdict.network_isolated and verdict.isolation["network"] is False
+    assert [t.passed for t in verdict.tests] == [True, False]
+
+
+def test_bwrap_command_gives_a_read_only_root_and_no_network():
+    prefix = sandbox._bwrap_prefix("/usr/bin/bwrap", "/tmp/work")
+    assert "--unshare-net" in prefix and "--die-with-parent" in prefix
+    assert prefix[prefix.index("--ro-bind") + 1 : prefix.index("--ro-bind") + 3] == ["/", "/"]
+
+
+def test_cli_sandbox_run_prints_the_json_verdict(tmp_path, capsys):
+    solution, tests = tmp_path / "solution.py", tmp_path / "tests.py"
+    solution.write_text("def add(a, b):\n    return a + b\n")
+    tests.write_text("def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n")
+    assert main(["sandbox", "run", str(solution), "--tests", str(tests), "--entry-point", "add"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["passed"] and verdict["passed_fraction"] == 1.0 and verdict["status"] == "passed"
+    assert {"wall_seconds", "tests", "network_isolated"} <= set(verdict)
+    tests.write_text("assert add(1, 2) == 4\n")
+    assert main(["sandbox", "run", str(solution), "--tests", str(tests), "--timeout", "2"]) == 1
+    assert json.loads(capsys.readouterr().out)["status"] == "failed"
