@@ -150,6 +150,51 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
     return 0 if verdict.passed else 1
 
 
+def _cmd_rm_train(args: argparse.Namespace) -> int:
+    from reasonrl.data.loaders import DataError
+    from reasonrl.reward.training import RewardModelRun, run_reward_model_training
+
+    settings = RewardModelRun(
+        kind=args.kind,
+        model=args.model,
+        data=args.data,
+        out=args.out,
+        steps=args.steps,
+        batch_pairs=args.batch_pairs,
+        lr=args.lr,
+        eval_pairs=args.eval_pairs,
+        seed=args.seed,
+    )
+    try:
+        summary = run_reward_model_training(settings)
+    except DataError as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_data_select(args: argparse.Namespace) -> int:
+    from reasonrl.data.loaders import DataError
+    from reasonrl.data.select import run_selection
+
+    try:
+        summary = run_selection(
+            args.candidates,
+            args.base,
+            Path(args.out),
+            fraction=args.fraction,
+            samples=args.samples,
+            max_new_tokens=args.max_new_tokens,
+            overrides=args.overrides,
+        )
+    except DataError as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``reasonrl`` command."""
     parser = argparse.ArgumentParser(prog="reasonrl", description="RL for reasoning language models.")
@@ -227,6 +272,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--one-process", action="store_true", help="one process for all tests (faster, less isolated)")
     run.set_defaults(handler=_cmd_sandbox_run)
+
+    rm = commands.add_parser("rm", help="reward models")
+    rm_commands = rm.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
+    rm_train = rm_commands.add_parser(
+        "train", help="train a Bradley-Terry scorer or a pairwise judge on preference pairs; report held-out accuracy"
+    )
+    rm_train.add_argument("--kind", default="bt", choices=["bt", "pairwise"], help="scalar BT or generative judge")
+    rm_train.add_argument("--model", default="smollm2-135m", help="model to start from")
+    rm_train.add_argument("--data", default="hh-rlhf-harmless", help="hh-rlhf-harmless, or a jsonl of pairs")
+    rm_train.add_argument("--out", default="runs/reward-model", help="output directory (model/, summary.json)")
+    rm_train.add_argument("--steps", type=int, default=100)
+    rm_train.add_argument("--batch-pairs", type=int, default=8)
+    rm_train.add_argument("--lr", type=float, default=1e-5)
+    rm_train.add_argument("--eval-pairs", type=int, default=200, help="held-out pairs scored before and after")
+    rm_train.add_argument("--seed", type=int, default=0)
+    rm_train.set_defaults(handler=_cmd_rm_train)
+
+    data = commands.add_parser("data", help="prepare training data")
+    data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    select = data_commands.add_parser(
+        "select", help="Pre-PPO: keep the hardest candidate prompts (lowest in-domain z-score), merge into a base set"
+    )
+    select.add_argument("--candidates", required=True, help="candidate prompts: a dataset name or jsonl")
+    select.add_argument("--base", help="the base prompt set the selection is merged into")
+    select.add_argument("--out", required=True, help="the merged jsonl to write")
+    select.add_argument("--fraction", type=float, default=0.1, help="share of candidates kept (paper: 10%%)")
+    select.add_argument("--samples", type=int, default=4, help="responses sampled per candidate prompt")
+    select.add_argument("--max-new-tokens", type=int, default=64)
+    select.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides: model.name_or_path, reward.* ..."
+    )
+    select.set_defaults(handler=_cmd_data_select)
     return parser
 
 

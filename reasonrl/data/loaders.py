@@ -16,6 +16,7 @@ from typing import Any
 
 from reasonrl.data.code_tasks import CodeTaskError, humaneval_example, mbpp_example
 from reasonrl.data.examples import Example
+from reasonrl.data.preferences import hh_prompt_example
 
 HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by a stable hash) for evaluation
 
@@ -53,6 +54,7 @@ BUILTIN_DATASETS = {
     "mbpp": BuiltinDataset(
         dict.fromkeys(("train", "test", "validation", "prompt"), "mbpp.jsonl.gz"), Fields(), mbpp_example
     ),
+    "hh-rlhf-harmless": BuiltinDataset({"test": "hh-rlhf-harmless-test.jsonl.gz"}, Fields(), hh_prompt_example),
 }
 ALIASES = {"aime24": "aime2024", "math-500": "math500"}
 
@@ -101,7 +103,8 @@ def _example(location: str, row: dict[str, Any], fields: Fields, source: str, in
         answer = answer.rsplit(fields.answer_after, 1)[1].strip().replace(",", "")
     if not answer:
         raise DataError(f"{location}: empty answer in field '{fields.answer}'")
-    return Example(id=f"{source}:{index}", question=question.strip(), answer=answer)
+    task_type = str(row.get("task_type") or "math")
+    return Example(id=f"{source}:{index}", question=question.strip(), answer=answer, task_type=task_type)
 
 
 def _from_datasets(name: str, split: str, fields: Fields) -> list[Example]:

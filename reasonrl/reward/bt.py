@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -23,12 +22,12 @@ import torch
 from reasonrl.algo.preference import bradley_terry_loss, pairwise_accuracy
 from reasonrl.batch import pad_rows
 from reasonrl.data.loaders import DataError
+from reasonrl.data.preferences import parse_transcript
 from reasonrl.data.prompts import chat_token_ids
 from reasonrl.models.value import ValueModel, load_value_model, value_model_from_policy
 
 Messages = list[dict[str, str]]
 BUILTIN_PREFERENCES = {"hh-rlhf-harmless": "hh-rlhf-harmless-test.jsonl.gz"}
-_TURN = re.compile(r"\n\n(Human|Assistant): ")
 
 
 @dataclass(frozen=True)
@@ -38,13 +37,6 @@ class PreferencePair:
     prompt: Messages
     chosen: str
     rejected: str
-
-
-def parse_transcript(text: str) -> Messages:
-    """HH-RLHF ``\\n\\nHuman: ...\\n\\nAssistant: ...`` text -> chat messages."""
-    parts = _TURN.split(text)
-    roles = {"Human": "user", "Assistant": "assistant"}
-    return [{"role": roles[parts[i]], "content": parts[i + 1].strip()} for i in range(1, len(parts) - 1, 2)]
 
 
 def _pair_from_row(row: dict, where: str) -> PreferencePair:

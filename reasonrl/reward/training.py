@@ -16,6 +16,7 @@ from typing import Literal
 
 import torch
 
+from reasonrl.data.preferences import conversation_text
 from reasonrl.reward.bt import (
     PreferencePair,
     RewardModel,
@@ -53,16 +54,9 @@ class RewardModelRun:
 
 
 def _judge_accuracy(judge, pairs: list[PreferencePair]) -> float:
-    questions = [_conversation_text(p.prompt) for p in pairs]
+    questions = [conversation_text(p.prompt) for p in pairs]
     wins = judge.debiased_reward(questions, [p.chosen for p in pairs], [p.rejected for p in pairs])
     return ((wins > 0.5).float() + 0.5 * (wins == 0.5).float()).mean().item()
-
-
-def _conversation_text(messages: list[dict[str, str]]) -> str:
-    """A conversation as one request for the judge's template."""
-    if len(messages) == 1:
-        return messages[0]["content"]
-    return "\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
 
 
 def run_reward_model_training(settings: RewardModelRun) -> dict:
@@ -99,7 +93,7 @@ def run_reward_model_training(settings: RewardModelRun) -> dict:
         tokenizer = load_tokenizer(settings.model)
         judge = PairwiseJudge(load_model(settings.model, torch.float32), tokenizer, compute_dtype=dtype)
         before = _judge_accuracy(judge, held_out)
-        triples = [(_conversation_text(p.prompt), p.chosen, p.rejected) for p in train]
+        triples = [(conversation_text(p.prompt), p.chosen, p.rejected) for p in train]
         losses = train_pairwise_judge(
             judge, triples, steps=settings.steps, batch_pairs=settings.batch_pairs, lr=settings.lr, seed=settings.seed
         )

@@ -58,7 +58,9 @@ class PromptEncoder:
     def __call__(self, example: Example) -> list[int] | None:
         """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
         if example.id not in self._cache:
-            ids = prompt_token_ids(self.tokenizer, example.question, self.template)
+            # the template asks for a parseable final answer: math only (code and chat questions carry their own)
+            template = self.template if example.task_type == "math" else "plain"
+            ids = prompt_token_ids(self.tokenizer, example.question, template)
             self._cache[example.id] = ids
             if len(ids) > self.max_prompt_tokens:
                 self.too_long += 1

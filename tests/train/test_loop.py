@@ -152,3 +152,22 @@ def test_every_metric_key_is_documented(tmp_path):
     cfg = load_config("grpo", [*TINY[:-1], *overrides])  # keeps the KL term
     fit(cfg, tmp_path, verifier=DigitFraction(), show_progress=False)
     assert not undocumented_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_a_mixed_math_and_code_run_routes_rewards_and_follows_the_curriculum(tmp_path):
+    cfg = load_config(
+        "grpo",
+        [
+            *TINY,
+            "data.dataset=gsm8k+mbpp",
+            "data.task_mix=['0:code=1', '2:math=1,code=1']",
+            "train.rollout_steps=2",
+            "rollout.max_prompt_tokens=500",
+            "data.eval_prompts=4",
+        ],
+    )
+    fit(cfg, tmp_path, show_progress=False)  # no verifier given: the router scores
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert records[0]["reward/code/fraction"] == 1.0 and "reward/math/fraction" not in records[0]
+    assert records[1]["reward/code/fraction"] + records[1]["reward/math/fraction"] == pytest.approx(1.0)
+    assert not undocumented_metrics(tmp_path / "metrics.jsonl")
