@@ -195,6 +195,22 @@ def _cmd_data_select(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_bon(args: argparse.Namespace) -> int:
+    from reasonrl.data.loaders import DataError
+    from reasonrl.data.select import best_of_n_references
+
+    try:
+        summary = best_of_n_references(
+            args.prompts, args.reward_model, Path(args.out), n=args.n, max_new_tokens=args.max_new_tokens,
+            overrides=args.overrides,
+        )  # fmt: skip
+    except DataError as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``reasonrl`` command."""
     parser = argparse.ArgumentParser(prog="reasonrl", description="RL for reasoning language models.")
@@ -304,6 +320,17 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides: model.name_or_path, reward.* ..."
     )
     select.set_defaults(handler=_cmd_data_select)
+    bon = data_commands.add_parser(
+        "bon",
+        help="best-of-N references: sample N responses per prompt, keep the BT model's favourite (task_type open)",
+    )
+    bon.add_argument("--prompts", required=True, help="prompts: a dataset name or jsonl")
+    bon.add_argument("--reward-model", required=True, help="a Bradley-Terry model directory (reasonrl rm train)")
+    bon.add_argument("--out", required=True, help="the jsonl to write")
+    bon.add_argument("--n", type=int, default=4)
+    bon.add_argument("--max-new-tokens", type=int, default=128)
+    bon.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. model.name_or_path")
+    bon.set_defaults(handler=_cmd_data_bon)
     return parser
 
 

@@ -48,3 +48,16 @@ def test_data_select_writes_the_base_plus_the_hardest_candidates(tmp_path, capsy
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert summary["selected"] == 3 and len(rows) == summary["written"] == 4
     assert rows[0]["question"] == "What is 1+2?" and all(r["task_type"] == "math" for r in rows)
+
+
+def test_data_bon_keeps_the_reward_models_favourite_as_an_open_reference(tmp_path, capsys):
+    from reasonrl.reward.bt import RewardModel
+
+    rm_dir = RewardModel.from_policy("tiny-random").save(tmp_path / "rm")
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"question": f"Tell me about {w}.", "answer": "-"} for w in "abc"])
+    out = tmp_path / "bon.jsonl"
+    args = ["data", "bon", "--prompts", str(prompts), "--reward-model", str(rm_dir), "--out", str(out)]
+    assert main([*args, "--n", "2", "--max-new-tokens", "4", "model.name_or_path=tiny-random"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and all(r["task_type"] == "open" for r in rows)
+    assert json.loads(capsys.readouterr().out)["written"] == 3

@@ -110,3 +110,35 @@ def run_selection(
         "candidate_mean_score": sum(finite) / max(1, len(finite)),
         "selected_mean_score": sum(scores[candidates.index(e)] for e in selected) / max(1, len(selected)),
     }
+
+
+def best_of_n_references(
+    prompts_source: str, reward_model: str, out: Path, *, n: int = 4, max_new_tokens: int = 128, overrides=()
+) -> dict:
+    """For every prompt, sample ``n`` responses from the initial policy and keep the one the Bradley-Terry
+    model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, spec §7 (b)1)."""
+    from reasonrl.config import load_config
+    from reasonrl.data.loaders import Fields, load_examples
+    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+    from reasonrl.reward.bt import RewardModel
+    from reasonrl.rollout import SamplingParams, build_engine
+    from reasonrl.train.rollout import PromptEncoder
+
+    cfg = load_config(None, list(overrides))
+    dtype = compute_dtype(cfg.model.dtype)
+    examples = load_examples(prompts_source, "train", Fields(cfg.data.question_field, cfg.data.answer_field))
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    engine = build_engine(cfg.rollout.engine, load_model(cfg.model.name_or_path), tokenizer, dtype=dtype)
+    encoder = PromptEncoder(tokenizer, "plain", cfg.rollout.max_prompt_tokens)
+    kept = [e for e in examples if encoder(e) is not None]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=cfg.run.seed)
+    completions = engine.generate([encoder(e) for e in kept for _ in range(n)], params)
+    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    rm = RewardModel.load(reward_model, compute_dtype=dtype)
+    scores = rm.score([[{"role": "user", "content": e.question}] for e in kept for _ in range(n)], texts)
+    rows = []
+    for i, example in enumerate(kept):
+        best = max(range(i * n, (i + 1) * n), key=lambda j: scores[j])
+        rows.append(Example(example.id, example.question, texts[best].strip(), "open"))
+    write_jsonl(rows, out)
+    return {"prompts": len(examples), "written": len(rows), "n": n, "out": str(out)}
