@@ -281,6 +281,7 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
             gamma=run.cfg.algo.gamma,
             seed=run.cfg.run.seed,
             on_step=record,
+            calibrate_bias=run.cfg.critic.init == "policy",
         )
     writer.close()
     records = read_metrics(writer.path)

@@ -139,6 +139,9 @@ def test_value_pretraining_never_changes_the_actor_and_saves_the_critic(tmp_path
     records = read_metrics(tmp_path / "value_pretrain.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert all("critic/explained_variance" in r and "critic/value_loss" in r for r in records)
+    # a fresh zero head starts at the first batch's mean return (the best constant), not at 0
+    assert records[0]["critic/value_mean"] == pytest.approx(records[0]["critic/return_mean"], abs=1e-5)
+    assert records[0]["critic/return_mean"] != 0
     assert (tmp_path / "value_pretrain.png").stat().st_size > 0
     saved = load_value_model(tmp_path / "critic_pretrained")
     for name, value in run.critic.model.state_dict().items():
