@@ -171,3 +171,13 @@ def test_a_mixed_math_and_code_run_routes_rewards_and_follows_the_curriculum(tmp
     assert records[0]["reward/code/fraction"] == 1.0 and "reward/math/fraction" not in records[0]
     assert records[1]["reward/code/fraction"] + records[1]["reward/math/fraction"] == pytest.approx(1.0)
     assert not undocumented_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_pairwise_ppo_is_rewarded_by_the_judge_against_the_anchor(tmp_path):
+    tiny = [o for o in TINY if not o.startswith(("rollout.rollout_prompts", "rollout.samples_per_prompt"))]
+    overrides = ["reward.judge_model=tiny-random", "train.rollout_steps=1", "rollout.max_prompt_tokens=500"]
+    cfg = load_config("pairwise_ppo", [*tiny, *overrides, "rollout.rollout_prompts=8", "train.minibatch_sequences=4"])
+    fit(cfg, tmp_path, show_progress=False)
+    record = read_metrics(tmp_path / "metrics.jsonl")[1]
+    assert record["reward/genrm_reference/fraction"] == 1.0  # every HH prompt went to the judge
+    assert 0.0 <= record["reward/genrm_reference/mean"] <= 1.0 and "critic/value_loss" in record
