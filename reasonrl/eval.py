@@ -12,8 +12,9 @@ from reasonrl.data.loaders import Fields
 from reasonrl.data.source import DataSpec, benchmark_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.reward.base import RewardResult
+from reasonrl.reward.code import CodeVerifier
 from reasonrl.reward.math import MathVerifier
-from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.sampling import FireParams
 from reasonrl.train.rollout import PromptEncoder, sample_and_score
@@ -80,7 +81,10 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
     del model
     examples = benchmark_examples(settings.dataset, settings.limit, DataSpec(fields=Fields()))
     encoder = PromptEncoder(tokenizer, settings.prompt_template, max_prompt_tokens=10**9)
-    with ScoringPool(MathVerifier(), settings.workers, settings.timeout_seconds) as pool:
+    # verifiable tasks by their task type: math answers, or code run against its tests in the sandbox
+    verifiers = {"math": MathVerifier(), "code": CodeVerifier()}
+    pool = RewardRouter(resolve_routes(), verifiers, {}, workers=settings.workers, timeout=settings.timeout_seconds)
+    try:
         greedy = sample_and_score(
             engine, tokenizer, pool, encoder, examples, SamplingParams(settings.max_new_tokens, temperature=0.0)
         )
@@ -95,6 +99,8 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
             ),
             repeats=settings.k,
         )
+    finally:
+        pool.close()
     groups = [sampled.results[i * settings.k : (i + 1) * settings.k] for i in range(len(examples))]
     return {
         "model": settings.model,

@@ -71,6 +71,7 @@ class TaskMixSampler:
             self.by_type.setdefault(row.task_type, []).append(row)
         self.draws = 0
         self.taken = dict.fromkeys(self.by_type, 0)
+        self._orders: dict[str, tuple[int, list[int]]] = {}
 
     def phase(self, step: int) -> MixPhase:
         """The phase active at ``step``."""
@@ -83,13 +84,19 @@ class TaskMixSampler:
         total = sum(raw.values())
         return {t: w / total for t, w in raw.items() if w > 0}
 
+    def _order(self, task_type: str, epoch: int) -> list[int]:
+        """The seeded shuffle of one task type's rows in one epoch (cached)."""
+        if self._orders.get(task_type, (None,))[0] != epoch:
+            order = list(range(len(self.by_type[task_type])))
+            random.Random(f"mix:{self.seed}:{task_type}:{epoch}").shuffle(order)
+            self._orders[task_type] = (epoch, order)
+        return self._orders[task_type][1]
+
     def _next_of(self, task_type: str) -> Example:
         rows, position = self.by_type[task_type], self.taken[task_type]
         epoch, index = divmod(position, len(rows))
-        order = list(range(len(rows)))
-        random.Random(f"mix:{self.seed}:{task_type}:{epoch}").shuffle(order)
         self.taken[task_type] += 1
-        return rows[order[index]]
+        return rows[self._order(task_type, epoch)[index]]
 
     def take(self, count: int, step: int) -> list[Example]:
         """The next ``count`` examples under the phase of ``step``."""
