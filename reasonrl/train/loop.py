@@ -267,9 +267,11 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
     steps = run.plan.value_pretrain_steps
     writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
     with ProgressDisplay(steps, 0, enabled=show_progress, label="value pretraining") as progress:
+        last = [started]
 
         def record(step: int, metrics: dict[str, float]) -> None:
-            metrics["perf/step_seconds"] = time.perf_counter() - started
+            now = time.perf_counter()
+            metrics["perf/step_seconds"], last[0] = now - last[0], now
             writer.write(step, metrics)
             progress.update(step, metrics)
 
