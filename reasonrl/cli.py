@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from reasonrl import __version__
@@ -150,8 +150,20 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
     return 0 if verdict.passed else 1
 
 
-def _cmd_rm_train(args: argparse.Namespace) -> int:
+def _print_summary(produce: Callable[[], dict]) -> int:
+    """Run a data-producing command: its summary as JSON (status 0), or a bad-data error (status 1)."""
     from reasonrl.data.loaders import DataError
+
+    try:
+        summary = produce()
+    except DataError as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_rm_train(args: argparse.Namespace) -> int:
     from reasonrl.reward.training import RewardModelRun, run_reward_model_training
 
     settings = RewardModelRun(
@@ -165,21 +177,14 @@ def _cmd_rm_train(args: argparse.Namespace) -> int:
         eval_pairs=args.eval_pairs,
         seed=args.seed,
     )
-    try:
-        summary = run_reward_model_training(settings)
-    except DataError as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2))
-    return 0
+    return _print_summary(lambda: run_reward_model_training(settings))
 
 
 def _cmd_data_select(args: argparse.Namespace) -> int:
-    from reasonrl.data.loaders import DataError
     from reasonrl.data.select import run_selection
 
-    try:
-        summary = run_selection(
+    return _print_summary(
+        lambda: run_selection(
             args.candidates,
             args.base,
             Path(args.out),
@@ -188,27 +193,14 @@ def _cmd_data_select(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             overrides=args.overrides,
         )
-    except DataError as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2))
-    return 0
+    )
 
 
 def _cmd_data_bon(args: argparse.Namespace) -> int:
-    from reasonrl.data.loaders import DataError
     from reasonrl.data.select import best_of_n_references
 
-    try:
-        summary = best_of_n_references(
-            args.prompts, args.reward_model, Path(args.out), n=args.n, max_new_tokens=args.max_new_tokens,
-            overrides=args.overrides,
-        )  # fmt: skip
-    except DataError as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2))
-    return 0
+    options = {"n": args.n, "max_new_tokens": args.max_new_tokens, "overrides": args.overrides}
+    return _print_summary(lambda: best_of_n_references(args.prompts, args.reward_model, Path(args.out), **options))
 
 
 def build_parser() -> argparse.ArgumentParser:
