@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from reasonrl.algo.preference import domain_zscores
 from reasonrl.data.examples import Example
+
+if TYPE_CHECKING:
+    from reasonrl.config import Config
 
 
 def select_hardest(candidates: Sequence[Example], scores: Sequence[float], fraction: float) -> list[Example]:
@@ -63,6 +68,39 @@ def mean_prompt_scores(
     return [sum(totals[e.id]) / len(totals[e.id]) if e.id in totals else math.inf for e in examples]
 
 
+@dataclass
+class InitialPolicy:
+    """What the data commands sample with: a config, its compute dtype, tokenizer, engine and prompt encoder."""
+
+    cfg: Config
+    dtype: torch.dtype
+    tokenizer: Any
+    engine: Any
+    encoder: Any
+
+    @classmethod
+    def load(cls, overrides: Sequence[str], template: str | None = None) -> InitialPolicy:
+        """The initial policy of ``overrides`` (model.name_or_path, rollout.*, ...); ``template`` overrides
+        the config's prompt template."""
+        from reasonrl.config import load_config
+        from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+        from reasonrl.rollout import build_engine
+        from reasonrl.train.rollout import PromptEncoder
+
+        cfg = load_config(None, list(overrides))
+        dtype = compute_dtype(cfg.model.dtype)
+        tokenizer = load_tokenizer(cfg.model.name_or_path)
+        engine = build_engine(cfg.rollout.engine, load_model(cfg.model.name_or_path), tokenizer, dtype=dtype)
+        encoder = PromptEncoder(tokenizer, template or cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
+        return cls(cfg, dtype, tokenizer, engine, encoder)
+
+    def examples(self, source: str) -> list[Example]:
+        """All rows of a dataset name or file, with the config's field names."""
+        from reasonrl.data.loaders import Fields, load_examples
+
+        return load_examples(source, "train", Fields(self.cfg.data.question_field, self.cfg.data.answer_field))
+
+
 def run_selection(
     candidates_source: str,
     base_source: str | None,
@@ -75,32 +113,25 @@ def run_selection(
 ) -> dict:
     """Score ``candidates_source`` with the initial policy and the run's reward router, keep the hardest
     ``fraction``, merge into ``base_source`` and write ``out``; returns a summary."""
-    from reasonrl.config import load_config
-    from reasonrl.data.loaders import Fields, load_examples
-    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
-    from reasonrl.rollout import build_engine
     from reasonrl.train.loop import build_router
-    from reasonrl.train.rollout import PromptEncoder
 
-    cfg = load_config(None, list(overrides))
-    dtype = compute_dtype(cfg.model.dtype)
-    fields = Fields(cfg.data.question_field, cfg.data.answer_field)
-    candidates = load_examples(candidates_source, "train", fields)
-    base = load_examples(base_source, "train", fields) if base_source else []
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    engine = build_engine(cfg.rollout.engine, load_model(cfg.model.name_or_path), tokenizer, dtype=dtype)
-    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
-    scorer = build_router(cfg, dtype)
+    policy = InitialPolicy.load(overrides)
+    candidates = policy.examples(candidates_source)
+    base = policy.examples(base_source) if base_source else []
+    scorer = build_router(policy.cfg, policy.dtype)
     try:
         scores = mean_prompt_scores(
-            engine, tokenizer, scorer, encoder, candidates, samples, max_new_tokens, cfg.run.seed
-        )
+            policy.engine, policy.tokenizer, scorer, policy.encoder, candidates, samples, max_new_tokens,
+            policy.cfg.run.seed,
+        )  # fmt: skip
     finally:
         scorer.close()
     selected = select_hardest(candidates, scores, fraction)
+    selected_ids = {e.id for e in selected}
     merged = merge(base, selected)
     write_jsonl(merged, out)
     finite = [s for s in scores if math.isfinite(s)]
+    selected_scores = [s for e, s in zip(candidates, scores, strict=True) if e.id in selected_ids]
     return {
         "candidates": len(candidates),
         "selected": len(selected),
@@ -108,7 +139,7 @@ def run_selection(
         "written": len(merged),
         "out": str(out),
         "candidate_mean_score": sum(finite) / max(1, len(finite)),
-        "selected_mean_score": sum(scores[candidates.index(e)] for e in selected) / max(1, len(selected)),
+        "selected_mean_score": sum(selected_scores) / max(1, len(selected_scores)),
     }
 
 
@@ -117,24 +148,16 @@ def best_of_n_references(
 ) -> dict:
     """For every prompt, sample ``n`` responses from the initial policy and keep the one the Bradley-Terry
     model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, spec §7 (b)1)."""
-    from reasonrl.config import load_config
-    from reasonrl.data.loaders import Fields, load_examples
-    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
     from reasonrl.reward.bt import RewardModel
-    from reasonrl.rollout import SamplingParams, build_engine
-    from reasonrl.train.rollout import PromptEncoder
+    from reasonrl.rollout import SamplingParams
 
-    cfg = load_config(None, list(overrides))
-    dtype = compute_dtype(cfg.model.dtype)
-    examples = load_examples(prompts_source, "train", Fields(cfg.data.question_field, cfg.data.answer_field))
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    engine = build_engine(cfg.rollout.engine, load_model(cfg.model.name_or_path), tokenizer, dtype=dtype)
-    encoder = PromptEncoder(tokenizer, "plain", cfg.rollout.max_prompt_tokens)
-    kept = [e for e in examples if encoder(e) is not None]
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=cfg.run.seed)
-    completions = engine.generate([encoder(e) for e in kept for _ in range(n)], params)
-    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    rm = RewardModel.load(reward_model, compute_dtype=dtype)
+    policy = InitialPolicy.load(overrides, template="plain")
+    examples = policy.examples(prompts_source)
+    kept = [e for e in examples if policy.encoder(e) is not None]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=policy.cfg.run.seed)
+    completions = policy.engine.generate([policy.encoder(e) for e in kept for _ in range(n)], params)
+    texts = policy.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    rm = RewardModel.load(reward_model, compute_dtype=policy.dtype)
     scores = rm.score([[{"role": "user", "content": e.question}] for e in kept for _ in range(n)], texts)
     rows = []
     for i, example in enumerate(kept):
