@@ -36,6 +36,8 @@ class RolloutBatch:
     token_rewards: Tensor | None = None  # [B, T]
     advantages: Tensor | None = None  # [B, T]
     returns: Tensor | None = None  # [B, T]
+    running: Tensor | None = None  # [B] bool: T-PPO, still generating (no stop token, under the cap)
+    stale_mask: Tensor | None = None  # [B, T] bool: T-PPO, tokens generated in earlier windows by older policies
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

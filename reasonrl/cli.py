@@ -67,7 +67,7 @@ def _latest_run(output_dir: Path, preset: str) -> Path | None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.loaders import DataError
     from reasonrl.models.load import ModelError
-    from reasonrl.train.loop import check_supported, fit
+    from reasonrl.train.loop import fit
     from reasonrl.train.rollout import DynamicSamplingError
 
     preset = args.preset or DEFAULT_PRESET
@@ -87,7 +87,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         preset = Path(preset).stem
         run_dir = Path(cfg.run.output_dir) / (cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     resolve(cfg)  # every config problem surfaces before a model loads
-    check_supported(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"preset": preset, "overrides": list(args.overrides)}) + "\n")
     print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)

@@ -125,15 +125,19 @@ def decoupled_gae(
     lam_critic: float | Tensor,  # float or [B]
     *,
     mask_mode: MaskMode = "skip",
+    running: Tensor | None = None,  # [B] bool: T-PPO sequences still generating
 ) -> tuple[Tensor, Tensor]:
     """Decoupled GAE (VC-PPO arXiv 2503.01491; VAPO arXiv 2504.05118 §4.1).
 
     A^π = GAE(λ_policy) feeds only the policy loss; G^V = GAE(λ_critic) + V feeds only the value
-    loss.  The papers use λ_critic = 1 (Monte-Carlo targets).  Returns
+    loss.  The papers use λ_critic = 1 (Monte-Carlo targets).  With ``running`` both are EGAE
+    (T-PPO): running rows bootstrap from V(s_{l−1}), finished rows are plain GAE.  Returns
     (policy_advantages [B, T], critic_returns [B, T]).
     """
-    policy_advantages, _ = gae(token_rewards, values, response_mask, gamma, lam_policy, mask_mode=mask_mode)
-    _, critic_returns = gae(token_rewards, values, response_mask, gamma, lam_critic, mask_mode=mask_mode)
+    if running is None:
+        running = torch.zeros(values.shape[0], dtype=torch.bool, device=values.device)
+    policy_advantages, _ = egae(token_rewards, values, response_mask, running, gamma, lam_policy, mask_mode=mask_mode)
+    _, critic_returns = egae(token_rewards, values, response_mask, running, gamma, lam_critic, mask_mode=mask_mode)
     return policy_advantages, critic_returns
 
 

@@ -136,6 +136,11 @@ class AlgoSpec:
     """T-PPO: each step advances every in-flight response by at most this many tokens; unfinished
     responses continue next step.  None = synchronous rollouts (every response runs to the end)."""
 
+    policy_tokens: Literal["window", "all_generated"] = "window"
+    """T-PPO: which tokens of a pooled sequence the policy loss sees: window (those generated in
+    this step's window, so each token is trained on exactly once) or all_generated (the whole
+    response so far, earlier windows with their stored behaviour log-probs; spec §5 (e)3)."""
+
     @property
     def uses_critic(self) -> bool:
         """True when the advantage estimator needs a value model."""

@@ -57,7 +57,8 @@ class Plan:
     separate_old_logprob_pass: bool
     """Old log-probs need their own forward pass before the update.  Not when a rollout is a single
     mini-batch trained for one epoch without a reference or FIRE behaviour log-probs: the update's
-    own forward then runs at the old policy, and its detached log-probs serve (as TRL does)."""
+    own forward then runs at the old policy, and its detached log-probs serve (as TRL does).  Always
+    when T-PPO trains on earlier windows' tokens, whose old log-probs are the stored behaviour ones."""
 
 
 def resolve(cfg: Config) -> Plan:
@@ -93,5 +94,6 @@ def resolve(cfg: Config) -> Plan:
             per_rollout == 1
             and not (a.kl_placement != "none" and a.kl_coef > 0)
             and not (r.fire.enabled and r.fire.logprob == "behaviour")
+            and a.policy_tokens == "window"
         ),
     )

@@ -120,6 +120,18 @@ def _algorithm(cfg: Config) -> list[str]:
             f"algo.window_tokens={a.window_tokens} must be between 1 and rollout.max_response_tokens="
             f"{r.max_response_tokens} (exclusive) for truncated rollouts to continue across steps"
         )
+    if a.window_tokens is not None and a.dynamic_sampling:
+        problems.append(
+            "algo.dynamic_sampling regenerates whole groups, which T-PPO's truncated rollouts (algo.window_tokens) "
+            "never wait for; set algo.dynamic_sampling=false"
+        )
+    if a.window_tokens is not None and r.fire.enabled:
+        problems.append(
+            "rollout.fire samples fixed response positions in one call, but truncated rollouts (algo.window_tokens) "
+            "continue responses across calls; set rollout.fire.enabled=false"
+        )
+    if a.policy_tokens != "window" and a.window_tokens is None:
+        problems.append("algo.policy_tokens applies to truncated rollouts only: set algo.window_tokens too")
     cache = a.overlong_cache_tokens
     if a.overlong == "soft" and cache is not None and not 1 <= cache < r.max_response_tokens:
         problems.append(

@@ -28,7 +28,12 @@ def policy_lambda(spec: AlgoSpec, response_mask: torch.Tensor) -> torch.Tensor:
 
 
 def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
-    """GAE with decoupled λ: policy advantages from λ_policy, critic targets (returns) from λ_critic."""
+    """GAE with decoupled λ: policy advantages from λ_policy, critic targets (returns) from λ_critic.
+
+    ``egae`` (T-PPO) bootstraps the sequences still running (``batch.running``) from their last
+    value; a running sequence's length-adaptive λ uses its current length (spec §5 (e)1)."""
+    running = batch.running if spec.advantage_estimator == "egae" else None
+    assert spec.advantage_estimator == "gae" or running is not None, "egae needs a pooled batch (batch.running)"
     assert batch.values is not None and batch.token_rewards is not None, "the critic's values come first"
     lam = policy_lambda(spec, batch.response_mask)  # [B]
     batch.advantages, batch.returns = decoupled_gae(
@@ -39,6 +44,7 @@ def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
         lam,
         spec.lambda_critic,
         mask_mode=spec.gae_mask_mode,
+        running=running,
     )
     stats = {"critic/lambda_policy_mean": lam.mean().item()}
     if spec.lambda_policy_mode == "length_adaptive":
@@ -71,10 +77,8 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> di
         batch.advantages = sequence_to_tokens(rloo_advantages(sequence_rewards, batch.group_ids), batch.response_mask)
     elif spec.advantage_estimator == "reinforce_pp":
         batch.advantages, batch.returns = reinforce_pp_advantages(token_rewards, batch.response_mask, spec.gamma)
-    elif spec.advantage_estimator == "gae":
+    else:  # gae, egae
         stats |= critic_advantages(batch, spec)
-    else:
-        raise NotImplementedError(f"advantage_estimator={spec.advantage_estimator!r} needs T-PPO's rollout pool")
     stats["policy/advantage_mean"] = masked_mean(batch.advantages, batch.policy_loss_mask).item()
     if spec.advantage_norm == "batch_whiten":
         batch.advantages = masked_whiten(batch.advantages, batch.policy_loss_mask)

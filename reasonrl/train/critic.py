@@ -100,6 +100,8 @@ class CriticUpdater:
         totals: dict[str, float] = defaultdict(float)
         steps = 0
         for minibatch in shuffled_minibatches(batch, self.minibatch_sequences, self.epochs, seed):
+            if not minibatch.value_loss_mask.any():
+                continue  # T-PPO: every sequence of this mini-batch is still running
             for key, value in self._minibatch_step(minibatch).items():
                 totals[key] += value
             steps += 1

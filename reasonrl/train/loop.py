@@ -1,8 +1,9 @@
 """``fit()``: one RL run as named stages (DESIGN §3).
 
 setup -> restore -> evaluate (before) -> value pretraining (critic presets)
-each step: rollout (generate, score, filter, shape) -> log-probs (old, reference) -> values
-           -> advantages -> policy update -> critic update -> weight sync -> evaluate? -> log -> checkpoint
+each step: rollout (generate, score, filter, shape; T-PPO: one window of the rollout pool)
+           -> log-probs (old, reference) -> values -> advantages -> policy update -> critic update
+           -> weight sync -> evaluate? -> log -> checkpoint
 -> evaluate (after) -> export -> report
 """
 
@@ -32,13 +33,14 @@ from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
+from reasonrl.rollout.pool import RolloutPool
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, load_value_weights, save_checkpoint
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, read_metrics, release_free_memory
 from reasonrl.train.policy import response_logprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
-from reasonrl.train.rollout import PromptEncoder, RolloutCollector, hash_seed, sample_and_score
+from reasonrl.train.rollout import PoolCollector, PromptEncoder, RolloutCollector, hash_seed, sample_and_score
 from reasonrl.train.step import PolicyUpdater
 from reasonrl.train.value_pretrain import pretrain_critic
 
@@ -67,6 +69,13 @@ class Run:
     kl: FixedKLController | AdaptiveKLController
     compute_dtype: torch.dtype
     critic: CriticUpdater | None
+    windowed: PoolCollector | None
+    """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
+
+    @property
+    def rollout(self) -> RolloutCollector | PoolCollector:
+        """The training rollouts' stage (value pretraining always uses synchronous ``collector``)."""
+        return self.windowed or self.collector
 
 
 def data_spec(cfg: Config) -> DataSpec:
@@ -80,15 +89,6 @@ def data_spec(cfg: Config) -> DataSpec:
         Fields(d.question_field, d.answer_field),
         d.task_mix,
     )
-
-
-def check_supported(cfg: Config) -> None:
-    """Refuse, before anything loads, the parts of a config this version cannot run yet."""
-    if cfg.algo.advantage_estimator == "egae" or cfg.algo.window_tokens is not None:
-        raise ConfigError(
-            "T-PPO's truncated rollouts (algo.advantage_estimator=egae, algo.window_tokens) need the rollout "
-            "pool, which this version does not have yet.  Use ppo, vc_ppo or vapo for the value-based family."
-        )
 
 
 EAGER_ATTENTION_MAX_TOKENS = 512
@@ -157,7 +157,6 @@ def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
 def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verifier: Verifier | None = None) -> Run:
     """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
     plan = resolve(cfg)
-    check_supported(cfg)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -200,6 +199,11 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     )
     collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
     critic = build_critic(cfg, plan, attention, dtype) if plan.uses_critic else None
+    window = cfg.algo.window_tokens
+    pool_slots = plan.sequences_per_rollout
+    windowed = (
+        PoolCollector(collector, RolloutPool(pool_slots, window, cfg.rollout.max_response_tokens)) if window else None
+    )
     return Run(
         cfg,
         plan,
@@ -216,6 +220,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         kl,
         dtype,
         critic,
+        windowed,
     )
 
 
@@ -233,6 +238,8 @@ def restore(run: Run) -> dict[str, Any]:
     run.stream.load_state_dict(state["stream"])
     run.kl.coef = state["kl_coef"]
     run.updater.skipped_steps = state["skipped_steps"]
+    if run.windowed is not None:
+        run.windowed.pool.load_state_dict(state["pool"])
     run.engine.load_weights(run.model.state_dict())
     log.warning("resuming from %s (step %d)", checkpoint, state["step"])
     return state
@@ -325,6 +332,9 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
         batch.old_logprobs[:, positions] = batch.rollout_logprobs[:, positions]
     mask = batch.response_mask
     gap = (batch.old_logprobs - batch.rollout_logprobs).abs()
+    if batch.stale_mask is not None:  # T-PPO: earlier windows' tokens were sampled by older policies
+        mask = mask & ~batch.stale_mask  # the engine-vs-trainer gap is measured on this window's tokens
+        batch.old_logprobs = torch.where(batch.stale_mask, batch.rollout_logprobs, batch.old_logprobs)
     stats = {
         "rollout/logprob_abs_diff": masked_mean(gap, mask).item(),
         "rollout/logprob_max_abs_diff": gap[mask].max().item() if mask.any() else 0.0,
@@ -343,6 +353,7 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
         "stream": run.stream.state_dict(),
         "kl_coef": float(run.kl.coef),
         "skipped_steps": run.updater.skipped_steps,
+        **({"pool": run.windowed.pool.state_dict()} if run.windowed is not None else {}),
         **extra,
     }
     save_checkpoint(
@@ -402,7 +413,7 @@ def fit(
             progress.log(f"held-out accuracy before training: {accuracy_before:.1%}")
             for step in range(start_step + 1, total + 1):
                 step_start = time.perf_counter()
-                batch, metrics = run.collector.collect(step)
+                batch, metrics = run.rollout.collect(step)
                 if run.plan.separate_old_logprob_pass:
                     t0 = time.perf_counter()
                     metrics |= logprob_stage(run, batch)
@@ -427,7 +438,9 @@ def fit(
                     last_eval = evaluate(run)
                     metrics |= last_eval
                 metrics["perf/step_seconds"] = time.perf_counter() - step_start
-                metrics["perf/tokens_per_second"] = metrics["rollout/tokens_generated"] / metrics["perf/step_seconds"]
+                tokens = metrics["rollout/tokens_generated"]
+                metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
+                metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
                 metrics["perf/peak_rss_gb"] = peak_rss_gb()
                 writer.write(step, metrics)
                 progress.update(step, metrics)

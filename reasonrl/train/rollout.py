@@ -1,8 +1,12 @@
 """The rollout stage: prompts -> completions -> scores -> shaped rewards -> a RolloutBatch.
 
-With DAPO dynamic sampling it over-samples prompts, drops groups whose accuracy (or reward) is
-constant, regenerates until enough groups survive (at most ``max_generation_passes``) and trims
-to exactly ``rollout_prompts`` groups; groups left over are discarded (DAPO Algorithm 1; spec §2 (e)7).
+``RolloutCollector`` runs synchronous rollouts: every response runs to its end.  With DAPO dynamic
+sampling it over-samples prompts, drops groups whose accuracy (or reward) is constant, regenerates
+until enough groups survive (at most ``max_generation_passes``) and trims to exactly
+``rollout_prompts`` groups; groups left over are discarded (DAPO Algorithm 1; spec §2 (e)7).
+
+``PoolCollector`` runs T-PPO's truncated rollouts: each step advances a ``RolloutPool`` by one
+window and trains on every sequence it advanced, finished or not (spec §5 (b)).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from reasonrl.data.source import TrainingStream
 from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.reward.format import FormatVerifier
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.rollout.pool import PoolSequence, RolloutPool, slot_utilisation
 from reasonrl.rollout.sampling import FireParams
 
 log = logging.getLogger(__name__)
@@ -174,6 +179,7 @@ class RolloutCollector:
         kept_groups = generated_groups = passes = 0
         timing = {"perf/generate_seconds": 0.0, "perf/score_seconds": 0.0}
         tokens = errors = 0
+        generation_calls: list[list[int]] = []  # tokens per completion, per engine call
         reward_stats: dict[str, float] = {}
         while kept_groups < rollout.rollout_prompts:
             if algo.max_generation_passes and passes >= algo.max_generation_passes:
@@ -203,7 +209,8 @@ class RolloutCollector:
                 )
             timing["perf/generate_seconds"] += scored.generate_seconds
             timing["perf/score_seconds"] += scored.score_seconds
-            tokens += sum(len(c.token_ids) for c in scored.completions)
+            generation_calls.append([len(c.token_ids) for c in scored.completions])
+            tokens += sum(generation_calls[-1])
             errors += sum("error" in r.info for r in scored.results)
             rewards, reward_stats = self.shaped_rewards(scored)
             groups = len(scored.completions) // group_size
@@ -241,11 +248,141 @@ class RolloutCollector:
             "rollout/generation_passes": float(passes),
             "rollout/kept_group_fraction": kept_groups / max(1, generated_groups),
             "rollout/tokens_generated": float(tokens),
+            **fullness_stats(generation_calls),
             **source_stats(merged.results),
             **reward_stats,
             **timing,
         }
         return batch, stats
+
+
+MAX_SKIPPED_PROMPTS = 1000  # consecutive over-long prompts before the pool gives up
+
+
+class PoolCollector:
+    """T-PPO's rollout stage (arXiv 2506.15050; spec §5 (b)): one window of the rollout pool per step.
+
+    The step's batch holds every sequence the window advanced, each with its prompt and its whole
+    response so far.  Masks (spec §5 (b)3, (e)3):
+      - ``policy_loss_mask``: the tokens generated in this window (``algo.policy_tokens=window``),
+        so each token is trained on once, by the policy that sampled it; or every generated token
+        (``all_generated``);
+      - ``value_loss_mask``: every response token of the sequences that finished, none of the running
+        ones, whose return is not known yet;
+      - ``stale_mask``: tokens from earlier windows, whose behaviour log-probs were stored when they
+        were sampled (``rollout_logprobs``) and serve as their old log-probs.
+    Finished sequences are scored and shaped like synchronous ones; running ones get reward 0 (their
+    advantages come from EGAE's bootstrap).  It reuses the synchronous collector's parts: engine,
+    stream, prompt encoder, scorer and reward shaping.
+    """
+
+    def __init__(self, synchronous: RolloutCollector, pool: RolloutPool) -> None:
+        self.synchronous, self.pool = synchronous, pool
+
+    def _new_group(self, step: int):
+        collector = self.synchronous
+        group_size = collector.cfg.rollout.samples_per_prompt
+
+        def new_group(index: int) -> list[PoolSequence]:
+            for _ in range(MAX_SKIPPED_PROMPTS):
+                example = collector.stream.take(1, step)[0]
+                prompt = collector.encoder(example)
+                if prompt is not None:
+                    return [PoolSequence(example, prompt, index) for _ in range(group_size)]
+            raise DataError(
+                f"{MAX_SKIPPED_PROMPTS} prompts in a row are longer than rollout.max_prompt_tokens="
+                f"{collector.cfg.rollout.max_prompt_tokens}; raise it"
+            )
+
+        return new_group
+
+    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Refill the pool, advance it one window, score what finished; returns the batch and its metrics."""
+        collector, cfg = self.synchronous, self.synchronous.cfg
+        rollout = cfg.rollout
+        refilled = self.pool.refill(self._new_group(step))
+        occupied = len(self.pool.active)
+        params = SamplingParams(
+            max_new_tokens=rollout.max_response_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            seed=hash_seed(cfg.run.seed, step, 1),
+        )
+        window = self.pool.advance(collector.engine, params)
+        sequences = window.sequences
+        finished = [i for i, s in enumerate(sequences) if not s.running]
+        completions = [Completion(s.token_ids, s.logprobs, s.finish_reason or "length") for s in sequences]
+        scored = Scored(
+            [sequences[i].example for i in finished],
+            [sequences[i].prompt_ids for i in finished],
+            [completions[i] for i in finished],
+            [],
+        )
+        started = time.perf_counter()
+        texts = collector.tokenizer.batch_decode([c.token_ids for c in scored.completions], skip_special_tokens=True)
+        scored.results = collector.pool.score_examples(scored.examples, texts) if finished else []
+        score_seconds = time.perf_counter() - started
+        rewards = torch.zeros(len(sequences))
+        results = [RewardResult(0.0, False) for _ in sequences]
+        reward_stats: dict[str, float] = {}
+        if finished:
+            rewards[finished], reward_stats = collector.shaped_rewards(scored)
+            for i, result in zip(finished, scored.results, strict=True):
+                results[i] = result
+        _, group_ids = torch.unique(torch.tensor([s.group for s in sequences]), return_inverse=True)
+        every = Scored([s.example for s in sequences], [s.prompt_ids for s in sequences], completions, results)
+        batch = build_batch(every, rewards, group_ids, filter_truncated=False)  # running rows are no truncations
+        running = torch.tensor([s.running for s in sequences])
+        batch.running = running
+        batch.truncated = torch.tensor([s.finish_reason == "length" for s in sequences])
+        width = batch.response_mask.shape[1]
+        batch.stale_mask = pad_rows([[1] * s.window_start for s in sequences], width, False, torch.bool)
+        if cfg.algo.policy_tokens == "window":
+            batch.policy_loss_mask &= ~batch.stale_mask
+        if cfg.algo.overlong == "filter":
+            batch.policy_loss_mask &= ~batch.truncated[:, None]
+        batch.value_loss_mask &= ~running[:, None]
+        done = ~running
+        lengths = batch.response_mask.sum(1).float()[done]
+        nan = float("nan")
+        stats = {
+            "reward/mean": batch.rewards[done].mean().item() if finished else nan,
+            "reward/accuracy": batch.correct[done].float().mean().item() if finished else nan,
+            "reward/error_fraction": sum("error" in r.info for r in scored.results) / max(1, len(finished)),
+            "rollout/response_length": lengths.mean().item() if finished else nan,
+            "rollout/response_length_max": lengths.max().item() if finished else nan,
+            "rollout/truncated_fraction": batch.truncated[done].float().mean().item() if finished else nan,
+            "rollout/tokens_generated": float(sum(window.new_tokens)),
+            "rollout/finished_sequences": float(len(finished)),
+            "rollout/running_sequences": float(len(sequences) - len(finished)),
+            "rollout/pool_fill": occupied / self.pool.slots,
+            "rollout/refilled_sequences": float(refilled),
+            "rollout/windows_per_response": (
+                sum(sequences[i].windows for i in finished) / len(finished) if finished else nan
+            ),
+            **fullness_stats([window.new_tokens]),
+            **source_stats(scored.results),
+            **reward_stats,
+            "perf/generate_seconds": window.generate_seconds,
+            "perf/score_seconds": score_seconds,
+        }
+        return batch, stats
+
+
+def fullness_stats(calls: Sequence[Sequence[int]]) -> dict[str, float]:
+    """How full the generation batch stayed over some engine calls (tokens per completion, per call):
+    ``rollout/slot_utilisation`` (tokens ÷ slot-steps) and ``rollout/underfull_step_fraction``
+    (decode steps with an idle slot ÷ all decode steps), weighted by each call's decode steps."""
+    steps = [max(c, default=0) for c in calls]
+    total = sum(steps)
+    if not total:
+        return {"rollout/slot_utilisation": 1.0, "rollout/underfull_step_fraction": 0.0}
+    shares = [slot_utilisation(list(c)) for c in calls]
+    return {
+        "rollout/slot_utilisation": sum(s * u for s, (u, _) in zip(steps, shares, strict=True)) / total,
+        "rollout/underfull_step_fraction": sum(s * f for s, (_, f) in zip(steps, shares, strict=True)) / total,
+    }
 
 
 def source_stats(results: Sequence[RewardResult]) -> dict[str, float]:

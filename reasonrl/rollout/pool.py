@@ -1,0 +1,151 @@
+"""T-PPO's rollout pool: truncated rollouts with successive batching (arXiv 2506.15050; spec §5 (b)1, 4).
+
+The pool holds a fixed number of generation slots.  Each training step advances every sequence in
+it by at most ``window_tokens`` tokens.  A sequence that emits a stop token or reaches the global
+cap ``max_response_tokens`` is finished and leaves; its slot is refilled with a new prompt, so the
+generation batch stays full while prompts remain.  An unfinished sequence keeps its prefix and
+continues at the next step under the updated policy.  Continuation is a prefill of prompt + partial
+response, which every engine supports.  Each token's behaviour log-prob is stored when the token is
+generated, because a sequence that spans several windows was sampled by several policy versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from reasonrl.data.examples import Example
+from reasonrl.rollout.base import FinishReason, RolloutEngine, SamplingParams
+
+
+@dataclass
+class PoolSequence:
+    """One response in the pool: its prompt, the tokens generated so far and their behaviour log-probs."""
+
+    example: Example
+    prompt_ids: list[int]
+    group: int
+    """Index of the prompt among all prompts the pool admitted (the G samples of a prompt share it)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    """Log-prob of each generated token under the policy that sampled it, recorded at generation time."""
+
+    window_start: int = 0
+    """Index of the first token generated in the latest window; earlier tokens came from older policies."""
+
+    windows: int = 0
+    """How many windows the sequence has been advanced."""
+
+    finish_reason: FinishReason | None = None
+    """stop (a stop token) or length (the global cap); None while the sequence is still running."""
+
+    @property
+    def running(self) -> bool:
+        return self.finish_reason is None
+
+    def to_state(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> PoolSequence:
+        return PoolSequence(**{**state, "example": Example(**state["example"])})
+
+
+@dataclass
+class Window:
+    """What one step of the pool generated."""
+
+    sequences: list[PoolSequence]
+    """Every sequence advanced in this window, in slot order; the finished ones have left the pool."""
+
+    new_tokens: list[int]
+    """Tokens each of those sequences gained in this window."""
+
+    generate_seconds: float
+
+
+NewGroup = Callable[[int], list[PoolSequence]]
+"""Given the new prompt's group index, returns its G fresh sequences, or [] when no prompt remains."""
+
+
+class RolloutPool:
+    """A fixed number of slots, advanced one window per step and refilled as sequences finish."""
+
+    def __init__(self, slots: int, window_tokens: int, max_response_tokens: int) -> None:
+        if not 1 <= window_tokens <= max_response_tokens:
+            raise ValueError(f"window_tokens={window_tokens} must be in [1, max_response_tokens={max_response_tokens}]")
+        self.slots, self.window_tokens, self.max_response_tokens = slots, window_tokens, max_response_tokens
+        self.active: list[PoolSequence] = []
+        self.waiting: list[PoolSequence] = []
+        """Samples of an admitted prompt that found no free slot yet; they take the next free ones."""
+
+        self.groups_admitted = 0
+
+    def refill(self, new_group: NewGroup) -> int:
+        """Fill the free slots, first from ``waiting``, then with new prompts; returns how many were added."""
+        added = 0
+        while len(self.active) < self.slots:
+            if not self.waiting:
+                self.waiting = new_group(self.groups_admitted)
+                if not self.waiting:
+                    break  # no prompt remains
+                self.groups_admitted += 1
+            self.active.append(self.waiting.pop(0))
+            added += 1
+        return added
+
+    def advance(self, engine: RolloutEngine, params: SamplingParams) -> Window:
+        """Advance every active sequence by at most one window; finished sequences leave the pool.
+
+        One engine call serves all slots: each sequence's prompt is its prompt + response so far.
+        A sequence is never taken past the global cap: new tokens beyond it are dropped.
+        """
+        advanced = self.active
+        budgets = [min(self.window_tokens, self.max_response_tokens - len(s.token_ids)) for s in advanced]
+        request = dataclasses.replace(params, max_new_tokens=max(budgets, default=1))
+        start = time.perf_counter()
+        completions = engine.generate([s.prompt_ids + s.token_ids for s in advanced], request)
+        seconds = time.perf_counter() - start
+        gained = []
+        for sequence, completion, budget in zip(advanced, completions, budgets, strict=True):
+            kept = completion.token_ids[:budget]
+            sequence.window_start = len(sequence.token_ids)
+            sequence.token_ids += kept
+            sequence.logprobs += completion.logprobs[:budget]
+            sequence.windows += 1
+            gained.append(len(kept))
+            if kept and kept[-1] in engine.stop_token_ids and completion.finish_reason == "stop":
+                sequence.finish_reason = "stop"
+            elif len(sequence.token_ids) >= self.max_response_tokens:
+                sequence.finish_reason = "length"
+        self.active = [s for s in advanced if s.running]
+        return Window(advanced, gained, seconds)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every in-flight sequence with its tokens and log-probs (for checkpoints)."""
+        return {
+            "active": [s.to_state() for s in self.active],
+            "waiting": [s.to_state() for s in self.waiting],
+            "groups_admitted": self.groups_admitted,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue with exactly the saved in-flight sequences."""
+        self.active = [PoolSequence.from_state(s) for s in state["active"]]
+        self.waiting = [PoolSequence.from_state(s) for s in state["waiting"]]
+        self.groups_admitted = int(state["groups_admitted"])
+
+
+def slot_utilisation(new_tokens: list[int]) -> tuple[float, float]:
+    """(share of slot-steps that produced a token, share of decode steps with at least one idle slot)
+    for one generation call in which every sequence starts together and generates ``new_tokens[i]``
+    tokens: the call lasts max(new_tokens) decode steps, and a slot idles once its sequence is done.
+    A proxy for the time a synchronous batch spends waiting on its longest response."""
+    if not new_tokens or max(new_tokens) == 0:
+        return 1.0, 0.0
+    longest = max(new_tokens)
+    return sum(new_tokens) / (len(new_tokens) * longest), 1.0 - min(new_tokens) / longest
