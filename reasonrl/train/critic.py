@@ -56,8 +56,6 @@ class CriticUpdater:
         tokens, seqs = count_for_aggregation(mask)
         sums: dict[str, float] = defaultdict(float)
         for micro in minibatch.micro_batches(self.microbatch_tokens):
-            if not micro.value_loss_mask.any():
-                continue  # e.g. only truncated T-PPO sequences: nothing to regress on
             values = self.model(
                 micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask, self.compute_dtype
             )
@@ -96,12 +94,13 @@ class CriticUpdater:
         if not mask.any():  # T-PPO: no sequence finished this step, so there is nothing to learn from
             metrics["critic/skipped_update"] = 1.0
             return metrics
+        # T-PPO's token filtering: sequences still running have no return yet, so no forward is spent on them
+        rows = mask.any(dim=1)  # [B]
+        trained = batch if rows.all() else batch.select(rows.nonzero().squeeze(1))
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
-        for minibatch in shuffled_minibatches(batch, self.minibatch_sequences, self.epochs, seed):
-            if not minibatch.value_loss_mask.any():
-                continue  # T-PPO: every sequence of this mini-batch is still running
+        for minibatch in shuffled_minibatches(trained, self.minibatch_sequences, self.epochs, seed):
             for key, value in self._minibatch_step(minibatch).items():
                 totals[key] += value
             steps += 1

@@ -166,6 +166,18 @@ class RolloutCollector:
             stats["reward/overlong_penalty"] = penalty.mean().item()
         return rewards, stats
 
+    def sampling_params(self, seed: int) -> SamplingParams:
+        """The run's sampling settings, with this call's seed."""
+        rollout = self.cfg.rollout
+        return SamplingParams(
+            max_new_tokens=rollout.max_response_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            seed=seed,
+            fire=fire_params(self.cfg),
+        )
+
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
         """This step's batch of ``rollout_prompts`` groups and the rollout metrics.
 
@@ -191,14 +203,7 @@ class RolloutCollector:
                 )
             passes += 1
             examples = self.stream.take(self.plan.prompts_per_generation_pass, step)
-            params = SamplingParams(
-                max_new_tokens=rollout.max_response_tokens,
-                temperature=rollout.temperature,
-                top_p=rollout.top_p,
-                top_k=rollout.top_k,
-                seed=hash_seed(cfg.run.seed, seed_step, passes),
-                fire=fire_params(cfg),
-            )
+            params = self.sampling_params(hash_seed(cfg.run.seed, seed_step, passes))
             scored = sample_and_score(
                 self.engine, self.tokenizer, self.pool, self.encoder, examples, params, group_size
             )
@@ -299,17 +304,9 @@ class PoolCollector:
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Refill the pool, advance it one window, score what finished; returns the batch and its metrics."""
         collector, cfg = self.synchronous, self.synchronous.cfg
-        rollout = cfg.rollout
         refilled = self.pool.refill(self._new_group(step))
         occupied = len(self.pool.active)
-        params = SamplingParams(
-            max_new_tokens=rollout.max_response_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            seed=hash_seed(cfg.run.seed, step, 1),
-        )
-        window = self.pool.advance(collector.engine, params)
+        window = self.pool.advance(collector.engine, collector.sampling_params(hash_seed(cfg.run.seed, step, 1)))
         sequences = window.sequences
         finished = [i for i, s in enumerate(sequences) if not s.running]
         completions = [Completion(s.token_ids, s.logprobs, s.finish_reason or "length") for s in sequences]
