@@ -196,14 +196,4 @@ def test_resume_in_the_middle_of_an_unfinished_pool_is_exact(tmp_path):
         for d in (tmp_path / "straight", tmp_path / "split")
     ]
     assert metrics[0] == metrics[1]
-
-
-@pytest.mark.slow
-def test_t_ppo_reward_rises_on_tiny_random(tmp_path):
-    cfg = tppo_config("train.rollout_steps=24", "train.lr=3e-3", "run.eval_every=100", "run.save_every=100")
-    fit(cfg, tmp_path, verifier=DigitFraction(), show_progress=False)
-    records = read_metrics(tmp_path / "metrics.jsonl")
-    rewards = [r["reward/mean"] for r in records if r.get("reward/mean") is not None]
-    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
-    assert last > first + 0.3, (first, last)
-    assert not undocumented_metrics(tmp_path / "metrics.jsonl")
+    assert not undocumented_metrics(tmp_path / "straight" / "metrics.jsonl")
