@@ -200,10 +200,8 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
     critic = build_critic(cfg, plan, attention, dtype) if plan.uses_critic else None
     window = cfg.algo.window_tokens
-    pool_slots = plan.sequences_per_rollout
-    windowed = (
-        PoolCollector(collector, RolloutPool(pool_slots, window, cfg.rollout.max_response_tokens)) if window else None
-    )
+    rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
+    windowed = PoolCollector(collector, rollout_pool) if rollout_pool is not None else None
     return Run(
         cfg,
         plan,

@@ -1,6 +1,7 @@
 """T-PPO end to end: pooled batches, token filtering, EGAE in the loop, the critic on finished
 responses only, resume in the middle of an unfinished pool, and learning on tiny-random."""
 
+import dataclasses
 import json
 
 import pytest
@@ -153,7 +154,7 @@ def test_egae_in_the_loop_bootstraps_running_rows_and_is_gae_on_finished_rows():
     cfg, _, batch = running_and_finished_batch("algo.advantage_norm=none")
     finished = batch.select((~batch.running).nonzero().squeeze(1))
     finished.running = None  # the same rows as a synchronous batch: plain GAE
-    gae_spec = type(cfg.algo)(**{**cfg.algo.__dict__, "advantage_estimator": "gae", "window_tokens": None})
+    gae_spec = dataclasses.replace(cfg.algo, advantage_estimator="gae", window_tokens=None)
     advantages = batch.advantages[~batch.running][:, : finished.advantages.shape[1]]
     assign_advantages(finished, gae_spec, 0.0)
     assert torch.equal(advantages, finished.advantages)
