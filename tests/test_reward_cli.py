@@ -50,6 +50,21 @@ def test_data_select_writes_the_base_plus_the_hardest_candidates(tmp_path, capsy
     assert rows[0]["question"] == "What is 1+2?" and all(r["task_type"] == "math" for r in rows)
 
 
+def test_data_select_never_selects_a_prompt_it_could_not_sample(tmp_path, capsys):
+    long_question = "What is 1+1? " + "Think very carefully. " * 40  # over rollout.max_prompt_tokens=120
+    rows = [{"question": long_question, "answer": "2"}] + [
+        {"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(3)
+    ]
+    candidates, out = write_jsonl(tmp_path / "cand.jsonl", rows), tmp_path / "selected.jsonl"
+    args = ["data", "select", "--candidates", str(candidates), "--out", str(out), "--fraction", "1.0"]
+    args += ["--samples", "1", "--max-new-tokens", "2"]
+    args += ["model.name_or_path=tiny-random", "rollout.max_prompt_tokens=120"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["unscored"] == 1 and summary["selected"] == 3
+    assert long_question not in out.read_text()
+
+
 def test_data_bon_keeps_the_reward_models_favourite_as_an_open_reference(tmp_path, capsys):
     from reasonrl.reward.bt import RewardModel
 

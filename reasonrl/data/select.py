@@ -24,17 +24,22 @@ if TYPE_CHECKING:
     from reasonrl.config import Config
 
 
-def select_hardest(candidates: Sequence[Example], scores: Sequence[float], fraction: float) -> list[Example]:
-    """The ``fraction`` of candidates with the lowest within-domain z-score (ties: first in order).
+def select_hardest(candidates: Sequence[Example], scores: Sequence[float | None], fraction: float) -> list[Example]:
+    """The ``fraction`` of the scored candidates with the lowest within-domain z-score (ties: first in order).
 
-    Invariant to any per-domain affine rescaling a·s + b (a > 0) of the scores.
+    A candidate scored ``None`` (never sampled: its prompt is over ``rollout.max_prompt_tokens``) is
+    left out of its domain's mean and standard deviation and is never selected.  Invariant to any
+    per-domain affine rescaling a·s + b (a > 0) of the scores.
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"the kept fraction must be in (0, 1], got {fraction}")
-    z = domain_zscores(torch.tensor(list(scores), dtype=torch.float64), [e.task_type for e in candidates])
-    keep = math.ceil(fraction * len(candidates))
-    order = sorted(range(len(candidates)), key=lambda i: (z[i].item(), i))
-    return [candidates[i] for i in sorted(order[:keep])]
+    scored = [i for i, s in enumerate(scores) if s is not None]
+    z = domain_zscores(
+        torch.tensor([scores[i] for i in scored], dtype=torch.float64), [candidates[i].task_type for i in scored]
+    )
+    keep = math.ceil(fraction * len(scored))
+    order = sorted(range(len(scored)), key=lambda k: (z[k].item(), scored[k]))
+    return [candidates[i] for i in sorted(scored[k] for k in order[:keep])]
 
 
 def merge(base: Sequence[Example], selected: Sequence[Example]) -> list[Example]:
@@ -55,8 +60,9 @@ def write_jsonl(examples: Sequence[Example], path: Path) -> Path:
 
 def mean_prompt_scores(
     engine, tokenizer, scorer, encoder, examples: Sequence[Example], samples: int, max_new_tokens: int, seed: int
-) -> list[float]:
-    """Mean reward of ``samples`` sampled responses per prompt under the current (initial) policy."""
+) -> list[float | None]:
+    """Mean reward of ``samples`` sampled responses per prompt under the current (initial) policy;
+    None for a prompt the encoder skipped (longer than ``rollout.max_prompt_tokens``)."""
     from reasonrl.rollout import SamplingParams
     from reasonrl.train.rollout import sample_and_score
 
@@ -65,7 +71,7 @@ def mean_prompt_scores(
     totals: dict[str, list[float]] = {}
     for example, result in zip(scored.examples, scored.results, strict=True):
         totals.setdefault(example.id, []).append(result.score)
-    return [sum(totals[e.id]) / len(totals[e.id]) if e.id in totals else math.inf for e in examples]
+    return [sum(totals[e.id]) / len(totals[e.id]) if e.id in totals else None for e in examples]
 
 
 @dataclass
@@ -130,15 +136,16 @@ def run_selection(
     selected_ids = {e.id for e in selected}
     merged = merge(base, selected)
     write_jsonl(merged, out)
-    finite = [s for s in scores if math.isfinite(s)]
-    selected_scores = [s for e, s in zip(candidates, scores, strict=True) if e.id in selected_ids]
+    scored = [s for s in scores if s is not None]
+    selected_scores = [s for e, s in zip(candidates, scores, strict=True) if e.id in selected_ids and s is not None]
     return {
         "candidates": len(candidates),
+        "unscored": len(candidates) - len(scored),
         "selected": len(selected),
         "base": len(base),
         "written": len(merged),
         "out": str(out),
-        "candidate_mean_score": sum(finite) / max(1, len(finite)),
+        "candidate_mean_score": sum(scored) / max(1, len(scored)),
         "selected_mean_score": sum(selected_scores) / max(1, len(selected_scores)),
     }
 

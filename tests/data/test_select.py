@@ -30,3 +30,33 @@ def test_merge_keeps_the_base_and_adds_only_new_prompts(tmp_path):
     assert [e.id for e in merged] == ["b0", "b1", "o4"]
     rows = [json.loads(line) for line in write_jsonl(merged, tmp_path / "out.jsonl").read_text().splitlines()]
     assert rows[2] == {"id": "o4", "question": "open 4", "answer": "ref", "task_type": "open"}
+
+
+def test_an_unscored_candidate_stays_out_of_its_domains_statistics_and_the_selection():
+    # m0's prompt was over rollout.max_prompt_tokens: never sampled, scored None.  Scored a score of inf
+    # it made the math std NaN, every math z-score 0, and the selection took m0 (first in order).
+    math = [Example(f"m{i}", f"math {i}", str(i), "math") for i in range(4)]
+    assert select_hardest(math, [None, 0.9, 0.1, 0.5], 1 / 3) == [math[2]]  # keeps ceil(1/3 × 3 scored) = 1
+    assert select_hardest(math, [None, 0.9, 0.1, 0.5], 1.0) == math[1:]
+
+
+def test_unscored_candidates_do_not_shift_the_other_z_scores():
+    # math scores 0.2, 0.4, 0.9: mean 0.5, population std 0.2944 -> z = -1.019, -0.340, 1.359;
+    # open scores 7, 9: z = -1, 1.  The three lowest: m1 (-1.019), o0 (-1), m2 (-0.340).
+    candidates = [
+        Example("m0", "math 0", "0", "math"),
+        Example("m1", "math 1", "1", "math"),
+        Example("o0", "open 0", "ref", "open"),
+        Example("m2", "math 2", "2", "math"),
+        Example("o1", "open 1", "ref", "open"),
+        Example("m3", "math 3", "3", "math"),
+        Example("o2", "open 2", "ref", "open"),
+    ]
+    scores = [None, 0.2, 7.0, 0.4, 9.0, 0.9, None]
+    assert [e.id for e in select_hardest(candidates, scores, 3 / 5)] == ["m1", "o0", "m2"]
+    assert [e.id for e in select_hardest(candidates, scores, 2 / 5)] == ["m1", "o0"]
+
+
+def test_a_domain_with_no_scored_candidate_contributes_nothing():
+    candidates = [Example("c0", "code 0", "", "code"), *CANDIDATES[:10]]
+    assert select_hardest(candidates, [None, *MATH_SCORES], 0.1) == [CANDIDATES[2]]
