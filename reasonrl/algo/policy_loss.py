@@ -34,7 +34,11 @@ def ppo_clip(
     Returns (per_token_loss [B, T], stats).  Masked positions get loss 0 and no gradient, whatever
     their inputs (NaN included).  The log-ratio is clamped to ±20 before exp (numerical guard).
     Stats (masked means): clip_frac_high (ρ > 1+ε_high with A > 0: the gradient is cut),
-    clip_frac_low (ρ < 1−ε_low with A < 0), dual_clip_frac, ratio_mean, approx_kl (k3 of π_old‖π_θ).
+    clip_frac_low (ρ < 1−ε_low with A < 0), dual_clip_frac, ratio_mean, approx_kl.
+
+    approx_kl estimates KL(π_old ‖ π_θ) = E_{a∼π_old}[−r], r = log ρ, from the sampled tokens (drawn
+    from π_old), with Schulman's k3 (2020): adding the zero-mean control variate ρ − 1 gives
+    k3 = ρ − 1 − r = exp(r) − 1 − r ≥ 0, unbiased and low-variance.
     """
     mask = loss_mask.bool()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
@@ -56,7 +60,7 @@ def ppo_clip(
             "clip_frac_low": masked_mean(((ratio < 1.0 - eps_low) & (adv < 0)).float(), mask),
             "dual_clip_frac": masked_mean(dual_applied.float(), mask),
             "ratio_mean": masked_mean(ratio, mask),
-            "approx_kl": masked_mean(torch.exp(-log_ratio) + log_ratio - 1.0, mask),
+            "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),  # k3 of KL(π_old ‖ π_θ)
         }
     return loss, stats
 

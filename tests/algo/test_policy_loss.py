@@ -147,3 +147,32 @@ def test_nll_weight_scales_only_that_term():
     _, g2 = grads(0.2)
     torch.testing.assert_close(g2 - g0, 2 * (g1 - g0))
     assert torch.equal((g1 - g0)[~correct], torch.zeros(2, 6))
+
+
+def approx_kl(old_probs, new_probs, tokens):
+    """ppo_clip's approx_kl for sampled ``tokens`` of a categorical π_old, π_θ (one row, all tokens valid)."""
+    logprobs, old_logprobs = torch.log(new_probs)[tokens][None], torch.log(old_probs)[tokens][None]
+    _, stats = ppo_clip(logprobs, old_logprobs, torch.zeros_like(logprobs), torch.ones_like(logprobs), 0.2, 0.2)
+    return stats["approx_kl"].item()
+
+
+def test_approx_kl_is_k3_of_kl_old_to_new_hand_computed():
+    # one token with ρ = π_θ/π_old = 2, r = ln 2: k3 = ρ − 1 − r = 1 − ln 2 (the old formula exp(−r) + r − 1
+    # gave ln 2 − 1/2); a masked token with ρ = 100 does not count
+    logprobs = torch.tensor([[math.log(2.0), math.log(100.0)]])
+    _, stats = ppo_clip(logprobs, torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), 0.2, 0.2)
+    assert stats["approx_kl"].item() == pytest.approx(1 - math.log(2))
+    # π_old = (1/2, 1/4, 1/4), π_θ = (1/4, 1/4, 1/2): tokens in π_old's proportions make the mean the exact
+    # expectation E_{π_old}[k3] = [2(ln 2 − 1/2) + 0 + (1 − ln 2)] / 4 = ln 2 / 4 = KL(π_old ‖ π_θ)
+    #   = ½·ln 2 + ¼·ln 1 + ¼·ln ½ = ln 2 / 4 ≈ 0.1733 (the old formula gave (3/2 − ln 2) / 4 ≈ 0.2017)
+    old, new = torch.tensor([0.5, 0.25, 0.25]), torch.tensor([0.25, 0.25, 0.5])
+    assert approx_kl(old, new, torch.tensor([0, 0, 1, 2])) == pytest.approx(math.log(2) / 4)
+
+
+def test_approx_kl_matches_the_exact_kl_on_samples_from_the_old_policy():
+    old, new = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+    exact = (old * (old / new).log()).sum().item()  # KL(π_old ‖ π_θ) = 0.3·ln(5/2) ≈ 0.2749
+    assert exact == pytest.approx(0.3 * math.log(2.5))
+    tokens = torch.multinomial(old, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    # standard error ≈ 0.0005; the old formula's expectation was 0.355
+    assert approx_kl(old, new, tokens) == pytest.approx(exact, abs=0.003)
