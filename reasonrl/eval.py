@@ -9,6 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 from reasonrl.data.loaders import Fields
+from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, benchmark_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.reward.base import RewardResult
@@ -17,7 +18,7 @@ from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.sampling import FireParams
-from reasonrl.train.rollout import PromptEncoder, sample_and_score
+from reasonrl.rollout.scored import sample_and_score
 
 
 @dataclass(frozen=True)

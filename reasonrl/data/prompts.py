@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from reasonrl.data.examples import Example
+
+log = logging.getLogger(__name__)
 
 PromptTemplate = Literal["answer_line", "boxed", "plain"]
 TEMPLATES: dict[str, str] = {
@@ -32,3 +37,33 @@ def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, 
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
+
+
+class PromptEncoder:
+    """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut."""
+
+    def __init__(self, tokenizer, template: str, max_prompt_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.max_prompt_tokens = max_prompt_tokens
+        self._cache: dict[str, list[int]] = {}
+        self.too_long = 0
+
+    def __call__(self, example: Example) -> list[int] | None:
+        """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
+        if example.id not in self._cache:
+            # the template asks for a parseable final answer: math only (code and chat questions carry their own)
+            template = self.template if example.task_type == "math" else "plain"
+            ids = prompt_token_ids(self.tokenizer, example.question, template)
+            self._cache[example.id] = ids
+            if len(ids) > self.max_prompt_tokens:
+                self.too_long += 1
+                log.warning(
+                    "skipping prompt %s: %d tokens > rollout.max_prompt_tokens=%d (%d skipped so far)",
+                    example.id,
+                    len(ids),
+                    self.max_prompt_tokens,
+                    self.too_long,
+                )
+        ids = self._cache[example.id]
+        return ids if len(ids) <= self.max_prompt_tokens else None

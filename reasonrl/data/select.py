@@ -64,7 +64,7 @@ def mean_prompt_scores(
     """Mean reward of ``samples`` sampled responses per prompt under the current (initial) policy;
     None for a prompt the encoder skipped (longer than ``rollout.max_prompt_tokens``)."""
     from reasonrl.rollout import SamplingParams
-    from reasonrl.train.rollout import sample_and_score
+    from reasonrl.rollout.scored import sample_and_score
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
     scored = sample_and_score(engine, tokenizer, scorer, encoder, examples, params, samples)
@@ -89,9 +89,9 @@ class InitialPolicy:
         """The initial policy of ``overrides`` (model.name_or_path, rollout.*, ...); ``template`` overrides
         the config's prompt template."""
         from reasonrl.config import load_config
+        from reasonrl.data.prompts import PromptEncoder
         from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
         from reasonrl.rollout import build_engine
-        from reasonrl.train.rollout import PromptEncoder
 
         cfg = load_config(None, list(overrides))
         dtype = compute_dtype(cfg.model.dtype)
@@ -119,7 +119,7 @@ def run_selection(
 ) -> dict:
     """Score ``candidates_source`` with the initial policy and the run's reward router, keep the hardest
     ``fraction``, merge into ``base_source`` and write ``out``; returns a summary."""
-    from reasonrl.train.loop import build_router
+    from reasonrl.reward.router import build_router
 
     policy = InitialPolicy.load(overrides)
     candidates = policy.examples(candidates_source)

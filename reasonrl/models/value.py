@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from reasonrl.models.forward import response_hidden_states
 from reasonrl.models.load import ModelError, load_model
-from reasonrl.train.policy import response_hidden_states
 
 HEAD_FILE = "value_head.safetensors"
 

@@ -24,6 +24,7 @@ from reasonrl.batch import pad_rows
 from reasonrl.data.loaders import DataError
 from reasonrl.data.preferences import parse_transcript
 from reasonrl.data.prompts import chat_token_ids
+from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel, load_value_model, value_model_from_policy
 
 Messages = list[dict[str, str]]
@@ -180,8 +181,6 @@ def train_bradley_terry(
 
     The zero-initialised head gets its own, larger learning rate.  A non-finite gradient skips the step.
     """
-    from reasonrl.train.step import apply_gradients
-
     head = list(rm.model.head.parameters())
     backbone = [p for n, p in rm.model.named_parameters() if not n.startswith("head.")]
     optimizer = torch.optim.AdamW([{"params": backbone, "lr": lr}, {"params": head, "lr": head_lr}], weight_decay=0.0)

@@ -17,6 +17,8 @@ import torch
 from reasonrl.algo.preference import pairwise_judge_loss, position_debiased_reward, verdict_probability
 from reasonrl.batch import pad_rows
 from reasonrl.data.prompts import chat_token_ids
+from reasonrl.models.forward import autocast_context
+from reasonrl.models.optim import apply_gradients
 
 PAIRWISE_TEMPLATE = (
     "Compare two responses to the same request.\n\n[Request]\n{question}\n\n[Response A]\n{first}\n\n"
@@ -61,8 +63,6 @@ class PairwiseJudge:
         ids = pad_rows(rows, width, True, torch.long)
         mask = pad_rows([[1] * len(r) for r in rows], width, True, torch.long)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        from reasonrl.train.policy import autocast_context
-
         with autocast_context(self.compute_dtype, ids.device):
             hidden = self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
             # only the last position's two verdict logits: no [N, L, V] logits tensor
@@ -103,8 +103,6 @@ def train_pairwise_judge(
     seed: int = 0,
 ) -> list[float]:
     """Cross-entropy on the verdict, each pair shown in both orders (chosen as A, then as B).  Returns losses."""
-    from reasonrl.train.step import apply_gradients
-
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(judge.model.parameters(), lr=lr, weight_decay=0.0)
     losses = []

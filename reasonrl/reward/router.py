@@ -22,10 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from reasonrl.data.examples import Example
 from reasonrl.reward.base import RewardResult, Verifier
 from reasonrl.reward.pool import ScoringPool
+
+if TYPE_CHECKING:
+    import torch
+
+    from reasonrl.config import Config
 
 DEFAULT_ROUTES: dict[str, str] = {
     "math": "math",
@@ -137,3 +143,34 @@ class RewardRouter:
         """Stop the verifier pools."""
         for pool in self._pools.values():
             pool.close()
+
+
+def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
+    """The hybrid reward router of a config: verifiers for math and code, judges loaded on first use."""
+    from reasonrl.config import ConfigError
+    from reasonrl.reward.code import CodeVerifier
+    from reasonrl.reward.math import MathVerifier
+
+    judge: list = []
+
+    def genrm():  # one judge serves both GenRM sources
+        if not judge:
+            from reasonrl.reward.genrm import GenRM
+
+            judge.append(GenRM.from_model(cfg.reward.judge_model or cfg.model.name_or_path, dtype))
+        return judge[0]
+
+    def bradley_terry():
+        from reasonrl.reward.bt import RewardModel
+
+        if not cfg.reward.reward_model:
+            raise ConfigError("task_type 'preference' is routed to the bt source: set reward.reward_model=DIR")
+        return RewardModel.load(cfg.reward.reward_model, compute_dtype=dtype)
+
+    return RewardRouter(
+        resolve_routes(cfg.reward.routes),
+        {"math": MathVerifier(), "code": CodeVerifier()},
+        {"genrm_reference": genrm, "genrm_bon": genrm, "bt": bradley_terry},
+        workers=cfg.reward.workers,
+        timeout=cfg.reward.timeout_seconds,
+    )

@@ -15,8 +15,9 @@ import torch
 from reasonrl.algo.aggregate import count_for_aggregation
 from reasonrl.algo.value_loss import explained_variance, value_loss
 from reasonrl.batch import RolloutBatch
+from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel
-from reasonrl.train.step import apply_gradients, shuffled_minibatches
+from reasonrl.train.step import shuffled_minibatches
 
 
 class CriticUpdater:

@@ -22,25 +22,26 @@ import torch
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, ConfigError, Plan, resolve
+from reasonrl.config import Config, Plan, resolve
 from reasonrl.config.render import render_yaml
 from reasonrl.data.loaders import Fields
+from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
 from reasonrl.reward.base import Scorer, Verifier
-from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.pool import ScoringPool
-from reasonrl.reward.router import RewardRouter, resolve_routes
+from reasonrl.reward.router import build_router
 from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
 from reasonrl.rollout.pool import RolloutPool
+from reasonrl.rollout.scored import sample_and_score
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, load_value_weights, save_checkpoint
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, read_metrics, release_free_memory
 from reasonrl.train.policy import response_logprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
-from reasonrl.train.rollout import PoolCollector, PromptEncoder, RolloutCollector, hash_seed, sample_and_score
+from reasonrl.train.rollout import PoolCollector, RolloutCollector, hash_seed
 from reasonrl.train.step import PolicyUpdater
 from reasonrl.train.value_pretrain import pretrain_critic
 
@@ -119,35 +120,6 @@ def build_critic(cfg: Config, plan: Plan, attention: str | None, dtype: torch.dt
         microbatch_tokens=cfg.train.microbatch_tokens,
         grad_clip=cfg.train.grad_clip,
         compute_dtype=dtype,
-    )
-
-
-def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
-    """The hybrid reward router of a config: verifiers for math and code, judges loaded on first use."""
-    from reasonrl.reward.code import CodeVerifier
-
-    judge: list = []
-
-    def genrm():  # one judge serves both GenRM sources
-        if not judge:
-            from reasonrl.reward.genrm import GenRM
-
-            judge.append(GenRM.from_model(cfg.reward.judge_model or cfg.model.name_or_path, dtype))
-        return judge[0]
-
-    def bradley_terry():
-        from reasonrl.reward.bt import RewardModel
-
-        if not cfg.reward.reward_model:
-            raise ConfigError("task_type 'preference' is routed to the bt source: set reward.reward_model=DIR")
-        return RewardModel.load(cfg.reward.reward_model, compute_dtype=dtype)
-
-    return RewardRouter(
-        resolve_routes(cfg.reward.routes),
-        {"math": MathVerifier(), "code": CodeVerifier()},
-        {"genrm_reference": genrm, "genrm_bon": genrm, "bt": bradley_terry},
-        workers=cfg.reward.workers,
-        timeout=cfg.reward.timeout_seconds,
     )
 
 

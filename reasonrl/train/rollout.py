@@ -11,95 +11,27 @@ window and trains on every sequence it advanced, finished or not (spec §5 (b)).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
 from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.config import Config, Plan
-from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
-from reasonrl.data.prompts import prompt_token_ids
+from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.reward.format import FormatVerifier
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.pool import PoolSequence, RolloutPool, slot_utilisation
 from reasonrl.rollout.sampling import FireParams
-
-log = logging.getLogger(__name__)
+from reasonrl.rollout.scored import Scored, sample_and_score
 
 
 class DynamicSamplingError(RuntimeError):
     """Dynamic sampling could not fill a batch within its generation-pass budget."""
-
-
-@dataclass
-class Scored:
-    """Completions of some prompts, with their verdicts."""
-
-    examples: list[Example]  # one per completion
-    prompts: list[list[int]]
-    completions: list[Completion]
-    results: list[RewardResult]
-    generate_seconds: float = 0.0
-    score_seconds: float = 0.0
-
-
-class PromptEncoder:
-    """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut."""
-
-    def __init__(self, tokenizer, template: str, max_prompt_tokens: int) -> None:
-        self.tokenizer = tokenizer
-        self.template = template
-        self.max_prompt_tokens = max_prompt_tokens
-        self._cache: dict[str, list[int]] = {}
-        self.too_long = 0
-
-    def __call__(self, example: Example) -> list[int] | None:
-        """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
-        if example.id not in self._cache:
-            # the template asks for a parseable final answer: math only (code and chat questions carry their own)
-            template = self.template if example.task_type == "math" else "plain"
-            ids = prompt_token_ids(self.tokenizer, example.question, template)
-            self._cache[example.id] = ids
-            if len(ids) > self.max_prompt_tokens:
-                self.too_long += 1
-                log.warning(
-                    "skipping prompt %s: %d tokens > rollout.max_prompt_tokens=%d (%d skipped so far)",
-                    example.id,
-                    len(ids),
-                    self.max_prompt_tokens,
-                    self.too_long,
-                )
-        ids = self._cache[example.id]
-        return ids if len(ids) <= self.max_prompt_tokens else None
-
-
-def sample_and_score(
-    engine: RolloutEngine,
-    tokenizer,
-    pool: Scorer,
-    encoder: PromptEncoder,
-    examples: Sequence[Example],
-    params: SamplingParams,
-    repeats: int = 1,
-) -> Scored:
-    """Generate ``repeats`` completions per example (consecutive) and score them."""
-    kept = [e for e in examples if encoder(e) is not None]
-    expanded = [e for e in kept for _ in range(repeats)]
-    prompts = [encoder(e) for e in expanded]
-    start = time.perf_counter()
-    completions = engine.generate(prompts, params) if prompts else []
-    generated = time.perf_counter()
-    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    results = pool.score_examples(expanded, texts)
-    scored_at = time.perf_counter()
-    return Scored(expanded, prompts, completions, results, generated - start, scored_at - generated)  # type: ignore[arg-type]
 
 
 def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, filter_truncated: bool) -> RolloutBatch:

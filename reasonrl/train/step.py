@@ -7,7 +7,6 @@ whatever the micro-batch split (spec §1.7).  A step whose gradient is not finit
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from collections import defaultdict
@@ -21,9 +20,8 @@ from reasonrl.algo.masked import masked_mean
 from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
+from reasonrl.models.optim import apply_gradients
 from reasonrl.train.policy import response_logprobs
-
-log = logging.getLogger(__name__)
 
 
 class PolicyUpdater:
@@ -124,26 +122,3 @@ def shuffled_minibatches(batch: RolloutBatch, size: int, epochs: int, seed: int)
         random.Random(seed * 1000 + epoch).shuffle(order)
         for start in range(0, len(order), size):
             yield batch.select(order[start : start + size])
-
-
-def apply_gradients(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    grad_clip: float | None,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-) -> float:
-    """Clip and apply the accumulated gradients; returns the gradient norm.
-
-    A non-finite norm (a NaN/inf loss) skips the step with a warning and leaves the weights as they were.
-    """
-    params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf).item()
-    if math.isfinite(grad_norm):
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-    else:
-        name = type(model).__name__
-        log.warning("skipping an optimiser step of %s: the gradient norm is %s (NaN/inf loss)", name, grad_norm)
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm

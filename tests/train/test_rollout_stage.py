@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from reasonrl.config import load_config, resolve
+from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.models.load import load_tokenizer
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.train.loop import data_spec
-from reasonrl.train.rollout import DynamicSamplingError, PromptEncoder, RolloutCollector
+from reasonrl.train.rollout import DynamicSamplingError, RolloutCollector
 from tests.helpers import DigitFraction
 
 

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from reasonrl.algo.value_loss import value_loss
 from reasonrl.config import load_config, resolve
+from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.models.load import load_tokenizer
 from reasonrl.models.value import load_value_model, value_model_from_policy
@@ -20,7 +21,7 @@ from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.loop import data_spec, fit
 from reasonrl.train.metrics import read_metrics
-from reasonrl.train.rollout import PoolCollector, PromptEncoder, RolloutCollector
+from reasonrl.train.rollout import PoolCollector, RolloutCollector
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY, undocumented_metrics
 
