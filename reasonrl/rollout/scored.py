@@ -24,6 +24,20 @@ class Scored:
     generate_seconds: float = 0.0
     score_seconds: float = 0.0
 
+    def rows(self, rows: slice) -> Scored:
+        """The completions ``rows`` (timing not included)."""
+        return Scored(self.examples[rows], self.prompts[rows], self.completions[rows], self.results[rows])
+
+    @staticmethod
+    def concat(parts: Sequence[Scored]) -> Scored:
+        """The completions of ``parts``, in order (timing not included)."""
+        return Scored(
+            [e for p in parts for e in p.examples],
+            [q for p in parts for q in p.prompts],
+            [c for p in parts for c in p.completions],
+            [r for p in parts for r in p.results],
+        )
+
 
 def sample_and_score(
     engine: RolloutEngine,

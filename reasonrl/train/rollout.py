@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
 from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.config import Config, Plan
+from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
@@ -116,81 +118,78 @@ class RolloutCollector:
         ``step`` selects the task-mix phase; the sampler is seeded by (run seed, ``seed_step``, pass),
         ``seed_step`` defaulting to ``step`` (value pretraining passes its own, all at step 0).
         """
-        seed_step = step if seed_step is None else seed_step
-        cfg, algo, rollout = self.cfg, self.cfg.algo, self.cfg.rollout
-        group_size = rollout.samples_per_prompt
-        kept: list[tuple[Scored, torch.Tensor]] = []  # (one group, its rewards)
-        kept_groups = generated_groups = passes = 0
-        timing = {"perf/generate_seconds": 0.0, "perf/score_seconds": 0.0}
-        tokens = errors = 0
-        generation_calls: list[list[int]] = []  # tokens per completion, per engine call
-        reward_stats: dict[str, float] = {}
-        while kept_groups < rollout.rollout_prompts:
-            if algo.max_generation_passes and passes >= algo.max_generation_passes:
+        generated = Generated()
+        groups = self.fill_groups(step, step if seed_step is None else seed_step, generated)
+        scored = Scored.concat([group for group, _ in groups])
+        group_ids = torch.arange(len(groups)).repeat_interleave(self.group_size)
+        batch = build_batch(scored, torch.cat([r for _, r in groups]), group_ids, self.cfg.algo.overlong == "filter")
+        fire = self.cfg.rollout.fire
+        if fire.enabled and fire.logprob == "mask":
+            batch.policy_loss_mask[:, list(fire.positions)] = False  # FIRE tokens: off-policy
+        stats = {
+            **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), scored.results),
+            "rollout/generation_passes": float(len(generated.calls)),
+            "rollout/kept_group_fraction": len(groups) / max(1, len(generated.results) // self.group_size),
+            **generated.stats(),
+        }
+        return batch, stats
+
+    @property
+    def group_size(self) -> int:
+        """G: responses sampled per prompt."""
+        return self.cfg.rollout.samples_per_prompt
+
+    def fill_groups(self, step: int, seed_step: int, generated: Generated) -> list[tuple[Scored, torch.Tensor]]:
+        """Generation passes until ``rollout_prompts`` groups are kept: DAPO's dynamic sampling
+        (Algorithm 1, lines 2–7) when ``algo.dynamic_sampling`` is on, else one pass keeps every group.
+
+        Returns the first ``rollout_prompts`` kept groups, each with its shaped rewards; the groups a
+        last pass kept beyond that number are discarded.  ``generated`` counts every pass.
+        """
+        algo, wanted = self.cfg.algo, self.cfg.rollout.rollout_prompts
+        buffer: list[tuple[Scored, torch.Tensor]] = []
+        while len(buffer) < wanted:  # 7: fewer than N groups in the buffer: generate again
+            if algo.max_generation_passes and len(generated.calls) >= algo.max_generation_passes:
                 raise DynamicSamplingError(
-                    f"dynamic sampling kept {kept_groups} of {rollout.rollout_prompts} groups after {passes} "
+                    f"dynamic sampling kept {len(buffer)} of {wanted} groups after {len(generated.calls)} "
                     "generation passes: nearly every group was all-correct or all-wrong.  Make the task harder or "
                     "easier (data.arithmetic_digits), raise algo.max_generation_passes, "
                     "or set algo.dynamic_sampling=false"
                 )
-            passes += 1
+            # 2: sample a batch of prompts
             examples = self.stream.take(self.plan.prompts_per_generation_pass, step)
-            params = self.sampling_params(hash_seed(cfg.run.seed, seed_step, passes))
-            scored = sample_and_score(
-                self.engine, self.tokenizer, self.pool, self.encoder, examples, params, group_size
+            # 4–5: sample G responses per prompt from π_old and score them
+            scored = self.generation_pass(examples, hash_seed(self.cfg.run.seed, seed_step, len(generated.calls) + 1))
+            generated.add(scored)
+            rewards, generated.reward_stats = self.shaped_rewards(scored)
+            # 6: drop the groups whose accuracy is all 0 or all 1 (eq 11); buffer the others
+            keep = self.informative(scored, rewards)
+            for g in range(len(scored.completions) // self.group_size):
+                rows = slice(g * self.group_size, (g + 1) * self.group_size)
+                if keep[rows].all():
+                    buffer.append((scored.rows(rows), rewards[rows]))
+        return buffer[:wanted]
+
+    def generation_pass(self, examples: Sequence[Example], seed: int) -> Scored:
+        """G scored responses to each of ``examples`` (over-long prompts skipped); an error if none is left."""
+        params, repeats = self.sampling_params(seed), self.group_size
+        scored = sample_and_score(self.engine, self.tokenizer, self.pool, self.encoder, examples, params, repeats)
+        if not scored.completions:
+            raise DataError(
+                f"all {len(examples)} prompts of a generation pass are longer than "
+                f"rollout.max_prompt_tokens={self.cfg.rollout.max_prompt_tokens}; raise it"
             )
-            if not scored.completions:
-                raise DataError(
-                    f"all {len(examples)} prompts of a generation pass are longer than "
-                    f"rollout.max_prompt_tokens={rollout.max_prompt_tokens}; raise it"
-                )
-            timing["perf/generate_seconds"] += scored.generate_seconds
-            timing["perf/score_seconds"] += scored.score_seconds
-            generation_calls.append([len(c.token_ids) for c in scored.completions])
-            tokens += sum(generation_calls[-1])
-            errors += sum("error" in r.info for r in scored.results)
-            rewards, reward_stats = self.shaped_rewards(scored)
-            groups = len(scored.completions) // group_size
-            generated_groups += groups
-            group_ids = torch.arange(groups).repeat_interleave(group_size)
-            if algo.dynamic_sampling:
-                metric = torch.tensor([float(r.correct) for r in scored.results])
-                keep = nonconstant_group_mask(metric if algo.dynamic_sampling_metric == "acc" else rewards, group_ids)
-            else:
-                keep = torch.ones(len(group_ids), dtype=torch.bool)
-            for g in range(groups):
-                rows = slice(g * group_size, (g + 1) * group_size)
-                if keep[rows].all() and kept_groups < rollout.rollout_prompts:
-                    kept.append((_rows(scored, rows), rewards[rows]))
-                    kept_groups += 1
-        merged = Scored([], [], [], [])
-        for part, _ in kept:
-            merged.examples += part.examples
-            merged.prompts += part.prompts
-            merged.completions += part.completions
-            merged.results += part.results
-        rewards = torch.cat([r for _, r in kept])
-        group_ids = torch.arange(len(kept)).repeat_interleave(group_size)
-        batch = build_batch(merged, rewards, group_ids, filter_truncated=algo.overlong == "filter")
-        if rollout.fire.enabled and rollout.fire.logprob == "mask":
-            batch.policy_loss_mask[:, list(rollout.fire.positions)] = False  # FIRE tokens: off-policy
-        lengths = batch.response_mask.sum(1).float()
-        stats = {
-            "reward/mean": batch.rewards.mean().item(),
-            "reward/accuracy": batch.correct.float().mean().item(),
-            "reward/error_fraction": errors / max(1, generated_groups * group_size),
-            "rollout/response_length": lengths.mean().item(),
-            "rollout/response_length_max": lengths.max().item(),
-            "rollout/truncated_fraction": batch.truncated.float().mean().item(),
-            "rollout/generation_passes": float(passes),
-            "rollout/kept_group_fraction": kept_groups / max(1, generated_groups),
-            "rollout/tokens_generated": float(tokens),
-            **fullness_stats(generation_calls),
-            **source_stats(merged.results),
-            **reward_stats,
-            **timing,
-        }
-        return batch, stats
+        return scored
+
+    def informative(self, scored: Scored, rewards: torch.Tensor) -> torch.Tensor:
+        """[N] bool: the rows whose group the dynamic-sampling filter keeps (DAPO eq 11: 0 < #correct < G, or a
+        non-constant reward with ``dynamic_sampling_metric=reward``); every row without dynamic sampling."""
+        algo = self.cfg.algo
+        if not algo.dynamic_sampling:
+            return torch.ones(len(rewards), dtype=torch.bool)
+        group_ids = torch.arange(len(rewards) // self.group_size).repeat_interleave(self.group_size)
+        accuracy = torch.tensor([float(r.correct) for r in scored.results])
+        return nonconstant_group_mask(accuracy if algo.dynamic_sampling_metric == "acc" else rewards, group_ids)
 
 
 MAX_SKIPPED_PROMPTS = 1000  # consecutive over-long prompts before the pool gives up
@@ -218,14 +217,13 @@ class PoolCollector:
 
     def _new_group(self, step: int):
         collector = self.synchronous
-        group_size = collector.cfg.rollout.samples_per_prompt
 
         def new_group(index: int) -> list[PoolSequence]:
             for _ in range(MAX_SKIPPED_PROMPTS):
                 example = collector.stream.take(1, step)[0]
                 prompt = collector.encoder(example)
                 if prompt is not None:
-                    return [PoolSequence(example, prompt, index) for _ in range(group_size)]
+                    return [PoolSequence(example, prompt, index) for _ in range(collector.group_size)]
             raise DataError(
                 f"{MAX_SKIPPED_PROMPTS} prompts in a row are longer than rollout.max_prompt_tokens="
                 f"{collector.cfg.rollout.max_prompt_tokens}; raise it"
@@ -272,31 +270,72 @@ class PoolCollector:
         if cfg.algo.overlong == "filter":
             batch.policy_loss_mask &= ~batch.truncated[:, None]
         batch.value_loss_mask &= ~running[:, None]
-        done = ~running
-        lengths = batch.response_mask.sum(1).float()[done]
-        nan = float("nan")
+        generated = Generated([window.new_tokens], scored.results, reward_stats)
+        generated.timing = {"perf/generate_seconds": window.generate_seconds, "perf/score_seconds": score_seconds}
         stats = {
-            "reward/mean": batch.rewards[done].mean().item() if finished else nan,
-            "reward/accuracy": batch.correct[done].float().mean().item() if finished else nan,
-            "reward/error_fraction": sum("error" in r.info for r in scored.results) / max(1, len(finished)),
-            "rollout/response_length": lengths.mean().item() if finished else nan,
-            "rollout/response_length_max": lengths.max().item() if finished else nan,
-            "rollout/truncated_fraction": batch.truncated[done].float().mean().item() if finished else nan,
-            "rollout/tokens_generated": float(sum(window.new_tokens)),
+            **finished_stats(batch, ~running, scored.results),
             "rollout/finished_sequences": float(len(finished)),
             "rollout/running_sequences": float(len(sequences) - len(finished)),
             "rollout/pool_fill": occupied / self.pool.slots,
             "rollout/refilled_sequences": float(refilled),
             "rollout/windows_per_response": (
-                sum(sequences[i].windows for i in finished) / len(finished) if finished else nan
+                sum(sequences[i].windows for i in finished) / len(finished) if finished else float("nan")
             ),
-            **fullness_stats([window.new_tokens]),
-            **source_stats(scored.results),
-            **reward_stats,
-            "perf/generate_seconds": window.generate_seconds,
-            "perf/score_seconds": score_seconds,
+            **generated.stats(),
         }
         return batch, stats
+
+
+@dataclass
+class Generated:
+    """What the engine generated in one rollout step, discarded groups included: what the generation
+    metrics count."""
+
+    calls: list[list[int]] = field(default_factory=list)
+    """Tokens per completion, per engine call (one call per generation pass, or per pool window)."""
+
+    results: list[RewardResult] = field(default_factory=list)
+    """The verdict of every scored response."""
+
+    reward_stats: dict[str, float] = field(default_factory=dict)
+    """Means of the reward-shaping terms (format, overlong penalty) over the last scored responses."""
+
+    timing: dict[str, float] = field(default_factory=lambda: {"perf/generate_seconds": 0.0, "perf/score_seconds": 0.0})
+    """Seconds spent generating and scoring."""
+
+    def add(self, scored: Scored) -> None:
+        """Count one generation pass."""
+        self.calls.append([len(c.token_ids) for c in scored.completions])
+        self.results += scored.results
+        self.timing["perf/generate_seconds"] += scored.generate_seconds
+        self.timing["perf/score_seconds"] += scored.score_seconds
+
+    def stats(self) -> dict[str, float]:
+        """Error share of the scored responses, tokens generated, how full the engine's batch stayed, timing."""
+        return {
+            "reward/error_fraction": sum("error" in r.info for r in self.results) / max(1, len(self.results)),
+            "rollout/tokens_generated": float(sum(map(sum, self.calls))),
+            **fullness_stats(self.calls),
+            **self.reward_stats,
+            **self.timing,
+        }
+
+
+def finished_stats(batch: RolloutBatch, finished: torch.Tensor, results: Sequence[RewardResult]) -> dict[str, float]:
+    """Reward, accuracy, length and truncation of the batch's ``finished`` rows ([B] bool; NaN when none
+    finished), and the per-source scores of their ``results``."""
+    lengths = batch.response_mask.sum(1).float()[finished]
+    if not finished.any():
+        keys = ("reward/mean", "reward/accuracy", "rollout/response_length", "rollout/response_length_max")
+        return {**dict.fromkeys((*keys, "rollout/truncated_fraction"), float("nan")), **source_stats(results)}
+    return {
+        "reward/mean": batch.rewards[finished].mean().item(),
+        "reward/accuracy": batch.correct[finished].float().mean().item(),
+        "rollout/response_length": lengths.mean().item(),
+        "rollout/response_length_max": lengths.max().item(),
+        "rollout/truncated_fraction": batch.truncated[finished].float().mean().item(),
+        **source_stats(results),
+    }
 
 
 def fullness_stats(calls: Sequence[Sequence[int]]) -> dict[str, float]:
@@ -331,10 +370,6 @@ def fire_params(cfg: Config) -> FireParams | None:
     """The FIRE sampling parameters of a config, or None when FIRE is off."""
     fire = cfg.rollout.fire
     return FireParams(fire.temperature, fire.top_k, fire.positions) if fire.enabled else None
-
-
-def _rows(scored: Scored, rows: slice) -> Scored:
-    return Scored(scored.examples[rows], scored.prompts[rows], scored.completions[rows], scored.results[rows])
 
 
 def hash_seed(*parts: int) -> int:

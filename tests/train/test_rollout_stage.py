@@ -1,16 +1,22 @@
 """The rollout stage: DAPO dynamic sampling fills the batch with informative groups only."""
 
+import math
+
 import pytest
 import torch
 
 from reasonrl.config import load_config, resolve
+from reasonrl.data.examples import Example
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.models.load import load_tokenizer
+from reasonrl.reward.base import RewardResult
 from reasonrl.reward.pool import ScoringPool
+from reasonrl.rollout.base import Completion
 from reasonrl.rollout.fake import FakeEngine
+from reasonrl.rollout.scored import Scored
 from reasonrl.train.loop import data_spec
-from reasonrl.train.rollout import DynamicSamplingError, RolloutCollector
+from reasonrl.train.rollout import DynamicSamplingError, Generated, RolloutCollector, build_batch, finished_stats
 from tests.helpers import DigitFraction
 
 
@@ -102,3 +108,36 @@ def test_fire_tokens_are_masked_out_of_the_policy_loss_by_default():
     with pool:
         batch, _ = collect.collect(1)
     assert torch.equal(batch.policy_loss_mask, batch.response_mask)  # kept: old log-probs come from the sampler
+
+
+def test_the_shared_rollout_statistics_hand_computed():
+    # three responses of 2, 4 and 3 tokens; the second is still running (T-PPO) and does not count
+    completions = [Completion([5, 6], [-1.0] * 2, "stop"), Completion([5] * 4, [-1.0] * 4, "length")]
+    completions.append(Completion([5] * 3, [-1.0] * 3, "length"))
+    results = [
+        RewardResult(1.0, True, {"source": "math"}),
+        RewardResult(0.0, False),
+        RewardResult(0.0, False, {"source": "code", "error": "timeout"}),
+    ]
+    scored = Scored([Example(str(i), "q", "a", "math") for i in range(3)], [[1, 2]] * 3, completions, results)
+    batch = build_batch(scored, torch.tensor([1.0, 9.0, -1.0]), torch.tensor([0, 0, 0]), filter_truncated=False)
+    finished = torch.tensor([True, False, True])
+    assert finished_stats(batch, finished, [results[0], results[2]]) == {
+        "reward/mean": 0.0,  # (1 − 1) / 2
+        "reward/accuracy": 0.5,
+        "rollout/response_length": 2.5,  # (2 + 3) / 2
+        "rollout/response_length_max": 3.0,
+        "rollout/truncated_fraction": 0.5,
+        "reward/math/mean": 1.0,
+        "reward/math/fraction": 0.5,
+        "reward/code/mean": 0.0,
+        "reward/code/fraction": 0.5,
+    }
+    nothing = finished_stats(batch, torch.zeros(3, dtype=torch.bool), [])
+    assert all(math.isnan(value) for value in nothing.values()) and len(nothing) == 5
+    # two engine calls of 2 and 4 responses: 2 + 4 + (3 + 3 + 1 + 1) tokens; one error in four verdicts
+    generated = Generated([[2, 4], [3, 3, 1, 1]], [results[0], results[2], results[1], results[1]])
+    stats = generated.stats()
+    assert stats["reward/error_fraction"] == 0.25 and stats["rollout/tokens_generated"] == 14.0
+    # slot utilisation per call: 6 / (2·4) = 0.75 over 4 decode steps, 8 / (4·3) = 2/3 over 3 steps
+    assert stats["rollout/slot_utilisation"] == pytest.approx((4 * 0.75 + 3 * 2 / 3) / 7)
