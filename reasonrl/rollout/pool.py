@@ -12,7 +12,6 @@ generated, because a sequence that spans several windows was sampled by several 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,8 +64,6 @@ class Window:
     new_tokens: list[int]
     """Tokens each of those sequences gained in this window."""
 
-    generate_seconds: float
-
 
 NewGroup = Callable[[int], list[PoolSequence]]
 """Given the new prompt's group index, returns its G fresh sequences, or [] when no prompt remains."""
@@ -107,9 +104,7 @@ class RolloutPool:
         advanced = self.active
         budgets = [min(self.window_tokens, self.max_response_tokens - len(s.token_ids)) for s in advanced]
         request = dataclasses.replace(params, max_new_tokens=max(budgets, default=1))
-        start = time.perf_counter()
         completions = engine.generate([s.prompt_ids + s.token_ids for s in advanced], request)
-        seconds = time.perf_counter() - start
         gained = []
         for sequence, completion, budget in zip(advanced, completions, budgets, strict=True):
             kept = completion.token_ids[:budget]
@@ -123,7 +118,7 @@ class RolloutPool:
             elif len(sequence.token_ids) >= self.max_response_tokens:
                 sequence.finish_reason = "length"
         self.active = [s for s in advanced if s.running]
-        return Window(advanced, gained, seconds)
+        return Window(advanced, gained)
 
     def state_dict(self) -> dict[str, Any]:
         """Every in-flight sequence with its tokens and log-probs (for checkpoints)."""

@@ -3,7 +3,6 @@ evaluation and Pre-PPO prompt selection."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ from reasonrl.data.examples import Example
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.timing import timed
 
 
 @dataclass
@@ -21,16 +21,14 @@ class Scored:
     prompts: list[list[int]]
     completions: list[Completion]
     results: list[RewardResult]
-    generate_seconds: float = 0.0
-    score_seconds: float = 0.0
 
     def rows(self, rows: slice) -> Scored:
-        """The completions ``rows`` (timing not included)."""
+        """The completions ``rows``."""
         return Scored(self.examples[rows], self.prompts[rows], self.completions[rows], self.results[rows])
 
     @staticmethod
     def concat(parts: Sequence[Scored]) -> Scored:
-        """The completions of ``parts``, in order (timing not included)."""
+        """The completions of ``parts``, in order."""
         return Scored(
             [e for p in parts for e in p.examples],
             [q for p in parts for q in p.prompts],
@@ -47,15 +45,17 @@ def sample_and_score(
     examples: Sequence[Example],
     params: SamplingParams,
     repeats: int = 1,
+    timing: dict[str, float] | None = None,
 ) -> Scored:
-    """Generate ``repeats`` completions per example (consecutive) and score them."""
+    """Generate ``repeats`` completions per example (consecutive) and score them; the seconds spent go
+    to ``timing``'s ``perf/generate_seconds`` and ``perf/score_seconds``."""
+    timing = {} if timing is None else timing
     kept = [e for e in examples if encoder(e) is not None]
     expanded = [e for e in kept for _ in range(repeats)]
     prompts = [encoder(e) for e in expanded]
-    start = time.perf_counter()
-    completions = engine.generate(prompts, params) if prompts else []
-    generated = time.perf_counter()
-    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-    results = pool.score_examples(expanded, texts)
-    scored_at = time.perf_counter()
-    return Scored(expanded, prompts, completions, results, generated - start, scored_at - generated)  # type: ignore[arg-type]
+    with timed(timing, "perf/generate_seconds"):
+        completions = engine.generate(prompts, params) if prompts else []
+    with timed(timing, "perf/score_seconds"):
+        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+        results = pool.score_examples(expanded, texts)
+    return Scored(expanded, prompts, completions, results)  # type: ignore[arg-type]

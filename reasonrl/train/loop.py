@@ -35,6 +35,7 @@ from reasonrl.reward.router import build_router
 from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
 from reasonrl.rollout.pool import RolloutPool
 from reasonrl.rollout.scored import sample_and_score
+from reasonrl.timing import timed
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, load_value_weights, save_checkpoint
 from reasonrl.train.critic import CriticUpdater
@@ -51,7 +52,7 @@ PRETRAINED_CRITIC = "critic_pretrained"
 VALUE_PRETRAIN = "value_pretrain"  # its metrics file (.jsonl) and plot (.png)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """Everything a run holds while it trains."""
 
@@ -175,22 +176,22 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
     windowed = PoolCollector(collector, rollout_pool) if rollout_pool is not None else None
     return Run(
-        cfg,
-        plan,
-        run_dir,
-        model,
-        tokenizer,
-        engine,
-        reference,
-        pool,
-        stream,
-        encoder,
-        collector,
-        updater,
-        kl,
-        dtype,
-        critic,
-        windowed,
+        cfg=cfg,
+        plan=plan,
+        run_dir=run_dir,
+        model=model,
+        tokenizer=tokenizer,
+        engine=engine,
+        reference=reference,
+        pool=pool,
+        stream=stream,
+        encoder=encoder,
+        collector=collector,
+        updater=updater,
+        kl=kl,
+        compute_dtype=dtype,
+        critic=critic,
+        windowed=windowed,
     )
 
 
@@ -219,12 +220,14 @@ def evaluate(run: Run) -> dict[str, float]:
     """Greedy accuracy on the held-out prompts."""
     examples = eval_examples(data_spec(run.cfg), run.cfg.data.eval_prompts)
     params = SamplingParams(max_new_tokens=run.cfg.rollout.max_response_tokens, temperature=0.0)
-    scored = sample_and_score(run.engine, run.tokenizer, run.pool, run.encoder, examples, params)
+    timing: dict[str, float] = {}
+    with timed(timing, "perf/eval_seconds"):
+        scored = sample_and_score(run.engine, run.tokenizer, run.pool, run.encoder, examples, params)
     lengths = [len(c.token_ids) for c in scored.completions]
     return {
         "eval/accuracy": sum(r.correct for r in scored.results) / max(1, len(scored.results)),
         "eval/response_length": sum(lengths) / max(1, len(lengths)),
-        "perf/eval_seconds": scored.generate_seconds + scored.score_seconds,
+        **timing,
     }
 
 
@@ -240,37 +243,36 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
         load_value_weights(run.critic.model, saved)
         log.warning("loaded the pretrained critic from %s", saved)
         return {}
-    started = time.perf_counter()
     steps = run.plan.value_pretrain_steps
-    writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
-    with ProgressDisplay(steps, 0, enabled=show_progress, label="value pretraining") as progress:
-        last = [started]
+    timing: dict[str, float] = {}
+    with timed(timing, "value_pretrain_seconds"):
+        writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
+        with ProgressDisplay(steps, 0, enabled=show_progress, label="value pretraining") as progress:
 
-        def record(step: int, metrics: dict[str, float]) -> None:
-            now = time.perf_counter()
-            metrics["perf/step_seconds"], last[0] = now - last[0], now
-            writer.write(step, metrics)
-            progress.update(step, metrics)
+            def record(step: int, metrics: dict[str, float]) -> None:
+                writer.write(step, metrics)
+                progress.update(step, metrics)
 
-        done = pretrain_critic(
-            run.collector,
-            run.critic,
-            steps=steps,
-            ev_target=run.cfg.algo.value_pretrain_ev_target,
-            gamma=run.cfg.algo.gamma,
-            seed=run.cfg.run.seed,
-            on_step=record,
-            calibrate_bias=run.cfg.critic.init == "policy",
-        )
-    writer.close()
-    records = read_metrics(writer.path)
-    plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", "value pretraining (policy frozen)", CRITIC_PANELS)
-    run.critic.model.save(saved)
-    release_free_memory()
+            done = pretrain_critic(
+                run.collector,
+                run.critic,
+                steps=steps,
+                ev_target=run.cfg.algo.value_pretrain_ev_target,
+                gamma=run.cfg.algo.gamma,
+                seed=run.cfg.run.seed,
+                on_step=record,
+                calibrate_bias=run.cfg.critic.init == "policy",
+            )
+        writer.close()
+        records = read_metrics(writer.path)
+        title = "value pretraining (policy frozen)"
+        plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
+        run.critic.model.save(saved)
+        release_free_memory()
     return {
         "value_pretrain_steps": done,
         "value_pretrain_explained_variance": records[-1].get("critic/explained_variance") if records else None,
-        "value_pretrain_seconds": time.perf_counter() - started,
+        **timing,
     }
 
 
@@ -346,6 +348,30 @@ def export_stage(run: Run) -> Path:
     return final
 
 
+def rl_step(run: Run, step: int) -> dict[str, float]:
+    """One rollout step: rollout -> log-probs -> values -> advantages -> policy update -> critic update
+    -> weight sync (-> the adaptive KL coefficient); returns the step's metrics, each stage's time included."""
+    cfg, kl_coef, seed = run.cfg, float(run.kl.coef), hash_seed(run.cfg.run.seed, step)
+    batch, metrics = run.rollout.collect(step)
+    if run.plan.separate_old_logprob_pass:
+        with timed(metrics, "perf/logprob_seconds"):
+            metrics |= logprob_stage(run, batch)
+    if run.critic is not None:
+        with timed(metrics, "perf/value_seconds"):
+            batch.values = run.critic.values(batch)
+    metrics |= assign_advantages(batch, cfg.algo, kl_coef)
+    with timed(metrics, "perf/update_seconds"):
+        metrics |= run.updater.update(batch, seed=seed, kl_coef=kl_coef)
+    if run.critic is not None:
+        with timed(metrics, "perf/critic_update_seconds"):
+            metrics |= run.critic.update(batch, seed=seed)
+    run.engine.load_weights(run.model.state_dict())
+    release_free_memory()
+    if "policy/kl_ref" in metrics:
+        run.kl.update(metrics["policy/kl_ref"], len(batch))
+    return metrics
+
+
 # --- the loop ------------------------------------------------------------------------------------
 
 
@@ -382,32 +408,12 @@ def fit(
         with ProgressDisplay(total, start_step, enabled=show_progress) as progress:
             progress.log(f"held-out accuracy before training: {accuracy_before:.1%}")
             for step in range(start_step + 1, total + 1):
-                step_start = time.perf_counter()
-                batch, metrics = run.rollout.collect(step)
-                if run.plan.separate_old_logprob_pass:
-                    t0 = time.perf_counter()
-                    metrics |= logprob_stage(run, batch)
-                    metrics["perf/logprob_seconds"] = time.perf_counter() - t0
-                if run.critic is not None:
-                    t0 = time.perf_counter()
-                    batch.values = run.critic.values(batch)
-                    metrics["perf/value_seconds"] = time.perf_counter() - t0
-                metrics |= assign_advantages(batch, cfg.algo, float(run.kl.coef))
-                t0 = time.perf_counter()
-                metrics |= run.updater.update(batch, seed=hash_seed(cfg.run.seed, step), kl_coef=float(run.kl.coef))
-                metrics["perf/update_seconds"] = time.perf_counter() - t0
-                if run.critic is not None:
-                    t0 = time.perf_counter()
-                    metrics |= run.critic.update(batch, seed=hash_seed(cfg.run.seed, step))
-                    metrics["perf/critic_update_seconds"] = time.perf_counter() - t0
-                run.engine.load_weights(run.model.state_dict())
-                release_free_memory()
-                if "policy/kl_ref" in metrics:
-                    run.kl.update(metrics["policy/kl_ref"], len(batch))
-                if step % cfg.run.eval_every == 0 or step == total:
-                    last_eval = evaluate(run)
-                    metrics |= last_eval
-                metrics["perf/step_seconds"] = time.perf_counter() - step_start
+                metrics: dict[str, float] = {}
+                with timed(metrics, "perf/step_seconds"):
+                    metrics |= rl_step(run, step)
+                    if step % cfg.run.eval_every == 0 or step == total:
+                        last_eval = evaluate(run)
+                        metrics |= last_eval
                 tokens = metrics["rollout/tokens_generated"]
                 metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
                 metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])

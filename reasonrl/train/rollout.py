@@ -11,7 +11,6 @@ window and trains on every sequence it advanced, finished or not (spec §5 (b)).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.pool import PoolSequence, RolloutPool, slot_utilisation
 from reasonrl.rollout.sampling import FireParams
 from reasonrl.rollout.scored import Scored, sample_and_score
+from reasonrl.timing import timed
 
 
 class DynamicSamplingError(RuntimeError):
@@ -159,7 +159,8 @@ class RolloutCollector:
             # 2: sample a batch of prompts
             examples = self.stream.take(self.plan.prompts_per_generation_pass, step)
             # 4–5: sample G responses per prompt from π_old and score them
-            scored = self.generation_pass(examples, hash_seed(self.cfg.run.seed, seed_step, len(generated.calls) + 1))
+            seed = hash_seed(self.cfg.run.seed, seed_step, len(generated.calls) + 1)
+            scored = self.generation_pass(examples, seed, generated.timing)
             generated.add(scored)
             rewards, generated.reward_stats = self.shaped_rewards(scored)
             # 6: drop the groups whose accuracy is all 0 or all 1 (eq 11); buffer the others
@@ -170,10 +171,13 @@ class RolloutCollector:
                     buffer.append((scored.rows(rows), rewards[rows]))
         return buffer[:wanted]
 
-    def generation_pass(self, examples: Sequence[Example], seed: int) -> Scored:
-        """G scored responses to each of ``examples`` (over-long prompts skipped); an error if none is left."""
+    def generation_pass(self, examples: Sequence[Example], seed: int, timing: dict[str, float]) -> Scored:
+        """G scored responses to each of ``examples`` (over-long prompts skipped); an error if none is left.
+        The seconds spent generating and scoring are added to ``timing``."""
         params, repeats = self.sampling_params(seed), self.group_size
-        scored = sample_and_score(self.engine, self.tokenizer, self.pool, self.encoder, examples, params, repeats)
+        scored = sample_and_score(
+            self.engine, self.tokenizer, self.pool, self.encoder, examples, params, repeats, timing
+        )
         if not scored.completions:
             raise DataError(
                 f"all {len(examples)} prompts of a generation pass are longer than "
@@ -233,10 +237,12 @@ class PoolCollector:
 
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Refill the pool, advance it one window, score what finished; returns the batch and its metrics."""
-        collector, cfg = self.synchronous, self.synchronous.cfg
+        collector, generated = self.synchronous, Generated()
         refilled = self.pool.refill(self._new_group(step))
         occupied = len(self.pool.active)
-        window = self.pool.advance(collector.engine, collector.sampling_params(hash_seed(cfg.run.seed, step, 1)))
+        params = collector.sampling_params(hash_seed(collector.cfg.run.seed, step, 1))
+        with timed(generated.timing, "perf/generate_seconds"):
+            window = self.pool.advance(collector.engine, params)
         sequences = window.sequences
         finished = [i for i, s in enumerate(sequences) if not s.running]
         completions = [Completion(s.token_ids, s.logprobs, s.finish_reason or "length") for s in sequences]
@@ -246,34 +252,22 @@ class PoolCollector:
             [completions[i] for i in finished],
             [],
         )
-        started = time.perf_counter()
-        texts = collector.tokenizer.batch_decode([c.token_ids for c in scored.completions], skip_special_tokens=True)
-        scored.results = collector.pool.score_examples(scored.examples, texts) if finished else []
-        score_seconds = time.perf_counter() - started
+        with timed(generated.timing, "perf/score_seconds"):
+            texts = collector.tokenizer.batch_decode(
+                [c.token_ids for c in scored.completions], skip_special_tokens=True
+            )
+            scored.results = collector.pool.score_examples(scored.examples, texts) if finished else []
+        generated.calls, generated.results = [window.new_tokens], scored.results
         rewards = torch.zeros(len(sequences))
         results = [RewardResult(0.0, False) for _ in sequences]
-        reward_stats: dict[str, float] = {}
         if finished:
-            rewards[finished], reward_stats = collector.shaped_rewards(scored)
+            rewards[finished], generated.reward_stats = collector.shaped_rewards(scored)
             for i, result in zip(finished, scored.results, strict=True):
                 results[i] = result
-        _, group_ids = torch.unique(torch.tensor([s.group for s in sequences]), return_inverse=True)
         every = Scored([s.example for s in sequences], [s.prompt_ids for s in sequences], completions, results)
-        batch = build_batch(every, rewards, group_ids, filter_truncated=False)  # running rows are no truncations
-        running = torch.tensor([s.running for s in sequences])
-        batch.running = running
-        batch.truncated = torch.tensor([s.finish_reason == "length" for s in sequences])
-        width = batch.response_mask.shape[1]
-        batch.stale_mask = pad_rows([[1] * s.window_start for s in sequences], width, False, torch.bool)
-        if cfg.algo.policy_tokens == "window":
-            batch.policy_loss_mask &= ~batch.stale_mask
-        if cfg.algo.overlong == "filter":
-            batch.policy_loss_mask &= ~batch.truncated[:, None]
-        batch.value_loss_mask &= ~running[:, None]
-        generated = Generated([window.new_tokens], scored.results, reward_stats)
-        generated.timing = {"perf/generate_seconds": window.generate_seconds, "perf/score_seconds": score_seconds}
+        batch = self.pooled_batch(sequences, every, rewards)
         stats = {
-            **finished_stats(batch, ~running, scored.results),
+            **finished_stats(batch, ~batch.running, scored.results),
             "rollout/finished_sequences": float(len(finished)),
             "rollout/running_sequences": float(len(sequences) - len(finished)),
             "rollout/pool_fill": occupied / self.pool.slots,
@@ -284,6 +278,23 @@ class PoolCollector:
             **generated.stats(),
         }
         return batch, stats
+
+    def pooled_batch(self, sequences: Sequence[PoolSequence], scored: Scored, rewards: torch.Tensor) -> RolloutBatch:
+        """The batch of every sequence a window advanced, with the masks of T-PPO's token filtering."""
+        algo = self.synchronous.cfg.algo
+        _, group_ids = torch.unique(torch.tensor([s.group for s in sequences]), return_inverse=True)
+        batch = build_batch(scored, rewards, group_ids, filter_truncated=False)  # running rows are no truncations
+        running = torch.tensor([s.running for s in sequences])
+        batch.running = running
+        batch.truncated = torch.tensor([s.finish_reason == "length" for s in sequences])
+        width = batch.response_mask.shape[1]
+        batch.stale_mask = pad_rows([[1] * s.window_start for s in sequences], width, False, torch.bool)
+        if algo.policy_tokens == "window":
+            batch.policy_loss_mask &= ~batch.stale_mask
+        if algo.overlong == "filter":
+            batch.policy_loss_mask &= ~batch.truncated[:, None]
+        batch.value_loss_mask &= ~running[:, None]
+        return batch
 
 
 @dataclass
@@ -300,15 +311,13 @@ class Generated:
     reward_stats: dict[str, float] = field(default_factory=dict)
     """Means of the reward-shaping terms (format, overlong penalty) over the last scored responses."""
 
-    timing: dict[str, float] = field(default_factory=lambda: {"perf/generate_seconds": 0.0, "perf/score_seconds": 0.0})
-    """Seconds spent generating and scoring."""
+    timing: dict[str, float] = field(default_factory=dict)
+    """Seconds spent generating (``perf/generate_seconds``) and scoring (``perf/score_seconds``)."""
 
     def add(self, scored: Scored) -> None:
         """Count one generation pass."""
         self.calls.append([len(c.token_ids) for c in scored.completions])
         self.results += scored.results
-        self.timing["perf/generate_seconds"] += scored.generate_seconds
-        self.timing["perf/score_seconds"] += scored.score_seconds
 
     def stats(self) -> dict[str, float]:
         """Error share of the scored responses, tokens generated, how full the engine's batch stayed, timing."""

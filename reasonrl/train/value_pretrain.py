@@ -15,6 +15,7 @@ import torch
 
 from reasonrl.algo.advantages import gae
 from reasonrl.algo.shaping import terminal_token_rewards
+from reasonrl.timing import timed
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.rollout import RolloutCollector, hash_seed
 
@@ -40,15 +41,18 @@ def pretrain_critic(
     the mean return (Adam moves each weight by about the learning rate per step).
     """
     for step in range(1, steps + 1):
-        batch, metrics = collector.collect(0, seed_step=hash_seed(PRETRAIN_SEED_SALT, step))
-        token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
-        if calibrate_bias and step == 1:
-            _, returns = gae(token_rewards, torch.zeros_like(token_rewards), batch.response_mask, gamma, 1.0)
-            with torch.no_grad():
-                critic.model.head.bias.fill_(returns[batch.value_loss_mask].mean().item())
-        batch.values = critic.values(batch)
-        _, batch.returns = gae(token_rewards, batch.values, batch.response_mask, gamma, 1.0)  # Monte-Carlo
-        metrics |= critic.update(batch, seed=hash_seed(seed, PRETRAIN_SEED_SALT, step))
+        metrics: dict[str, float] = {}
+        with timed(metrics, "perf/step_seconds"):
+            batch, rollout_metrics = collector.collect(0, seed_step=hash_seed(PRETRAIN_SEED_SALT, step))
+            metrics |= rollout_metrics
+            token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
+            if calibrate_bias and step == 1:
+                _, returns = gae(token_rewards, torch.zeros_like(token_rewards), batch.response_mask, gamma, 1.0)
+                with torch.no_grad():
+                    critic.model.head.bias.fill_(returns[batch.value_loss_mask].mean().item())
+            batch.values = critic.values(batch)
+            _, batch.returns = gae(token_rewards, batch.values, batch.response_mask, gamma, 1.0)  # Monte-Carlo
+            metrics |= critic.update(batch, seed=hash_seed(seed, PRETRAIN_SEED_SALT, step))
         on_step(step, metrics)
         if ev_target is not None and metrics["critic/explained_variance"] >= ev_target:
             return step
