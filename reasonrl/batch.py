@@ -1,4 +1,4 @@
-"""``RolloutBatch``: everything a training step needs, as one typed object (DESIGN §1.3).
+"""``RolloutBatch``: everything a training step needs, as one typed object.
 
 Prompts are left-padded and responses right-padded; every mask is explicit (never derived from
 ``ids != pad``: SmolLM2's pad token is also its end-of-turn token).  Shape letters: B sequences,

@@ -17,7 +17,7 @@ NUMBER = r"(\d+(?:\.\d+)?)"
 # phrase of the table -> the setting(s) it quotes; "plan." keys come from the derived plan
 CLAIMS: list[tuple[str, tuple[str, ...]]] = [
     (rf"{NUMBER}(?: prompts)? × {NUMBER}", ("rollout.rollout_prompts", "rollout.samples_per_prompt")),
-    (rf"\bcap {NUMBER}\b", ("rollout.max_response_tokens",)),
+    (rf"\bcap {NUMBER}\b|{NUMBER}-token (?:cap|responses|replies)", ("rollout.max_response_tokens",)),
     (rf"ε = {NUMBER}/{NUMBER}", ("algo.eps_low", "algo.eps_high")),
     (rf"ε = {NUMBER}(?![\d./])", ("algo.eps_low", "algo.eps_high")),
     (rf"λ = {NUMBER} for actor and critic", ("algo.lambda_policy", "algo.lambda_critic")),
@@ -33,9 +33,10 @@ CLAIMS: list[tuple[str, tuple[str, ...]]] = [
     (rf"EV ≥ {NUMBER}", ("algo.value_pretrain_ev_target",)),
     (rf"window {NUMBER} tokens|{NUMBER}-token window", ("algo.window_tokens",)),
     (rf"{NUMBER}-slot pool", ("plan.sequences_per_rollout",)),
-    (rf"{NUMBER}-step warm-up", ("train.warmup_rollout_steps",)),
+    (rf"{NUMBER}(?:-step warm-up| warm-up rollout steps)", ("train.warmup_rollout_steps",)),
     (rf"weight decay {NUMBER}", ("train.weight_decay",)),
-    (r"(one) optimiser step per rollout", ("plan.optimizer_steps_per_rollout",)),
+    (r"(one|\d+) optimiser steps? per rollout", ("plan.optimizer_steps_per_rollout",)),
+    (r"\blr (\d+(?:\.\d+)?e-\d+)", ("train.lr",)),
     (r"reward (±)1", ("reward.incorrect_score",)),
 ]
 WORDS = {"one": 1.0, "±": -1.0}
@@ -81,6 +82,13 @@ def preset_rows() -> dict[str, tuple[str, str]]:
     return rows
 
 
+def differences() -> dict[str, str]:
+    """preset -> its "Differences from the papers" list."""
+    text = (ROOT / "docs" / "algorithms.md").read_text().split("## Differences from the papers", 1)[1]
+    text = text.split("\n## ", 1)[0]
+    return {part.split("`", 1)[0]: part for part in text.split("\n### `")[1:]}
+
+
 def resolved(name: str, capsys) -> dict[str, float]:
     """`reasonrl config show NAME`, config and derived plan, flattened to dotted keys."""
     assert main(["config", "show", name]) == 0
@@ -118,6 +126,22 @@ def test_the_preset_table_quotes_what_config_show_resolves(name, capsys):
     assert run_claims, f"the {name} row quotes no run settings"
 
 
+def test_every_preset_has_a_numbered_differences_list():
+    lists = differences()
+    assert sorted(lists) == sorted(PRESETS)
+    for name, text in lists.items():
+        assert re.search(r"^1\. ", text, re.MULTILINE), f"the {name} differences are not a numbered list"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_the_differences_lists_quote_what_config_show_resolves(name, capsys):
+    config = resolved(name, capsys)
+    for key, value in claims(differences()[name]).items():
+        assert config[key] == value, (
+            f"docs/algorithms.md, {name} differences: {key} = {value}, resolves to {config[key]}"
+        )
+
+
 @pytest.mark.parametrize("path", sorted(PRESET_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_the_preset_files_comments_quote_what_config_show_resolves(path, capsys):
     header = " ".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#"))
@@ -127,3 +151,19 @@ def test_the_preset_files_comments_quote_what_config_show_resolves(path, capsys)
         assert (config["rollout.rollout_prompts"], config["rollout.samples_per_prompt"]) == (int(prompts), int(samples))
     for cap in re.findall(r"(\d+)-token (?:cap|replies)|cap (\d+) tokens", header):
         assert config["rollout.max_response_tokens"] == int("".join(cap)), f"{path.name}: {cap}"
+
+
+def test_nothing_cites_documents_a_users_clone_does_not_have():
+    # cite a paper's equation or a section of docs/algorithms.md instead
+    pattern = re.compile(r"\b(?:spec|DESIGN) §")
+    files = [ROOT / "README.md", ROOT / "pyproject.toml", ROOT / "Makefile"]
+    for folder in ("reasonrl", "docs", "tests", "bench", "scripts"):
+        files += [p for p in (ROOT / folder).rglob("*") if p.suffix in {".py", ".md", ".yaml", ".toml", ".sh"}]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in files
+        if path.is_file()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []

@@ -1,4 +1,4 @@
-"""Importing the package, the math and the config never loads a heavy engine (DESIGN §1.4)."""
+"""Importing the package, the math and the config never loads a heavy engine."""
 
 import subprocess
 import sys

@@ -1,6 +1,6 @@
 """Advantage estimators: GAE and its Seed-family variants, and the critic-free group estimators.
 
-Conventions (spec §1.1–1.5): tensors are [B, T] over *response* tokens only; ``values[:, t]`` is
+Conventions (docs/algorithms.md, Conventions 1–3): tensors are [B, T] over *response* tokens only; ``values[:, t]`` is
 V(s_t), the critic's estimate before emitting token t; the state after the last valid token is
 terminal (V := 0) unless a bootstrap value is given (EGAE).  At masked positions the returned
 advantages and returns are 0.
@@ -78,7 +78,7 @@ def gae(
     (Schulman et al. 2015; DAPO eqs 2–3; VAPO eq 3).  λ may differ per sequence (a [B] tensor, as
     length-adaptive GAE needs).  No whitening happens here.
 
-    Masked positions inside a sequence follow ``mask_mode`` (spec §1.4):
+    Masked positions inside a sequence follow ``mask_mode`` (docs/algorithms.md, ambiguity 7):
       - ``skip`` (verl): value and running advantage are carried through the gap, so credit flows
         across it as if those tokens were absent;
       - ``reset`` (PAG turn-independent GAE): the token before a gap sees V(next) = 0 and a fresh
@@ -105,7 +105,7 @@ def egae(
     still running at length l; complete rows (truncated = False) go through exactly the same
     arithmetic as ``gae`` with bootstrap 0, so they equal ``gae`` bit for bit.
     With γ = 1 and no reward on the last token, a running sequence's last advantage is 0
-    (spec §5 (e)2).  Returns (advantages [B, T], returns [B, T]).
+    (docs/algorithms.md, ambiguity 8).  Returns (advantages [B, T], returns [B, T]).
     """
     mask = response_mask.bool()
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)  # [B, T]
@@ -145,7 +145,7 @@ def length_adaptive_lambda(lengths: Tensor, alpha: float, *, max_lambda: float =
     """VAPO length-adaptive λ_policy (arXiv 2504.05118 eq 5): λ(l) = 1 − 1/(α·l).
 
     Chosen so the effective horizon 1/(1−λ) equals α·l.  lengths: [B] response lengths -> [B].
-    Deviation: the paper is silent for l ≤ 1/α (λ ≤ 0); we clamp λ to [0, max_lambda] (spec §3 (e)1),
+    Deviation: the paper is silent for l ≤ 1/α (λ ≤ 0); we clamp λ to [0, max_lambda] (docs/algorithms.md, ambiguity 6),
     so very short responses get one-step TD advantages (λ = 0).
     """
     lengths = lengths.to(torch.float64)
@@ -164,7 +164,8 @@ def group_advantages(
     """Group-normalised advantages (GRPO; DAPO eq 9): A_i = (R_i − mean_g R) / (std_g R + eps).
 
     ``norm_by_std=False`` gives Dr. GRPO's A_i = R_i − mean_g R.  The std is unbiased (N−1) by
-    default, matching verl (spec §1.5).  A singleton group gets mean 0 and std 1 (verl), i.e. A = R.
+    default, matching verl (docs/algorithms.md, ambiguity 1).  A singleton group gets mean 0 and std 1
+    (verl), i.e. A = R.
     An all-equal group gets A = 0.  Returns [B]; broadcast to tokens with ``sequence_to_tokens``.
     """
     _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)

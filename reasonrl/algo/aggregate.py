@@ -1,4 +1,4 @@
-"""Loss aggregation: how per-token losses become one scalar (spec §1.7).
+"""Loss aggregation: how per-token losses become one scalar (docs/algorithms.md, Conventions 5).
 
 The denominators can be given for the whole optimisation mini-batch (``global_tokens``,
 ``global_seqs``), so that summing ``aggregate`` over the micro-batches (or data-parallel ranks) of a
@@ -48,8 +48,8 @@ def aggregate(
     mini-batch) or this call's count; fully masked sequences never count in |S| (verl).
     C = ``constant``, or T (this tensor's padded length) if None — pass a fixed constant such as the
     maximum response length for micro-batch invariance.
-    Differences from the spec table: seq-mean-token-sum-norm carries the 1/|S| of Dr. GRPO's
-    objective, so its scale does not grow with the batch size.
+    Difference from a plain Σ m·L / C (docs/algorithms.md, ambiguity 5): seq-mean-token-sum-norm
+    carries the 1/|S| of Dr. GRPO's objective, so its scale does not grow with the batch size.
     Empty inputs aggregate to 0, never NaN.
     """
     mask = loss_mask.bool()

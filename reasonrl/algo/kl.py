@@ -1,4 +1,4 @@
-"""KL estimators and coefficient controllers (spec §1.9)."""
+"""KL estimators (Schulman 2020) and coefficient controllers (Ziegler et al. 2019)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """PAG — Policy as Generative Verifier (arXiv 2506.10406): per-turn rewards.
 
 A trajectory alternates policy attempts y_1, y_2, ... and verify turns v_2, v_3, ...; every turn is
-rewarded on its own last token (spec §8 (b)2).  Role-wise advantage normalisation is
+rewarded on its own last token (PAG eq 1; docs/algorithms.md, Conventions 3).  Role-wise advantage normalisation is
 ``reasonrl.algo.masked.role_whiten``; turn-independent GAE is ``gae(..., mask_mode="reset")``.
 """
 

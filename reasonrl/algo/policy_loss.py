@@ -76,7 +76,7 @@ def positive_example_nll(
     L_NLL = −Σ_{o∈T} Σ_t log π_θ(a_t|s_t) / Σ_{o∈T} |o|,  T = correct responses of the mini-batch.
     A token-mean over the tokens of correct sequences only: incorrect sequences get exactly zero
     gradient.  ``global_tokens`` = valid tokens of correct sequences in the whole mini-batch (for
-    micro-batch invariance).  No correct sequence -> 0 (spec §3 (e)3).  The weight μ is applied by
+    micro-batch invariance).  No correct sequence -> 0 (docs/algorithms.md, ambiguity 17).  The weight μ is applied by
     the caller.
     """
     positive_mask = loss_mask.bool() & correct.bool()[:, None]  # [B, T]

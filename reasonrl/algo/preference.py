@@ -25,7 +25,7 @@ def pairwise_accuracy(chosen: Tensor, rejected: Tensor) -> float:
 
 
 def verdict_probability(logit_a: Tensor, logit_b: Tensor) -> Tensor:
-    """P(A ≻ B) = p("A") / (p("A") + p("B")) from the two verdict tokens' logits (Pairwise-RL, spec §6 (a)).
+    """P(A ≻ B) = p("A") / (p("A") + p("B")) from the two verdict tokens' logits (Pairwise-RL, arXiv 2504.04950).
 
     The softmax over the rest of the vocabulary cancels: this is σ(logit_A − logit_B).  [N], [N] -> [N].
     """
@@ -38,7 +38,7 @@ def pairwise_judge_loss(logit_a: Tensor, logit_b: Tensor, a_is_better: Tensor) -
 
 
 def position_debiased_reward(p_response_first: Tensor, p_reference_first: Tensor) -> Tensor:
-    """R(y, y_ref) = ½·[P(y ≻ y_ref | y shown first) + 1 − P(y_ref ≻ y | y_ref shown first)] (spec §6 (a)).
+    """R(y, y_ref) = ½·[P(y ≻ y_ref | y shown first) + 1 − P(y_ref ≻ y | y_ref shown first)] (Pairwise-RL).
 
     In [0, 1]; 0.5 = parity with the reference.  R(y, y_ref) + R(y_ref, y) = 1 and R(y, y) = 0.5
     hold whatever the judge, because each order's probability enters both rewards with opposite
@@ -48,7 +48,7 @@ def position_debiased_reward(p_response_first: Tensor, p_reference_first: Tensor
 
 
 def domain_zscores(scores: Tensor, domains: list[str]) -> Tensor:
-    """z-normalise scores within each domain (Pre-PPO, spec §7 (e)1): [N] -> [N].
+    """z-normalise scores within each domain (Pre-PPO, Data-Scaling RLHF arXiv 2503.22230 §4): [N] -> [N].
 
     A domain with one prompt or zero variance gets z = 0.  Invariant to any per-domain affine map
     s -> a·s + b with a > 0.

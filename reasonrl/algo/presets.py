@@ -1,10 +1,11 @@
-"""An algorithm is a preset of orthogonal parts, not a subclass (DESIGN §1.2).
+"""An algorithm is a preset of orthogonal parts, not a subclass (docs/algorithms.md).
 
 ``AlgoSpec`` names every part of the objective: advantage estimator, λ schedule, surrogate clip,
 loss aggregation, KL, auxiliary terms, sample filter, reward shaping, rollout truncation.
 ``PRESETS`` holds the papers' values.  Numbers that depend on scale (batch sizes, lengths,
 learning rates) are not here: the YAML run presets in ``reasonrl/config/presets`` scale them.
-Tags in comments follow spec §0: [P] paper, [R] verl / reference code, [S] secondary, [M] memory.
+Tags in comments: [P] the paper, [R] verl or the authors' reference code, [S] a secondary source (a
+review, a reading note), [M] unverified.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class AlgoSpec:
     policy_tokens: Literal["window", "all_generated"] = "window"
     """T-PPO: which tokens of a pooled sequence the policy loss sees: window (those generated in
     this step's window, so each token is trained on exactly once) or all_generated (the whole
-    response so far, earlier windows with their stored behaviour log-probs; spec §5 (e)3)."""
+    response so far, earlier windows with their stored behaviour log-probs; docs/algorithms.md, ambiguity 20)."""
 
     @property
     def uses_critic(self) -> bool:
@@ -161,7 +162,7 @@ class AlgoPreset(NamedTuple):
 
 
 # Vanilla PPO as VAPO's baseline (VAPO §5.1 table [P]): λ = 0.95 shared by actor and critic,
-# sample-level loss, ε = 0.2.  Batch whitening and value clip 0.5 follow verl (spec §3 (c)).
+# sample-level loss, ε = 0.2.  Batch whitening and value clip 0.5 follow verl (docs/algorithms.md, ambiguities 9–10).
 _PPO = AlgoSpec(
     advantage_estimator="gae",
     lambda_policy=0.95,
@@ -196,7 +197,7 @@ _DR_GRPO = replace(
 
 # DAPO (arXiv 2503.14476, Algorithm 1 and §4.1 [P]; verl recipe [R]): Clip-Higher 0.2/0.28, dynamic
 # sampling on accuracy (3× over-sampling, ≤ 10 passes [R]), token-level loss, soft overlong
-# punishment (L_cache = 20% of the cap), no KL, no dual-clip in the faithful preset (spec §15.12).
+# punishment (L_cache = 20% of the cap), no KL, no dual-clip in the faithful preset (docs/algorithms.md, ambiguity 11).
 _DAPO = AlgoSpec(
     advantage_estimator="grpo",
     eps_low=0.2,
@@ -212,13 +213,13 @@ _DAPO = AlgoSpec(
 
 # VC-PPO (arXiv 2503.01491; restated in VAPO §3.1/§4.1): value pretraining + decoupled GAE with
 # λ_actor = 0.95, λ_critic = 1.0; otherwise the PPO baseline (symmetric ε, sample-level loss).
-# 50 pretraining steps follows VAPO (VC-PPO's own count is unverified, spec §4 (c)).
+# 50 pretraining steps follows VAPO (VC-PPO's own count is unverified; docs/algorithms.md, ambiguity 19).
 _VC_PPO = replace(_PPO, lambda_policy=0.95, lambda_critic=1.0, value_pretrain_steps=50)
 
 # VAPO (arXiv 2504.05118 §5.1 [P]): value pretraining (50 steps), decoupled GAE (λ_critic = 1),
 # length-adaptive λ_policy with α = 0.05, Clip-Higher 0.2/0.28, token-level loss, positive-example
 # NLL with μ = 0.1, group sampling (rollout size, set in the run preset).  No dynamic sampling,
-# no overlong shaping, no KL (spec §3 (c)).
+# no overlong shaping, no KL (not stated; docs/algorithms.md, ambiguity 18).
 _VAPO = replace(
     _PPO,
     lambda_policy_mode="length_adaptive",
@@ -232,12 +233,13 @@ _VAPO = replace(
 
 # T-PPO (arXiv 2506.15050): truncated rollouts with an 8K window [S], EGAE on running responses,
 # critic on finished responses only (Monte-Carlo, λ_critic = 1).  λ_policy, clip range and loss
-# aggregation are not verified [M]; VAPO's (same authors) are used.  No value warm-up (spec §5 (e)6).
+# aggregation are not verified [M]; VAPO's (same authors) are used.  No value warm-up
+# (docs/algorithms.md, ambiguity 20).
 _T_PPO = replace(_VAPO, advantage_estimator="egae", nll_weight=0.0, value_pretrain_steps=0, window_tokens=8192)
 
 # Pairwise-RL (arXiv 2504.04950): the reward is a pairwise generative judge's position-debiased win
 # probability against an anchor response; what else "pairwise PPO" changes is not stated in the
-# abstract, so the objective is the PPO baseline's (spec §6 (e)4 [M]).
+# abstract, so the objective is the PPO baseline's ([M]; docs/algorithms.md, pairwise_ppo difference 1).
 _PAIRWISE_PPO = _PPO
 
 PRESETS: dict[str, AlgoPreset] = {

@@ -23,7 +23,7 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, factor: floa
 def nonconstant_group_mask(metric: Tensor, group_ids: Tensor) -> Tensor:
     """DAPO dynamic-sampling filter predicate (eq 11 constraint 0 < #correct < G): which sequences to keep.
 
-    A sequence is kept when its group's ``metric`` (accuracy by default, spec §2 (b)3) is not
+    A sequence is kept when its group's ``metric`` (accuracy by default: docs/algorithms.md, ambiguity 12) is not
     constant: all-correct and all-wrong groups carry zero group-normalised advantage.  Singleton
     groups are kept (verl).  metric, group_ids: [B] -> [B] bool.
     """
@@ -49,7 +49,7 @@ def place_rewards(values: Tensor, positions: Tensor, valid: Tensor, length: int)
 
 
 def terminal_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
-    """Place each sequence's outcome reward on its last valid response token (spec §1.3).
+    """Place each sequence's outcome reward on its last valid response token (docs/algorithms.md, Conventions 3).
 
     rewards: [B], response_mask: [B, T] -> token_rewards [B, T].  A row without valid tokens gets
     no reward.
@@ -62,7 +62,7 @@ def terminal_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def potential_shaping(potentials: Tensor, line_mask: Tensor, initial: Tensor, coef: float) -> Tensor:
-    """Potential-based dense reward for process supervision (spec §10 recommendation; Ng et al. 1999).
+    """Potential-based dense reward for process supervision (PRM-guided code RL, arXiv 2410.17621; Ng et al. 1999).
 
     r_ℓ = c·(Φ(prefix_ℓ) − Φ(prefix_ℓ′)), ℓ′ the previous valid line (or the empty prefix, Φ_0).
     The sum telescopes to c·(Φ_last − Φ_0) whatever the number of lines, so adding lines cannot farm

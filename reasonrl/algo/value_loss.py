@@ -1,4 +1,4 @@
-"""Critic loss and its diagnostics (spec §1.8)."""
+"""Critic loss (verl's clipped value loss) and its diagnostics (explained variance, VC-PPO / VAPO)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def value_loss(
     """PPO clipped value loss: L_V = ½·agg(max((V − G)², (clip(V, V_old ± ε_v) − G)²)).
 
     verl's ``compute_value_loss`` (ε_v = 0.5 default); the Seed papers give no clip value
-    (spec §1.8: keep it, ε_v = 0.5).  ``clip=None`` gives the plain ½·agg((V − G)²).
+    (docs/algorithms.md, ambiguity 10: kept, ε_v = 0.5).  ``clip=None`` gives the plain ½·agg((V − G)²).
     Aggregation and global denominators as in ``aggregate``.  Returns (loss [], stats) with
     stats: clip_frac (the clipped branch is the larger one), value_mean, return_mean.
     A token outside ``loss_mask`` (e.g. of a truncated T-PPO sequence) gets exactly zero gradient.

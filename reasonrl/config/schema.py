@@ -3,7 +3,7 @@
 Frozen dataclasses, a docstring under every field, ``Literal`` for choices.  The ``algo`` group is
 the pure ``AlgoSpec`` of ``reasonrl.algo.presets``; the other groups describe the run around it.
 Batch sizes are named ``rollout_prompts``, ``samples_per_prompt`` and ``minibatch_sequences``
-(spec §1.11); never an ambiguous "batch size".
+(docs/algorithms.md, Conventions 6); never an ambiguous "batch size".
 """
 
 from __future__ import annotations

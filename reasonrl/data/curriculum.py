@@ -1,4 +1,4 @@
-"""Task-mix schedules: which task types a run samples at each step (Data-Scaling RLHF §3; spec §7 (b)4).
+"""Task-mix schedules: which task types a run samples at each step (Data-Scaling RLHF, arXiv 2503.22230 §4).
 
 A schedule is a list of phases ``"STEP:type=weight,type=weight"`` or ``"STEP:natural"`` (the
 dataset's own mix), each active from its start step until the next one.  The paper's

@@ -1,4 +1,4 @@
-"""Pre-PPO prompt selection (Data-Scaling RLHF, arXiv 2503.22230; spec §7 (b)3).
+"""Pre-PPO prompt selection (Data-Scaling RLHF, arXiv 2503.22230 §4).
 
 Sample responses to every candidate prompt with the initial policy, score them with the reward
 (the router: verifiers, GenRM or the Bradley-Terry model), z-normalise the mean score per prompt
@@ -154,7 +154,7 @@ def best_of_n_references(
     prompts_source: str, reward_model: str, out: Path, *, n: int = 4, max_new_tokens: int = 128, overrides=()
 ) -> dict:
     """For every prompt, sample ``n`` responses from the initial policy and keep the one the Bradley-Terry
-    model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, spec §7 (b)1)."""
+    model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, Data-Scaling RLHF §3)."""
     from reasonrl.reward.bt import RewardModel
     from reasonrl.rollout import SamplingParams
 

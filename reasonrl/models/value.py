@@ -1,4 +1,4 @@
-"""The critic: a causal-LM backbone with a scalar head, V(s_t) at every response token (DESIGN §2).
+"""The critic: a causal-LM backbone with a scalar head, V(s_t) at every response token.
 
 A value model is saved as a directory: the backbone in Hugging Face format (``config.json`` +
 ``model.safetensors``, loadable with ``AutoModel``) plus ``value_head.safetensors``.  A

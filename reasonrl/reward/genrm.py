@@ -1,4 +1,4 @@
-"""Generative reward model: an LLM judge that scores a response against a reference (spec §7 (b)1).
+"""Generative reward model: an LLM judge that scores a response against a reference (Data-Scaling RLHF §3).
 
 "GenRM with ground truth" compares a response with the reference solution of a reasoning task;
 "GenRM vs best-of-N" compares it with the initial policy's best-of-N response picked by the

@@ -1,4 +1,4 @@
-"""Pairwise generative reward model (Pairwise-RL, arXiv 2504.04950; spec §6).
+"""Pairwise generative reward model (Pairwise-RL, arXiv 2504.04950).
 
 Any causal LM is the judge: it reads (question, response A, response B) through a template and
 its next-token logits for the two verdict letters give P(A ≻ B) = σ(logit_A − logit_B).  No new

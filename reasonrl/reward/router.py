@@ -1,4 +1,4 @@
-"""The hybrid reward router (Data-Scaling RLHF, arXiv 2503.22230 §3; spec §7 (b)2).
+"""The hybrid reward router (Data-Scaling RLHF, arXiv 2503.22230 §3).
 
 Each sample's ``task_type`` picks exactly one reward source:
 

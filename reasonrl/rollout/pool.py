@@ -1,4 +1,4 @@
-"""T-PPO's rollout pool: truncated rollouts with successive batching (arXiv 2506.15050; spec §5 (b)1, 4).
+"""T-PPO's rollout pool: truncated rollouts with successive batching (arXiv 2506.15050; docs/algorithms.md, T-PPO).
 
 The pool holds a fixed number of generation slots.  Each training step advances every sequence in
 it by at most ``window_tokens`` tokens.  A sequence that emits a stop token or reaches the global

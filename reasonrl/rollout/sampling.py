@@ -1,9 +1,9 @@
 """Token sampling shared by the engines: temperature, top-k, top-p, and FIRE's flaming-hot first tokens.
 
-FIRE (Chen et al. 2024, arXiv:2410.21236; spec §9): the tokens at ``positions`` (default: the
+FIRE (Chen et al. 2024, arXiv:2410.21236): the tokens at ``positions`` (default: the
 first response token) are sampled from top-k(softmax(z / T_fire)) with a very high temperature
 (authors' implementation: 30, top-k 16), every later token with the regular settings.  The FIRE
-parameters are built last, so the regular temperature/top-k never override them (spec §9 (c)).
+parameters are built last, so the regular temperature/top-k never override them (docs/algorithms.md, FIRE sampling).
 """
 
 from __future__ import annotations

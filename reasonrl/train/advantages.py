@@ -31,7 +31,7 @@ def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
     """GAE with decoupled λ: policy advantages from λ_policy, critic targets (returns) from λ_critic.
 
     ``egae`` (T-PPO) bootstraps the sequences still running (``batch.running``) from their last
-    value; a running sequence's length-adaptive λ uses its current length (spec §5 (e)1)."""
+    value; a running sequence's length-adaptive λ uses its current length (docs/algorithms.md, ambiguity 20)."""
     running = batch.running if spec.advantage_estimator == "egae" else None
     assert spec.advantage_estimator == "gae" or running is not None, "egae needs a pooled batch (batch.running)"
     assert batch.values is not None and batch.token_rewards is not None, "the critic's values come first"
@@ -55,7 +55,7 @@ def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
 def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> dict[str, float]:
     """Fill ``token_rewards``, ``advantages`` (and ``returns`` where the estimator has them); returns metrics.
 
-    Outcome rewards sit on the last response token (spec §1.3).  With the KL in the reward,
+    Outcome rewards sit on the last response token (docs/algorithms.md, Conventions 3).  With the KL in the reward,
     ``r_t −= β·kl_t``; group estimators then use the per-sequence sum of the token rewards.
     Critic estimators need ``batch.values``.  ``advantage_norm=batch_whiten`` then whitens the
     advantages over the policy-loss tokens of the whole rollout batch (verl).

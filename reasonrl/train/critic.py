@@ -1,4 +1,4 @@
-"""The critic worker: V(s_t) for a rollout batch, and the clipped value-loss update (spec §1.8).
+"""The critic worker: V(s_t) for a rollout batch, and the clipped value-loss update (docs/algorithms.md, ambiguity 10).
 
 Values are computed the way policy log-probs are: micro-batches of at most ``microbatch_tokens``
 padded tokens, bf16 autocast over fp32 weights, the hidden state before each response token.

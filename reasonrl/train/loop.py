@@ -1,4 +1,4 @@
-"""``fit()``: one RL run as named stages (DESIGN §3).
+"""``fit()``: one RL run as named stages.
 
 setup -> restore -> evaluate (before) -> value pretraining (critic presets)
 each step: rollout (generate, score, filter, shape; T-PPO: one window of the rollout pool)

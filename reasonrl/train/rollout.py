@@ -3,10 +3,10 @@
 ``RolloutCollector`` runs synchronous rollouts: every response runs to its end.  With DAPO dynamic
 sampling it over-samples prompts, drops groups whose accuracy (or reward) is constant, regenerates
 until enough groups survive (at most ``max_generation_passes``) and trims to exactly
-``rollout_prompts`` groups; groups left over are discarded (DAPO Algorithm 1; spec §2 (e)7).
+``rollout_prompts`` groups; groups left over are discarded (DAPO Algorithm 1; docs/algorithms.md, ambiguity 31).
 
 ``PoolCollector`` runs T-PPO's truncated rollouts: each step advances a ``RolloutPool`` by one
-window and trains on every sequence it advanced, finished or not (spec §5 (b)).
+window and trains on every sequence it advanced, finished or not (docs/algorithms.md, T-PPO).
 """
 
 from __future__ import annotations
@@ -200,10 +200,10 @@ MAX_SKIPPED_PROMPTS = 1000  # consecutive over-long prompts before the pool give
 
 
 class PoolCollector:
-    """T-PPO's rollout stage (arXiv 2506.15050; spec §5 (b)): one window of the rollout pool per step.
+    """T-PPO's rollout stage (arXiv 2506.15050; docs/algorithms.md, T-PPO): one window of the rollout pool per step.
 
     The step's batch holds every sequence the window advanced, each with its prompt and its whole
-    response so far.  Masks (spec §5 (b)3, (e)3):
+    response so far.  Masks (the paper's token filtering; docs/algorithms.md, ambiguity 20):
       - ``policy_loss_mask``: the tokens generated in this window (``algo.policy_tokens=window``),
         so each token is trained on once, by the policy that sampled it; or every generated token
         (``all_generated``);

@@ -2,7 +2,7 @@
 
 Actor loss = policy surrogate + μ·NLL(correct) + β·KL (loss placement) − c·entropy, each term
 aggregated with denominators counted over the whole mini-batch, so the gradient is the same
-whatever the micro-batch split (spec §1.7).  A step whose gradient is not finite is skipped.
+whatever the micro-batch split (docs/algorithms.md, Conventions 5).  A step whose gradient is not finite is skipped.
 """
 
 from __future__ import annotations

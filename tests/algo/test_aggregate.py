@@ -1,4 +1,4 @@
-"""Loss aggregation modes and their micro-batch invariance (spec §1.7, §1.12 #7–9)."""
+"""Loss aggregation modes and their micro-batch invariance (docs/algorithms.md, Conventions 5)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""GAE, decoupled GAE, EGAE and length-adaptive λ (spec §1.4, §1.12 #1–5, VAPO/VC-PPO/T-PPO/PAG (f))."""
+"""GAE, decoupled GAE, EGAE and length-adaptive λ (DAPO eqs 2–3, VAPO eqs 3 and 5, VC-PPO, T-PPO eq 6, PAG)."""
 
 import pytest
 import torch
@@ -87,7 +87,7 @@ def test_egae_hand_computed_truncated_row():
     torch.testing.assert_close(ret, torch.tensor([[0.5, 0.6, 0.6, 0.0]]))
 
 
-# --- properties of spec §1.12 ---------------------------------------------------------------------
+# --- properties of GAE ------------------------------------------------------------------------------
 
 
 def test_lambda_one_terminal_reward_gives_reward_minus_value():

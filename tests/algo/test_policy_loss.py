@@ -1,4 +1,4 @@
-"""PPO clip with Clip-Higher and dual-clip, and VAPO's positive-example NLL (spec §1.6, §1.10, §1.12)."""
+"""PPO clip with Clip-Higher and dual-clip, and VAPO's positive-example NLL (DAPO eq 10, VAPO eq 9)."""
 
 import math
 

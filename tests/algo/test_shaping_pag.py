@@ -1,4 +1,4 @@
-"""Overlong penalty, reward placement, potential shaping (spec §2, §10) and PAG rewards (spec §8)."""
+"""Overlong penalty, reward placement, potential shaping (DAPO eq 13; Ng et al. 1999) and PAG rewards (PAG eq 1)."""
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ def test_place_rewards_scatters_and_drops_invalid_items():
 
 
 def test_potential_shaping_telescopes():
-    # spec §10 (f): Σ dense rewards = c·(Φ_final − Φ_0) for any number of lines
+    # telescoping: Σ dense rewards = c·(Φ_final − Φ_0) for any number of lines
     g = torch.Generator().manual_seed(0)
     for lines in (1, 3, 17):
         potentials = torch.rand(4, lines, generator=g)

@@ -1,4 +1,4 @@
-"""Clipped value loss, explained variance, KL estimators and controllers (spec §1.8, §1.9)."""
+"""Clipped value loss, explained variance, KL estimators and controllers (verl, Schulman 2020, Ziegler et al. 2019)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""FIRE sampling (spec §9 (f)): flaming-hot first tokens, regular sampling after them."""
+"""FIRE sampling (arXiv:2410.21236): flaming-hot first tokens, regular sampling after them."""
 
 import pytest
 import torch

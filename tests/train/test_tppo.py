@@ -161,7 +161,8 @@ def test_egae_in_the_loop_bootstraps_running_rows_and_is_gae_on_finished_rows():
     assert torch.equal(advantages, finished.advantages)
     last = batch.response_mask.sum(1) - 1
     running_last = batch.advantages[torch.arange(len(batch)), last][batch.running]
-    assert torch.count_nonzero(running_last) == 0  # γ = 1, reward 0: the newest token gets A = 0 (spec §5 (e)2)
+    # γ = 1, reward 0: the newest token gets A = 0 (docs/algorithms.md, ambiguity 8)
+    assert torch.count_nonzero(running_last) == 0
 
 
 def test_truncated_rollouts_need_no_dynamic_sampling_or_fire():
