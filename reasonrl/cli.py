@@ -15,11 +15,13 @@ import json
 import logging
 import sys
 import time
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from reasonrl import __version__
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
+from reasonrl.config.commands import EvalSettings, RewardModelRun
 from reasonrl.config.render import render_yaml
 
 DEFAULT_PRESET = "dapo"
@@ -105,10 +107,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from reasonrl.config.schema import FireConfig
     from reasonrl.data.loaders import DataError
-    from reasonrl.eval import EvalSettings, run_eval
+    from reasonrl.eval import run_eval
     from reasonrl.models.load import ModelError
-    from reasonrl.rollout.sampling import FireParams
 
     settings = EvalSettings(
         model=args.model,
@@ -120,7 +122,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         limit=args.limit,
         prompt_template=args.template,
         seed=args.seed,
-        fire=FireParams(args.fire_temperature, args.fire_top_k) if args.fire else None,
+        fire=FireConfig(enabled=args.fire, temperature=args.fire_temperature, top_k=args.fire_top_k),
     )
     try:
         result = run_eval(settings)
@@ -163,7 +165,7 @@ def _print_summary(produce: Callable[[], dict]) -> int:
 
 
 def _cmd_rm_train(args: argparse.Namespace) -> int:
-    from reasonrl.reward.training import RewardModelRun, run_reward_model_training
+    from reasonrl.reward.training import run_reward_model_training
 
     settings = RewardModelRun(
         kind=args.kind,
@@ -202,6 +204,11 @@ def _cmd_data_bon(args: argparse.Namespace) -> int:
     return _print_summary(lambda: best_of_n_references(args.prompts, args.reward_model, Path(args.out), **options))
 
 
+def _choices(settings: type, name: str) -> tuple[str, ...]:
+    """The ``Literal`` choices of a settings field."""
+    return typing.get_args(typing.get_type_hints(settings)[name])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``reasonrl`` command."""
     parser = argparse.ArgumentParser(prog="reasonrl", description="RL for reasoning language models.")
@@ -222,22 +229,29 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=_cmd_train)
 
     evaluate = commands.add_parser("eval", help="evaluate a model on a dataset")
+    eval_defaults = EvalSettings()
     evaluate.add_argument(
-        "--model", default="smollm2-135m", help="model spec (as model.name_or_path) or a run directory"
+        "--model", default=eval_defaults.model, help="model spec (as model.name_or_path) or a run directory"
     )
     evaluate.add_argument(
-        "--dataset", default="arithmetic", help="arithmetic, gsm8k, math500, aime24, or a jsonl with question/answer"
+        "--dataset",
+        default=eval_defaults.dataset,
+        help="arithmetic, gsm8k, math500, aime24, or a jsonl with question/answer",
     )
-    evaluate.add_argument("--k", type=int, default=1, help="samples per problem for avg@k, maj@k, pass@k")
-    evaluate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the k samples")
-    evaluate.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold of the k samples")
-    evaluate.add_argument("--max-new-tokens", type=int, default=256)
-    evaluate.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
-    evaluate.add_argument("--template", default="answer_line", choices=["answer_line", "boxed", "plain"])
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--k", type=int, default=eval_defaults.k, help="samples per problem for avg@k, maj@k, pass@k")
+    evaluate.add_argument(
+        "--temperature", type=float, default=eval_defaults.temperature, help="sampling temperature of the k samples"
+    )
+    evaluate.add_argument("--top-p", type=float, default=eval_defaults.top_p, help="nucleus threshold of the k samples")
+    evaluate.add_argument("--max-new-tokens", type=int, default=eval_defaults.max_new_tokens)
+    evaluate.add_argument("--limit", type=int, default=eval_defaults.limit, help="evaluate the first N problems only")
+    evaluate.add_argument(
+        "--template", default=eval_defaults.prompt_template, choices=_choices(EvalSettings, "prompt_template")
+    )
+    evaluate.add_argument("--seed", type=int, default=eval_defaults.seed)
     evaluate.add_argument("--fire", action="store_true", help="FIRE: sample the first token flaming-hot")
-    evaluate.add_argument("--fire-temperature", type=float, default=30.0)
-    evaluate.add_argument("--fire-top-k", type=int, default=16)
+    evaluate.add_argument("--fire-temperature", type=float, default=eval_defaults.fire.temperature)
+    evaluate.add_argument("--fire-top-k", type=int, default=eval_defaults.fire.top_k)
     evaluate.add_argument("--output", help="also write the JSON here")
     evaluate.set_defaults(handler=_cmd_eval)
 
@@ -285,15 +299,23 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train = rm_commands.add_parser(
         "train", help="train a Bradley-Terry scorer or a pairwise judge on preference pairs; report held-out accuracy"
     )
-    rm_train.add_argument("--kind", default="bt", choices=["bt", "pairwise"], help="scalar BT or generative judge")
-    rm_train.add_argument("--model", default="smollm2-135m", help="model to start from")
-    rm_train.add_argument("--data", default="hh-rlhf-harmless", help="hh-rlhf-harmless, or a jsonl of pairs")
-    rm_train.add_argument("--out", default="runs/reward-model", help="output directory (model/, summary.json)")
-    rm_train.add_argument("--steps", type=int, default=100)
-    rm_train.add_argument("--batch-pairs", type=int, default=8)
-    rm_train.add_argument("--lr", type=float, default=1e-5)
-    rm_train.add_argument("--eval-pairs", type=int, default=200, help="held-out pairs scored before and after")
-    rm_train.add_argument("--seed", type=int, default=0)
+    rm_defaults = RewardModelRun()
+    rm_train.add_argument(
+        "--kind",
+        default=rm_defaults.kind,
+        choices=_choices(RewardModelRun, "kind"),
+        help="scalar BT or generative judge",
+    )
+    rm_train.add_argument("--model", default=rm_defaults.model, help="model to start from")
+    rm_train.add_argument("--data", default=rm_defaults.data, help="hh-rlhf-harmless, or a jsonl of pairs")
+    rm_train.add_argument("--out", default=rm_defaults.out, help="output directory (model/, summary.json)")
+    rm_train.add_argument("--steps", type=int, default=rm_defaults.steps)
+    rm_train.add_argument("--batch-pairs", type=int, default=rm_defaults.batch_pairs)
+    rm_train.add_argument("--lr", type=float, default=rm_defaults.lr)
+    rm_train.add_argument(
+        "--eval-pairs", type=int, default=rm_defaults.eval_pairs, help="held-out pairs scored before and after"
+    )
+    rm_train.add_argument("--seed", type=int, default=rm_defaults.seed)
     rm_train.set_defaults(handler=_cmd_rm_train)
 
     data = commands.add_parser("data", help="prepare training data")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from reasonrl.config.commands import EvalSettings
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, benchmark_examples
@@ -17,28 +17,8 @@ from reasonrl.reward.code import CodeVerifier
 from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
-from reasonrl.rollout.sampling import FireParams
+from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import sample_and_score
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """What ``reasonrl eval`` runs."""
-
-    model: str
-    dataset: str
-    k: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-    limit: int | None = None
-    prompt_template: str = "answer_line"
-    seed: int = 0
-    dtype: str = "auto"
-    workers: int = 2
-    timeout_seconds: float = 10.0
-    fire: FireParams | None = None
-    """FIRE for the k sampled answers (pass@1 stays greedy)."""
 
 
 def _vote_key(result: RewardResult) -> str | None:
@@ -85,21 +65,17 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
     # verifiable tasks by their task type: math answers, or code run against its tests in the sandbox
     verifiers = {"math": MathVerifier(), "code": CodeVerifier()}
     pool = RewardRouter(resolve_routes(), verifiers, {}, workers=settings.workers, timeout=settings.timeout_seconds)
+    greedy_params = SamplingParams(settings.max_new_tokens, temperature=0.0)
+    sampled_params = SamplingParams(
+        settings.max_new_tokens,
+        settings.temperature,
+        settings.top_p,
+        seed=settings.seed,
+        fire=fire_params(settings.fire),
+    )
     try:
-        greedy = sample_and_score(
-            engine, tokenizer, pool, encoder, examples, SamplingParams(settings.max_new_tokens, temperature=0.0)
-        )
-        sampled = sample_and_score(
-            engine,
-            tokenizer,
-            pool,
-            encoder,
-            examples,
-            SamplingParams(
-                settings.max_new_tokens, settings.temperature, settings.top_p, seed=settings.seed, fire=settings.fire
-            ),
-            repeats=settings.k,
-        )
+        greedy = sample_and_score(engine, tokenizer, pool, encoder, examples, greedy_params)
+        sampled = sample_and_score(engine, tokenizer, pool, encoder, examples, sampled_params, repeats=settings.k)
     finally:
         pool.close()
     groups = [sampled.results[i * settings.k : (i + 1) * settings.k] for i in range(len(examples))]
@@ -109,7 +85,7 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
         "n": len(examples),
         "k": settings.k,
         "temperature": settings.temperature,
-        "fire": settings.fire is not None,
+        "fire": settings.fire.enabled,
         "pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
         **sampled_metrics(groups),
         "wall_seconds": time.perf_counter() - started,

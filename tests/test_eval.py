@@ -95,3 +95,44 @@ def test_train_command_writes_a_run_directory(tmp_path, capsys):
 def test_train_command_refuses_a_bad_config_before_loading(capsys):
     assert main(["train", "dapo", "train.minibatch_sequences=48"]) == 2
     assert "does not divide" in capsys.readouterr().err
+
+
+def test_eval_and_rm_train_options_default_to_their_settings():
+    from reasonrl.cli import build_parser
+    from reasonrl.config.commands import EvalSettings, RewardModelRun
+
+    parser, settings = build_parser(), EvalSettings()
+    options = vars(parser.parse_args(["eval"]))
+    assert (options["model"], options["dataset"], options["k"], options["template"]) == (
+        "smollm2-135m",
+        "arithmetic",
+        1,
+        "answer_line",
+    )
+    assert (options["fire"], options["fire_temperature"], options["fire_top_k"]) == (False, 30.0, 16)
+    renamed = {"prompt_template": "template"}
+    for name in ("model", "dataset", "k", "temperature", "top_p", "max_new_tokens", "limit", "prompt_template", "seed"):
+        assert options[renamed.get(name, name)] == getattr(settings, name), name
+    options, rm = vars(parser.parse_args(["rm", "train"])), RewardModelRun()
+    for name in ("kind", "model", "data", "out", "steps", "batch_pairs", "lr", "eval_pairs", "seed"):
+        assert options[name] == getattr(rm, name), name
+
+
+def test_fire_sampling_parameters_come_from_the_fire_config():
+    from reasonrl.config.schema import FireConfig
+    from reasonrl.rollout.sampling import FireParams, fire_params
+
+    assert fire_params(FireConfig()) is None  # off unless enabled
+    assert fire_params(FireConfig(enabled=True, top_k=4, positions=(0, 1))) == FireParams(30.0, 4, (0, 1))
+    assert FireParams() == FireParams(30.0, 16, (0,))  # the authors' implementation, as FireConfig's defaults
+
+
+def test_eval_command_with_fire(tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(2))
+    )
+    args = ["eval", "--model", "tiny-random", "--dataset", str(data), "--k", "2", "--max-new-tokens", "3", "--fire"]
+    assert main([*args, "--fire-top-k", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["fire"] is True and result["n"] == 2

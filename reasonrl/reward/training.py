@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
+from reasonrl.config.commands import RewardModelRun
 from reasonrl.data.preferences import conversation_text
 from reasonrl.reward.bt import (
     PreferencePair,
@@ -25,32 +24,6 @@ from reasonrl.reward.bt import (
     split_pairs,
     train_bradley_terry,
 )
-
-
-@dataclass(frozen=True)
-class RewardModelRun:
-    """Settings of `reasonrl rm train`."""
-
-    kind: Literal["bt", "pairwise"] = "bt"
-    """bt: scalar Bradley-Terry model (ValueModel layout); pairwise: a generative judge (causal LM)."""
-    model: str = "smollm2-135m"
-    """Model to start from (a policy spec)."""
-    data: str = "hh-rlhf-harmless"
-    """Preference pairs: a built-in set or a .jsonl/.jsonl.gz path."""
-    out: str = "runs/reward-model"
-    """Where the trained model (model/), metrics.jsonl and summary.json go."""
-    steps: int = 100
-    """Optimiser steps."""
-    batch_pairs: int = 8
-    """Pairs per optimiser step (a pairwise judge sees each in both orders)."""
-    lr: float = 1e-5
-    """Learning rate (a BT model's zero-initialised head uses 100×)."""
-    held_out: float = 0.2
-    """Fraction of pairs kept out of training for the accuracy measurement."""
-    eval_pairs: int | None = 200
-    """Held-out pairs scored before and after training (None = all)."""
-    seed: int = 0
-    """Split, shuffling and initialisation seed."""
 
 
 def _judge_accuracy(judge, pairs: list[PreferencePair]) -> float:

@@ -14,19 +14,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from reasonrl.config.schema import FireConfig
+
+FIRE = FireConfig()  # the defaults: one source, the config schema
+
 
 @dataclass(frozen=True)
 class FireParams:
-    """Flaming-hot sampling for a few response positions."""
+    """Flaming-hot sampling for a few response positions (the fields of ``FireConfig``)."""
 
-    temperature: float = 30.0
-    """Temperature of the FIRE positions (authors' implementation: 30)."""
+    temperature: float = FIRE.temperature
+    """Temperature of the FIRE positions."""
 
-    top_k: int = 16
-    """Top-k of the FIRE positions (authors' implementation: 16)."""
+    top_k: int = FIRE.top_k
+    """Top-k of the FIRE positions."""
 
-    positions: tuple[int, ...] = (0,)
+    positions: tuple[int, ...] = FIRE.positions
     """Response positions (0 = the first generated token) sampled flaming-hot."""
+
+
+def fire_params(fire: FireConfig) -> FireParams | None:
+    """The sampling parameters of a FIRE config, or None when FIRE is off."""
+    return FireParams(fire.temperature, fire.top_k, fire.positions) if fire.enabled else None
 
 
 def filtered_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: float) -> Tensor:

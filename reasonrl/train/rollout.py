@@ -27,7 +27,7 @@ from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.reward.format import FormatVerifier
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.pool import PoolSequence, RolloutPool, slot_utilisation
-from reasonrl.rollout.sampling import FireParams
+from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
 from reasonrl.timing import timed
 
@@ -109,7 +109,7 @@ class RolloutCollector:
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             seed=seed,
-            fire=fire_params(self.cfg),
+            fire=fire_params(rollout.fire),
         )
 
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
@@ -373,12 +373,6 @@ def source_stats(results: Sequence[RewardResult]) -> dict[str, float]:
         stats[f"reward/{source}/mean"] = sum(scores) / len(scores)
         stats[f"reward/{source}/fraction"] = len(scores) / len(results)
     return stats
-
-
-def fire_params(cfg: Config) -> FireParams | None:
-    """The FIRE sampling parameters of a config, or None when FIRE is off."""
-    fire = cfg.rollout.fire
-    return FireParams(fire.temperature, fire.top_k, fire.positions) if fire.enabled else None
 
 
 def hash_seed(*parts: int) -> int:

@@ -9,13 +9,14 @@ import yaml
 
 from reasonrl.algo.presets import PRESETS, AlgoSpec
 from reasonrl.config import Config, ConfigError, Plan, list_presets, load_config, resolve, to_dict
+from reasonrl.config.commands import EvalSettings, RewardModelRun
 from reasonrl.config.docs import field_docs
 from reasonrl.config.load import PRESET_DIR, config_keys, parse_overrides
 from reasonrl.config.render import render_yaml
 
 
 def all_config_classes():
-    classes, todo = [Plan], [Config]
+    classes, todo = [Plan], [Config, EvalSettings, RewardModelRun]
     while todo:
         cls = todo.pop()
         classes.append(cls)

@@ -1,0 +1,93 @@
+"""Settings of the commands beside ``reasonrl train``: ``reasonrl eval`` and ``reasonrl rm train``.
+
+Frozen dataclasses with a docstring under every field and ``Literal`` for choices, like the run
+schema; the command-line options take their defaults from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from reasonrl.config.schema import FireConfig
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What ``reasonrl eval`` runs."""
+
+    model: str = "smollm2-135m"
+    """The model: a spec as model.name_or_path (a built-in name, a local directory, a .gguf file, a
+    hub id) or a run directory (its final model)."""
+
+    dataset: str = "arithmetic"
+    """The problems: a built-in set (arithmetic, gsm8k, math500, aime24, humaneval, mbpp) or a jsonl
+    with question/answer fields."""
+
+    k: int = 1
+    """Samples per problem for avg@k, maj@k and pass@k."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the k samples (pass@1 is always greedy)."""
+
+    top_p: float = 1.0
+    """Nucleus threshold of the k samples; 1.0 = off."""
+
+    max_new_tokens: int = 256
+    """Cap on generated tokens per answer."""
+
+    limit: int | None = None
+    """Evaluate the first N problems only; None = all of them."""
+
+    prompt_template: Literal["answer_line", "boxed", "plain"] = "answer_line"
+    """How a math question is asked (as data.prompt_template)."""
+
+    seed: int = 0
+    """Seed of the k samples."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights' dtype for generation (as model.dtype)."""
+
+    workers: int = 2
+    """Processes that score answers in parallel (per verifier)."""
+
+    timeout_seconds: float = 10.0
+    """Per-answer scoring time limit."""
+
+    fire: FireConfig = field(default_factory=FireConfig)
+    """FIRE for the k sampled answers (pass@1 stays greedy); off unless ``fire.enabled``."""
+
+
+@dataclass(frozen=True)
+class RewardModelRun:
+    """What ``reasonrl rm train`` runs."""
+
+    kind: Literal["bt", "pairwise"] = "bt"
+    """bt: a scalar Bradley-Terry model (the critic's layout); pairwise: a generative judge (a causal LM)."""
+
+    model: str = "smollm2-135m"
+    """The model to start from (a spec as model.name_or_path)."""
+
+    data: str = "hh-rlhf-harmless"
+    """Preference pairs: a built-in set or a .jsonl / .jsonl.gz file."""
+
+    out: str = "runs/reward-model"
+    """Where the trained model (model/), metrics.jsonl and summary.json go."""
+
+    steps: int = 100
+    """Optimiser steps."""
+
+    batch_pairs: int = 8
+    """Pairs per optimiser step (a pairwise judge sees each in both orders)."""
+
+    lr: float = 1e-5
+    """Learning rate (a BT model's zero-initialised head uses 100×)."""
+
+    held_out: float = 0.2
+    """Fraction of the pairs kept out of training for the accuracy measurement."""
+
+    eval_pairs: int | None = 200
+    """Held-out pairs scored before and after training; None = all of them."""
+
+    seed: int = 0
+    """Seed of the split, the shuffling and the initialisation."""
