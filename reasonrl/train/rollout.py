@@ -142,6 +142,8 @@ class RolloutCollector:
     def fill_groups(self, step: int, seed_step: int, generated: Generated) -> list[tuple[Scored, torch.Tensor]]:
         """Generation passes until ``rollout_prompts`` groups are kept: DAPO's dynamic sampling
         (Algorithm 1, lines 2–7) when ``algo.dynamic_sampling`` is on, else one pass keeps every group.
+        Line 3 (π_old ← π_θ) is the weight sync that ended the previous step; lines 8–10 (advantages,
+        updates) are the trainer's.
 
         Returns the first ``rollout_prompts`` kept groups, each with its shaped rewards; the groups a
         last pass kept beyond that number are discarded.  ``generated`` counts every pass.
