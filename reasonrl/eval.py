@@ -1,14 +1,15 @@
-"""Evaluation: pass@1 (greedy), and avg@k / maj@k / pass@k over k sampled answers per problem."""
+"""Evaluation: greedy pass@1, and avg@k / maj@k / pass@k over k sampled answers per problem."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from reasonrl.data.loaders import Fields
+from reasonrl.config.errors import ConfigError
+from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.source import DataSpec, benchmark_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.reward.base import RewardResult
@@ -18,6 +19,8 @@ from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.sampling import FireParams
 from reasonrl.train.rollout import PromptEncoder, sample_and_score
+
+VERIFIERS = {"math": MathVerifier, "code": CodeVerifier}  # the task types eval scores, and their verifiers
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,22 @@ class EvalSettings:
     workers: int = 2
     timeout_seconds: float = 10.0
     fire: FireParams | None = None
-    """FIRE for the k sampled answers (pass@1 stays greedy)."""
+    """FIRE for the k sampled answers (greedy_pass@1 stays greedy)."""
+    fields: Fields = field(default_factory=Fields)
+    """Where question and answer live in the rows of a jsonl/parquet file or a `datasets` name."""
+
+    def check(self) -> None:
+        """Refuse settings that cannot be evaluated, before anything loads."""
+        checks = [
+            (self.k >= 1, f"--k must be >= 1 (samples per problem), got {self.k}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+            (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature > 0, f"--temperature must be > 0 (of the k samples), got {self.temperature}"),
+            (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
+        ]
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 def _vote_key(result: RewardResult) -> str | None:
@@ -74,15 +92,22 @@ def sampled_metrics(per_problem: list[list[RewardResult]]) -> dict[str, float]:
 
 def run_eval(settings: EvalSettings) -> dict[str, Any]:
     """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints)."""
+    settings.check()
     started = time.perf_counter()
+    examples = benchmark_examples(settings.dataset, settings.limit, DataSpec(fields=settings.fields))
+    unscorable = sorted({e.task_type for e in examples} - set(VERIFIERS))
+    if unscorable:
+        raise DataError(
+            f"{settings.dataset} holds {', '.join(unscorable)} prompts, which only a judge can score; eval scores "
+            f"tasks a program checks ({', '.join(VERIFIERS)}): give such a dataset"
+        )
     tokenizer = load_tokenizer(settings.model)
     model = load_model(settings.model)
     engine = build_engine("auto", model, tokenizer, dtype=compute_dtype(settings.dtype))
     del model
-    examples = benchmark_examples(settings.dataset, settings.limit, DataSpec(fields=Fields()))
     encoder = PromptEncoder(tokenizer, settings.prompt_template, max_prompt_tokens=10**9)
     # verifiable tasks by their task type: math answers, or code run against its tests in the sandbox
-    verifiers = {"math": MathVerifier(), "code": CodeVerifier()}
+    verifiers = {task_type: make() for task_type, make in VERIFIERS.items()}
     pool = RewardRouter(resolve_routes(), verifiers, {}, workers=settings.workers, timeout=settings.timeout_seconds)
     try:
         greedy = sample_and_score(
@@ -109,7 +134,7 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
         "k": settings.k,
         "temperature": settings.temperature,
         "fire": settings.fire is not None,
-        "pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
+        "greedy_pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
         **sampled_metrics(groups),
         "wall_seconds": time.perf_counter() - started,
     }

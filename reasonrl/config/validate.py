@@ -152,8 +152,18 @@ def _algorithm(cfg: Config) -> list[str]:
     return problems
 
 
+def _reward_routes(cfg: Config) -> list[str]:
+    from reasonrl.reward.router import RoutingError, resolve_routes  # the routing table's own rules
+
+    try:
+        resolve_routes(cfg.reward.routes)
+    except RoutingError as exc:
+        return [str(exc) if "reward.routes" in str(exc) else f"reward.routes: {exc}"]
+    return []
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
-    problems = _ranges(cfg) + _batch_sizes(cfg) + _algorithm(cfg)
+    problems = _ranges(cfg) + _batch_sizes(cfg) + _algorithm(cfg) + _reward_routes(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -5,6 +5,7 @@ Malformed input fails with the file and line number; nothing is silently skipped
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import hashlib
 import json
@@ -42,6 +43,8 @@ class BuiltinDataset:
     convert: Callable[[str, str, dict[str, Any], int], Example | None] | None = None
     """Rows that are not question/answer pairs (code tasks): (split, location, row, index) -> Example,
     or None for a row of another split of a shared file."""
+    verifiable: bool = True
+    """A program checks the answers (math, code); False for prompts only a judge can score."""
 
 
 BUILTIN_DATASETS = {
@@ -54,9 +57,38 @@ BUILTIN_DATASETS = {
     "mbpp": BuiltinDataset(
         dict.fromkeys(("train", "test", "validation", "prompt"), "mbpp.jsonl.gz"), Fields(), mbpp_example
     ),
-    "hh-rlhf-harmless": BuiltinDataset({"test": "hh-rlhf-harmless-test.jsonl.gz"}, Fields(), hh_prompt_example),
+    "hh-rlhf-harmless": BuiltinDataset(
+        {"test": "hh-rlhf-harmless-test.jsonl.gz"}, Fields(), hh_prompt_example, verifiable=False
+    ),
 }
 ALIASES = {"aime24": "aime2024", "math-500": "math500"}
+GENERATED_TASKS = ("arithmetic",)  # built-in tasks generated on the fly (reasonrl.data.arithmetic), not files
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".gz")
+
+
+def builtin_names(verifiable_only: bool = False) -> list[str]:
+    """Every built-in dataset or task name (aliases excluded); ``verifiable_only``: those a program scores."""
+    return [*GENERATED_TASKS, *(n for n, d in BUILTIN_DATASETS.items() if d.verifiable or not verifiable_only)]
+
+
+def check_dataset_name(name: str) -> None:
+    """Refuse, before anything loads, a name that is not built in, not an existing file and not a hub id.
+
+    Only names that look like hub ids (``owner/name``) are left to `datasets`, so a misspelt built-in
+    name fails at once with the nearest one instead of retrying a hub.
+    """
+    if ALIASES.get(name, name) in builtin_names() or Path(name).expanduser().exists():
+        return
+    if name.startswith((".", "/", "~")) or name.endswith(FILE_SUFFIXES):
+        raise DataError(f"data file {name} does not exist")
+    if "/" in name:
+        return  # a `datasets` hub id
+    guess = difflib.get_close_matches(name, [*builtin_names(), *ALIASES], n=1, cutoff=0.6)
+    hint = f"did you mean '{ALIASES.get(guess[0], guess[0])}'? " if guess else ""
+    raise DataError(
+        f"unknown dataset '{name}'; {hint}(built-in: {', '.join(builtin_names())}; or a .jsonl/.parquet "
+        "file, or a `datasets` hub id such as openai/gsm8k)"
+    )
 
 
 def _open_text(path: Path):
@@ -125,6 +157,8 @@ def _from_datasets(name: str, split: str, fields: Fields) -> list[Example]:
 def load_examples(source: str, split: str = "train", fields: Fields | None = None) -> list[Example]:
     """All examples of one split of a built-in dataset, a local file (split ignored), or a `datasets` name."""
     name = ALIASES.get(source, source)
+    if name in GENERATED_TASKS:
+        raise DataError(f"'{name}' is a generated task, not a set of rows; give a dataset name or a .jsonl file")
     if name in BUILTIN_DATASETS:
         builtin = BUILTIN_DATASETS[name]
         if split not in builtin.files:
@@ -144,9 +178,14 @@ def load_examples(source: str, split: str = "train", fields: Fields | None = Non
         if not examples:
             raise DataError(f"{path} holds no examples")
         return examples
-    if source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".parquet", ".gz")):
-        raise DataError(f"data file {source} does not exist")
+    check_dataset_name(source)
     return _from_datasets(source, split, fields)
+
+
+def default_split(source: str) -> str:
+    """The train split where a built-in dataset has one, else its only split (files are one split)."""
+    builtin = BUILTIN_DATASETS.get(ALIASES.get(source, source))
+    return "train" if builtin is None or "train" in builtin.files else next(iter(builtin.files))
 
 
 def has_split(source: str, split: str) -> bool:

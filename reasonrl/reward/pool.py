@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 
 from reasonrl.data.examples import Example
@@ -41,11 +43,26 @@ def _worker(verifier: Verifier, conn: Connection) -> None:
             conn.send((task_id, None, detail + "\n" + traceback.format_exc(limit=3)))
 
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while starting a worker: the child inherits that, so a Ctrl-C at the terminal stops
+    the trainer alone (which closes its workers) instead of printing a traceback per worker."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _Worker:
     def __init__(self, verifier: Verifier, context: mp.context.BaseContext) -> None:
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_worker, args=(verifier, child), daemon=True)
-        self.process.start()
+        with _sigint_ignored():
+            self.process.start()
         child.close()
         self.task_id: int | None = None
         self.deadline = 0.0

@@ -23,7 +23,6 @@ from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimat
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError, Plan, resolve
-from reasonrl.config.render import render_yaml
 from reasonrl.data.loaders import Fields
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
@@ -41,6 +40,7 @@ from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, 
 from reasonrl.train.policy import response_logprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PoolCollector, PromptEncoder, RolloutCollector, hash_seed, sample_and_score
+from reasonrl.train.rundir import RunRecord, claim, custom_objects
 from reasonrl.train.step import PolicyUpdater
 from reasonrl.train.value_pretrain import pretrain_critic
 
@@ -239,7 +239,7 @@ def restore(run: Run) -> dict[str, Any]:
     if run.windowed is not None:
         run.windowed.pool.load_state_dict(state["pool"])
     run.engine.load_weights(run.model.state_dict())
-    log.warning("resuming from %s (step %d)", checkpoint, state["step"])
+    log.info("resuming from %s (step %d)", checkpoint, state["step"])
     return state
 
 
@@ -266,12 +266,12 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
     saved = run.run_dir / PRETRAINED_CRITIC
     if (saved / HEAD_FILE).exists():
         load_value_weights(run.critic.model, saved)
-        log.warning("loaded the pretrained critic from %s", saved)
+        log.info("loaded the pretrained critic from %s", saved)
         return {}
     started = time.perf_counter()
     steps = run.plan.value_pretrain_steps
     writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
-    with ProgressDisplay(steps, 0, enabled=show_progress, label="value pretraining") as progress:
+    with ProgressDisplay(steps, 0, show_progress, "value pretraining", "rollout, critic update") as progress:
         last = [started]
 
         def record(step: int, metrics: dict[str, float]) -> None:
@@ -387,10 +387,27 @@ def fit(
     verifier: Verifier | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json)."""
+    """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json).
+
+    A directory that holds a run continues it (``reasonrl.train.rundir``: same settings but for
+    ``RESUMABLE_KEYS``; one live run at a time).  Ctrl-C raises ``TrainingInterrupted`` and a full
+    disk ``DiskFullError``, each with the line that says how to resume.
+    """
+    custom = custom_objects(engine=engine, verifier=verifier)
+    with claim(run_dir, cfg, preset, overrides, custom) as record:
+        return _train(cfg, run_dir, record, engine, verifier, show_progress)
+
+
+def _train(
+    cfg: Config,
+    run_dir: Path,
+    record: RunRecord,
+    engine: RolloutEngine | None,
+    verifier: Verifier | None,
+    show_progress: bool,
+) -> dict[str, Any]:
     started = time.perf_counter()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(render_yaml(cfg))
+    preset, overrides = record.preset, record.overrides
     run = setup(cfg, run_dir, engine, verifier)
     try:
         state = restore(run)
@@ -411,6 +428,7 @@ def fit(
             progress.log(f"held-out accuracy before training: {accuracy_before:.1%}")
             for step in range(start_step + 1, total + 1):
                 step_start = time.perf_counter()
+                progress.phase("rollout")
                 batch, metrics = run.rollout.collect(step)
                 if run.plan.separate_old_logprob_pass:
                     t0 = time.perf_counter()
@@ -422,6 +440,7 @@ def fit(
                     metrics["perf/value_seconds"] = time.perf_counter() - t0
                 metrics |= assign_advantages(batch, cfg.algo, float(run.kl.coef))
                 t0 = time.perf_counter()
+                progress.phase("update")
                 metrics |= run.updater.update(batch, seed=hash_seed(cfg.run.seed, step), kl_coef=float(run.kl.coef))
                 metrics["perf/update_seconds"] = time.perf_counter() - t0
                 if run.critic is not None:
@@ -433,6 +452,7 @@ def fit(
                 if "policy/kl_ref" in metrics:
                     run.kl.update(metrics["policy/kl_ref"], len(batch))
                 if step % cfg.run.eval_every == 0 or step == total:
+                    progress.phase("eval")
                     last_eval = evaluate(run)
                     metrics |= last_eval
                 metrics["perf/step_seconds"] = time.perf_counter() - step_start
@@ -445,6 +465,7 @@ def fit(
                 if step % cfg.run.save_every == 0 or step == total:
                     wall = elapsed_before + time.perf_counter() - started
                     extra = {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
+                    progress.phase("checkpoint", step)
                     checkpoint_stage(run, step, extra)
         after = last_eval or evaluate(run)
         final = export_stage(run)

@@ -7,11 +7,13 @@ import ctypes
 import json
 import math
 import resource
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 CONSOLE = Console(stderr=True)  # shared by the progress bar and log messages, so they do not garble
 
@@ -47,13 +49,14 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, resume_step: int = 0, name: str = "metrics") -> None:
         self.path = run_dir / f"{name}.jsonl"
-        # after a crash, records past the checkpoint being resumed are replayed: drop them first
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+        # a restart replays every step past the checkpoint it resumes (all of them, step 0's evaluation
+        # included, when there is none): drop their records first, so no step appears twice
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step] if resume_step else []
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         from tensorboardX import SummaryWriter
 
         board = run_dir / "tensorboard" if name == "metrics" else run_dir / "tensorboard" / name
-        self.tensorboard = SummaryWriter(str(board), purge_step=resume_step + 1)
+        self.tensorboard = SummaryWriter(str(board), purge_step=resume_step + 1 if resume_step else 0)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step's metrics."""
@@ -73,42 +76,84 @@ class MetricsWriter:
         self.tensorboard.close()
 
 
-class ProgressDisplay:
-    """A progress bar with step, reward, accuracy, response length and step time."""
+class _TwoLineProgress(Progress):
+    """The bar on one line and the latest step's numbers on the next, so both fit 80 columns."""
 
-    def __init__(self, total_steps: int, start_step: int, enabled: bool = True, label: str = "RL") -> None:
+    status = ""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        if self.status:
+            yield Text(self.status, no_wrap=True, overflow="ellipsis")
+
+
+def _finite(value: float | None) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+class ProgressDisplay:
+    """A progress bar: steps done, elapsed, time remaining and the running step's phase on one line;
+    the last step's reward, accuracy, response length and step time on the next."""
+
+    STATUS = (  # (metric, label, format); a missing or NaN value is left out
+        ("reward/mean", "reward", "{:+.2f}"),
+        ("reward/accuracy", "acc", "{:.2f}"),
+        ("rollout/response_length", "len", "{:.0f}"),
+        ("critic/explained_variance", "EV", "{:+.2f}"),
+        ("eval/accuracy", "eval", "{:.2f}"),
+    )
+
+    def __init__(
+        self, total_steps: int, start_step: int, enabled: bool = True, label: str = "RL", work: str = "running"
+    ) -> None:
         self.console = CONSOLE if enabled else Console(stderr=True, quiet=True)
-        self.progress = Progress(
+        self.progress = _TwoLineProgress(
             TextColumn(f"[bold]{label}[/bold]"),
-            BarColumn(),
+            BarColumn(bar_width=16),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
-            TimeRemainingColumn(),
+            TextColumn("{task.fields[remaining]}"),
+            TextColumn("{task.fields[phase]}"),
             console=self.console,
         )
-        self.task = self.progress.add_task("train", total=total_steps, completed=start_step, status="starting")
+        self.total, self.start_step, self.step = total_steps, start_step, start_step
+        self.task = self.progress.add_task(
+            "train", total=total_steps, completed=start_step, remaining="left -:--:--", phase=""
+        )
+        self.work, self.started = work, time.perf_counter()
+        self.phase(work)
 
     def __enter__(self) -> ProgressDisplay:
+        self.started = time.perf_counter()
         self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
+    def phase(self, name: str, step: int | None = None) -> None:
+        """Show what ``step`` (default: the running one) is doing, e.g. rollout, update, eval, checkpoint."""
+        step = self.step + 1 if step is None else step
+        running = f"step {step}: {name}" if step <= self.total else name
+        self.progress.update(self.task, phase=running)
+
     def update(self, step: int, metrics: dict[str, float]) -> None:
         """Show the latest step."""
-        status = (
-            f"reward {metrics.get('reward/mean', float('nan')):+.2f}  "
-            f"acc {metrics.get('reward/accuracy', float('nan')):.2f}  "
-            f"len {metrics.get('rollout/response_length', float('nan')):.0f}  "
-            f"{metrics.get('perf/step_seconds', float('nan')):.1f}s/step"
-        )
-        if "critic/explained_variance" in metrics:
-            status += f"  EV {metrics['critic/explained_variance']:+.2f}"
-        if "eval/accuracy" in metrics:
-            status += f"  eval {metrics['eval/accuracy']:.2f}"
-        self.progress.update(self.task, completed=step, status=status)
+        self.step = step
+        parts = [f"step {step}"]
+        parts += [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in self.STATUS if _finite(metrics.get(key))]
+        if _finite(metrics.get("perf/step_seconds")):
+            parts.append(f"{metrics['perf/step_seconds']:.1f}s/step")
+        self.progress.status = "  ".join(parts)
+        per_step = (time.perf_counter() - self.started) / max(1, step - self.start_step)
+        remaining = f"left {_clock(per_step * (self.total - step))}"
+        self.progress.update(self.task, completed=step, remaining=remaining)
+        self.phase("done" if step >= self.total else self.work)
 
     def log(self, message: str) -> None:
         """Print a line above the bar."""
