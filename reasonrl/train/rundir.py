@@ -70,6 +70,9 @@ class TrainingInterrupted(KeyboardInterrupt):
 class DiskFullError(OSError):
     """The disk filled during a run; the message says what was kept and how to resume."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)
+
 
 @dataclass
 class RunRecord:

@@ -8,7 +8,14 @@ import pytest
 from reasonrl.data.arithmetic import ArithmeticTask
 from reasonrl.data.loaders import DataError, Fields, load_examples
 from reasonrl.data.prompts import user_message
-from reasonrl.data.source import DataSpec, TrainingStream, benchmark_examples, eval_examples, training_examples
+from reasonrl.data.source import (
+    DataSpec,
+    TrainingStream,
+    benchmark_examples,
+    check_sources,
+    eval_examples,
+    training_examples,
+)
 
 
 def test_arithmetic_is_seeded_and_splits_are_disjoint():
@@ -105,3 +112,24 @@ def test_training_stream_resumes_exactly(tmp_path):
 def test_prompt_templates_ask_for_a_parseable_answer():
     assert user_message("What is 2 + 2?", "answer_line").endswith("as 'Answer: <answer>'.")
     assert "\\boxed{}" in user_message("x", "boxed")
+
+
+def test_a_misspelt_dataset_name_suggests_the_built_in_one_without_asking_a_hub(monkeypatch):
+    import reasonrl.data.loaders as loaders
+
+    asked = []
+    monkeypatch.setattr(loaders, "_from_datasets", lambda name, split, fields: asked.append(name) or [])
+    with pytest.raises(
+        DataError, match=r"unknown dataset 'gsm8kk'; did you mean 'gsm8k'\? \(built-in: arithmetic, gsm8k"
+    ):
+        load_examples("gsm8kk")
+    with pytest.raises(DataError, match="did you mean 'arithmetic'"):
+        check_sources(DataSpec(dataset="arithmetc"))
+    with pytest.raises(DataError, match="did you mean 'aime2024'"):
+        check_sources(DataSpec(dataset="gsm8k+aime25"))  # each part of a mixture
+    with pytest.raises(DataError, match=r"data file missing\.jsonl does not exist"):
+        check_sources(DataSpec(dataset="arithmetic", eval_dataset="missing.jsonl"))
+    assert asked == []
+    check_sources(DataSpec(dataset="openai/gsm8k+aime24"))  # a hub id and an alias pass the check
+    load_examples("openai/gsm8k")
+    assert asked == ["openai/gsm8k"]  # only names that look like hub ids reach `datasets`
