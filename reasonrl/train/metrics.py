@@ -34,10 +34,14 @@ def release_free_memory() -> None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
+    """All records of a metrics.jsonl file (but a last line cut short by a kill or a full disk)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines[:-1]]
+    with contextlib.suppress(json.JSONDecodeError):
+        records.extend(json.loads(line) for line in lines[-1:])
+    return records
 
 
 class MetricsWriter:

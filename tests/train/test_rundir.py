@@ -43,11 +43,12 @@ def test_resume_keeps_the_recorded_settings_accepts_more_steps_and_refuses_the_r
     run_dir = tmp_path / "r"
     assert cli_train(tmp_path, "train.rollout_steps=1") == 0
     capsys.readouterr()
-    # an override right after the directory (argparse's preset slot) is an override, not a preset
-    assert main(["train", "--resume", str(run_dir), "train.rollout_steps=2", "--quiet"]) == 0
+    # overrides count wherever they stand: right after the directory (argparse's preset slot) or after an option
+    assert main(["train", "--resume", str(run_dir), "train.rollout_steps=2", "--quiet", "run.eval_every=2"]) == 0
     record = json.loads((run_dir / "run.json").read_text())
     assert record["preset"] == "grpo" and "model.name_or_path=tiny-random" in record["overrides"]
-    assert "train.rollout_steps=2" in record["overrides"] and "train.rollout_steps=1" not in record["overrides"]
+    assert record["overrides"][-2:] == ["train.rollout_steps=2", "run.eval_every=2"]
+    assert "train.rollout_steps=1" not in record["overrides"]
     reproduce = (run_dir / "summary.md").read_text().splitlines()[-1]
     assert reproduce.startswith("Reproduce: `reasonrl train grpo model.name_or_path=tiny-random")
     assert "train.rollout_steps=2" in reproduce
@@ -227,3 +228,12 @@ def test_ctrl_c_at_the_terminal_stops_the_trainer_and_its_scoring_workers_withou
     assert process.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.splitlines()[-1].startswith("reasonrl: interrupted at step ")
+
+
+def test_a_metrics_line_cut_short_by_a_full_disk_is_dropped_on_resume(tmp_path):
+    from reasonrl.train.metrics import MetricsWriter
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "a": 1}\n{"step": 1, "a": 2}\n{"step": 2, "a"')
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "a": 1}, {"step": 1, "a": 2}]
+    MetricsWriter(tmp_path, resume_step=1).close()
+    assert steps(tmp_path) == [0, 1]
