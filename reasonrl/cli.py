@@ -144,7 +144,7 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     limits = SandboxLimits(timeout_s=args.timeout, total_timeout_s=args.total_timeout, memory_mb=args.memory_mb)
-    verdict = run_code(solution, tests, args.entry_point, context, limits, args.mode, not args.one_process)
+    verdict = run_code(solution, tests, args.entry_point, context, limits, not args.one_process)
     print(json.dumps(verdict.to_dict(), indent=2))
     return 0 if verdict.passed else 1
 
@@ -271,12 +271,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=3.0, help="seconds per test case (wall clock and CPU)")
     run.add_argument("--total-timeout", type=float, default=None, help="seconds for the whole run")
     run.add_argument("--memory-mb", type=int, default=512, help="address-space limit of the code")
-    run.add_argument(
-        "--mode",
-        default="auto",
-        choices=["auto", "rpc", "in_process"],
-        help="where asserts run: auto (in the judge; in the child only for non-plain values), rpc, in_process",
-    )
     run.add_argument("--one-process", action="store_true", help="one process for all tests (faster, less isolated)")
     run.set_defaults(handler=_cmd_sandbox_run)
 

@@ -16,7 +16,7 @@ import pytest
 import reasonrl.reward.sandbox as sandbox
 from reasonrl.cli import main
 from reasonrl.reward.sandbox import CodeJob, SandboxLimits, SandboxPool, run_code
-from reasonrl.reward.testcases import harden_asserts, split_tests
+from reasonrl.reward.testcases import split_tests
 
 FAST = SandboxLimits(timeout_s=2.0, memory_mb=256, max_processes=8)
 IDENTITY = "def f(x):\n    return x\n"
@@ -58,7 +58,7 @@ def test_each_test_case_gets_its_own_verdict():
     assert verdict.passed_fraction == pytest.approx(2 / 3)
     assert [t.status for t in verdict.tests] == ["passed", "failed", "passed"]
     assert verdict.tests[1].detail.startswith("AssertionError")
-    assert {t.mode for t in verdict.tests} == {"rpc"}  # asserts ran in the judge
+    assert all(t.ran for t in verdict.tests)
     assert verdict.wall_seconds > 0 and isinstance(verdict.network_isolated, bool)
 
 
@@ -71,7 +71,6 @@ def test_humaneval_check_is_split_per_assert_and_setup_is_kept():
     plan = split_tests(tests)
     assert len(plan.cases) == 3 and "import math" in plan.setup
     assert all("base = 10" in case for case in plan.cases)  # each case keeps the body's setup
-    assert "__rr_cmp__" in plan.in_process[0] and "__rr_cmp__" not in plan.cases[0]
     assert (
         split_tests("def check(candidate):\n    assert candidate(1)\n", entry_point="g")
         .cases[0]
@@ -83,12 +82,6 @@ def test_humaneval_check_is_split_per_assert_and_setup_is_kept():
     assert [t.passed for t in verdict.tests] == [False, True, False]
 
 
-def test_harden_asserts_routes_comparisons_and_truth_tests():
-    hardened = harden_asserts("assert f(1) == 2 and not g(3)\nx = a == b")
-    assert "__rr_cmp__([f(1), 2], ['Eq'])" in hardened and "not __rr_truth__(g(3))" in hardened
-    assert hardened.endswith("x = a == b")  # comparisons outside asserts are left alone
-
-
 def test_infinite_loops_time_out_and_a_solution_that_never_loads_fails_every_test():
     limits = SandboxLimits(timeout_s=1.0, memory_mb=256)
     verdict = run_code("def f(x):\n    while True:\n        pass\n", "assert f(1) == 1", "f", limits=limits)
@@ -96,7 +89,7 @@ def test_infinite_loops_time_out_and_a_solution_that_never_loads_fails_every_tes
     start = time.monotonic()
     verdict = run_code("while True:\n    pass\n", "assert f(1) == 1\nassert f(2) == 2", "f", limits=limits)
     assert [t.status for t in verdict.tests] == ["timeout", "timeout"]
-    assert verdict.tests[1].mode == ""  # not run again: the load failure applies to every test
+    assert not verdict.tests[1].ran  # not run again: the load failure applies to every test
     assert time.monotonic() - start < 5
 
 
@@ -200,8 +193,7 @@ def test_printing_a_fake_success_fails():
     assert not verdict.passed and "all tests passed" in verdict.output
 
 
-@pytest.mark.parametrize("mode", ["auto", "rpc", "in_process"])
-def test_monkeypatching_builtins_and_always_equal_objects_fail(mode):
+def test_monkeypatching_builtins_and_always_equal_objects_fail():
     code = (
         "import builtins\n"
         "class Yes:\n    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
@@ -211,15 +203,14 @@ def test_monkeypatching_builtins_and_always_equal_objects_fail(mode):
         "def f(x):\n    return Yes()\n"
         "def g(x):\n    return YesInt(0)\n"
     )
-    verdict = run_code(code, "assert f(1) == 1\nassert g(1) == 1\nassert f(2)", "f", limits=FAST, mode=mode)
+    verdict = run_code(code, "assert f(1) == 1\nassert g(1) == 1\nassert f(2)", "f", limits=FAST)
     assert verdict.passed_fraction == 0, verdict.tests
 
 
-@pytest.mark.parametrize("mode", ["auto", "in_process"])
-def test_a_solution_cannot_replace_the_builtins_the_tests_use(mode):
+def test_a_solution_cannot_replace_the_builtins_the_tests_use():
     code = "def abs(x):\n    return 0\n\ndef len(x):\n    return 3\n\ndef f(x):\n    return x + 1\n"
     tests = "assert abs(f(1) - 1) < 1e-9\nassert len(str(f(1))) == 3\nassert f(1) == 2\n"
-    verdict = run_code(code, tests, "f", limits=FAST, mode=mode)
+    verdict = run_code(code, tests, "f", limits=FAST)
     assert [t.passed for t in verdict.tests] == [False, False, True]
 
 
@@ -250,12 +241,24 @@ def test_mutated_arguments_and_exception_types_reach_the_test():
     assert verdict.passed, verdict.tests
 
 
-def test_values_that_are_not_plain_data_fall_back_to_the_child():
-    code = "class Node:\n    def __init__(self, v):\n        self.v = v\n\ndef value(n):\n    return n.v\n"
-    verdict = run_code(code, "root = Node(3)\nassert value(root) == 3", limits=FAST)
-    assert verdict.passed and verdict.tests[0].mode == "in_process"
-    strict = run_code(code, "root = Node(3)\nassert value(root) == 3", limits=FAST, mode="rpc")
-    assert not strict.passed
+def test_objects_of_the_solution_cross_as_handles_the_test_can_only_pass_back_or_read():
+    code = (
+        "class Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n"
+        "    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
+        "def total(n):\n    return 0 if n is None else n.v + total(n.left)\n"
+    )
+    tests = (
+        "root = Node(3)\nroot.left = Node(4)\nroot.left.left = Node(5)\n"
+        "assert total(root) == 12\n"  # handles go back to the solution; its plain answer is compared
+        "assert root.left.v == 4\n"  # attributes are read with a round trip
+        "assert root.left is root.left\n"  # one handle per object
+        "assert root == 12\n"  # its always-true __eq__ never runs here
+        "assert root\n"  # nor its __bool__
+        "assert [root] == [root.left]\n"
+    )
+    verdict = run_code(code, tests, limits=FAST)
+    assert [t.passed for t in verdict.tests] == [True, True, True, False, False, False], verdict.tests
+    assert "OpaqueValueError" in verdict.tests[4].detail
 
 
 def test_pool_one_process_mode_and_degraded_isolation(monkeypatch):
