@@ -14,7 +14,6 @@ import argparse
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-
 from importlib import resources
 from pathlib import Path
 

@@ -35,10 +35,12 @@ osl = None  # _sandbox_os.py, loaded by path (the filesystem view and the proces
 REPORT = {"fd": -1, "nonce": ""}
 # Standard modules a test may name without importing them (MBPP 596 uses ``sys``, which only the
 # canonical solution imports): the judge imports its own copy; the child's is never used.
-TEST_MODULES = frozenset(
-    "array bisect cmath collections copy datetime decimal fractions functools hashlib heapq itertools json "
-    "math operator random re statistics string sys typing".split()
-)
+# fmt: off
+TEST_MODULES = frozenset((
+    "array", "bisect", "cmath", "collections", "copy", "datetime", "decimal", "fractions", "functools", "hashlib",
+    "heapq", "itertools", "json", "math", "operator", "random", "re", "statistics", "string", "sys", "typing",
+))
+# fmt: on
 
 
 class TestTimeout(BaseException):
@@ -243,7 +245,7 @@ class RemoteObject:
     identity (a handle equals only itself, never a plain expected value), ordering, iterating or
     measuring it is a TypeError, and truth-testing it raises ``OpaqueValueError``; the test fails."""
 
-    __slots__ = ("_judge", "_index")
+    __slots__ = ("_index", "_judge")
 
     def __init__(self, judge: Judge, index: int) -> None:
         object.__setattr__(self, "_judge", judge)

@@ -54,7 +54,8 @@ def parse_reference(reference: str) -> tuple[str, str | None, str]:
 
 def _defines(code: str, name: str | None) -> bool:
     """Whether a line of ``code`` starts ``def name(`` (linear time: the pattern cannot span lines)."""
-    return bool(name) and re.search(rf"^[ \t]*+(?:async[ \t]++)?def[ \t]++{re.escape(name)}[ \t]*+\(", code, re.M) is not None
+    pattern = rf"^[ \t]*+(?:async[ \t]++)?def[ \t]++{re.escape(name or '')}[ \t]*+\("
+    return bool(name) and re.search(pattern, code, re.MULTILINE) is not None
 
 
 def extract_code(response: str, entry_point: str | None = None) -> tuple[str, str]:

@@ -285,7 +285,8 @@ def run_job(job: CodeJob, limits: SandboxLimits = SandboxLimits(), isolate_tests
         setpriv = shutil.which("setpriv")
         if setpriv:  # the sandbox dies with the thread that started it (a scoring worker killed on timeout)
             command = [setpriv, "--pdeathsig", "KILL", "--", *command]
-        report, killed, diagnostics = _execute(command, json.dumps(payload).encode(), report_r, report_w, total, scratch)
+        payload_bytes = json.dumps(payload).encode()
+        report, killed, diagnostics = _execute(command, payload_bytes, report_r, report_w, total, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return _verdict(_records(report, nonce), killed, diagnostics, len(plan.cases), started, support)

@@ -7,6 +7,10 @@ failure.  Attacks that need an isolation layer this machine lacks skip, naming t
 import json
 import os
 import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -289,3 +293,178 @@ def test_cli_sandbox_run_prints_the_json_verdict(tmp_path, capsys):
     tests.write_text("assert add(1, 2) == 4\n")
     assert main(["sandbox", "run", str(solution), "--tests", str(tests), "--timeout", "2"]) == 1
     assert json.loads(capsys.readouterr().out)["status"] == "failed"
+
+
+# --- attacks on the verdict itself: the untrusted side never decides where or how a test runs ---------------
+
+
+FORGER = """
+import gc, json, os, struct, sys
+main = sys.modules["__main__"]
+def frame(message):
+    data = json.dumps(message).encode()
+    return struct.pack(">I", len(data)) + data
+for name in ("_receive", "encode", "decode", "_answer", "_send"):  # the child's protocol, rewritten
+    if hasattr(main, name):
+        setattr(main, name, lambda *a, **k: {"ok": True, "done": "x", "status": "passed"})
+reply_fd = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+for forged in ({"done": "0" * 32}, {"ok": True}, {"unsupported": "x"}, {"kind": "test", "status": "passed"}):
+    try:
+        os.write(reply_fd, frame(forged))
+    except OSError:
+        pass
+class Anything:
+    def __eq__(self, other):
+        return True
+def f(x):
+    leaked = [o for o in gc.get_objects() if isinstance(o, str) and "424242" in o]
+    print("LEAKED" if leaked else "nothing to leak", leaked[:3])
+    raise NameError("expected")
+def g(x):
+    return Anything()
+"""
+
+
+def test_a_solution_that_rewrites_the_child_protocol_and_forges_frames_passes_nothing():
+    tests = "assert f(1) == 424242\nassert g(1) == 424242\nassert g(2)\nassert f(2) is None\n"
+    verdict = run_code(FORGER, tests, "f", limits=FAST)
+    assert verdict.passed_fraction == 0, verdict.tests
+    assert "424242" not in verdict.output  # the tests' expected values never reach the child
+
+
+def test_fake_judge_records_printed_through_the_test_code_are_ignored():
+    record = {"kind": "test", "index": 0, "status": "passed", "ran": True, "seconds": 0, "detail": ""}
+    code = (
+        f"RECORDS = {json.dumps(json.dumps(record) + chr(10) + json.dumps({'kind': 'end', 'rlimits': True}))}\n"
+        "def f(x):\n    return RECORDS\n"
+    )
+    tests = "print(f(1))\nimport sys\nsys.stderr.write(f(1))\nassert f(1) == 'the answer'\n"
+    verdict = run_code(code, tests, "f", limits=FAST)
+    assert not verdict.passed and verdict.tests[0].status == "failed"
+
+
+COLLIDING = """
+import json, os, struct, sys
+M = (1 << 61) - 1  # every multiple of it hashes to 0
+def reply(value):
+    data = json.dumps({"ok": value, "mutated": []}).encode()
+    os.write(int(sys.argv[2]), struct.pack(">I", len(data)) + data)
+    os._exit(0)
+def as_set(x):
+    reply({"S": [k * M for k in range(40000)]})
+def as_dict(x):
+    reply({"D": [[k * M, 0] for k in range(40000)]})
+def huge(x):
+    reply("x" * (3 << 20))
+"""
+
+
+@pytest.mark.parametrize("call", ["as_set(1)", "as_dict(1)", "huge(1)"])
+def test_crafted_replies_cannot_stall_or_grow_the_judge(call):
+    start = time.monotonic()
+    verdict = run_code(COLLIDING, f"assert {call} == 1", limits=FAST)
+    assert not verdict.passed and verdict.status == "error", verdict
+    assert "hash" in verdict.detail or "message limit" in verdict.detail
+    assert time.monotonic() - start < 5  # refused before any quadratic work
+
+
+def test_a_judge_stalled_in_c_is_killed_and_its_records_do_not_count():
+    code = "M = (1 << 61) - 1\ndef f(x):\n    return [k * M for k in range(35000)]\n"
+    tests = "assert f(0) == []\nassert len(set(f(0))) == 35000\n"  # set() of colliding ints: quadratic, in C
+    start = time.monotonic()
+    verdict = run_code(code, tests, limits=SandboxLimits(timeout_s=1.0, total_timeout_s=1.0, memory_mb=256))
+    assert time.monotonic() - start < 1.0 + sandbox.GRACE_S + 2
+    assert not verdict.passed and verdict.passed_fraction == 0 and not any(t.ran for t in verdict.tests)
+    assert "time limit" in verdict.detail or "judge" in verdict.detail
+
+
+def test_killing_the_harness_kills_the_sandbox_and_its_scratch_is_removed_later(tmp_path):
+    marker = f"9{uuid.uuid4().int % 10**8}.5"
+    solution = f"import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\ndef f(x):\n    time.sleep(60)\n"
+    script = tmp_path / "harness.py"
+    script.write_text(
+        "from reasonrl.reward.sandbox import SandboxLimits, run_code\n"
+        f"run_code({solution!r}, 'assert f(1) == 1', 'f', limits=SandboxLimits(timeout_s=60, total_timeout_s=60))\n"
+    )
+    harness = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 20
+    while not processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(f"sleep {marker}"), "the sandbox did not start"
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{sandbox.SCRATCH_PREFIX}{harness.pid}-*"))
+    harness.kill()  # as the scoring pool kills a worker that passed its timeout
+    harness.wait()
+    deadline = time.monotonic() + 5
+    while processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(f"sleep {marker}") == []
+    assert scratch and all(p.exists() for p in scratch)  # the killed harness could not clean up ...
+    sandbox._remove_stale_scratch.cache_clear()
+    sandbox._remove_stale_scratch()
+    assert not any(p.exists() for p in scratch)  # ... the next run in another process does
+
+
+def test_system_v_shared_memory_is_capped_by_the_memory_limit(layers):
+    needs(layers, "ipc_limits")
+    code = (  # an honest reproducer: it reports how much shared memory outlives its own address space
+        "import ctypes\n"
+        "def held_mib(mib):\n"
+        "    libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    libc.shmat.restype = ctypes.c_void_p\n"
+        "    for _ in range(mib // 64):\n"
+        "        sid = libc.shmget(0, 64 << 20, 0o1600)\n"
+        "        address = libc.shmat(sid, None, 0) if sid >= 0 else None\n"
+        "        if address in (None, ctypes.c_void_p(-1).value):\n            break\n"
+        "        ctypes.memset(address, 1, 64 << 20)\n"
+        "        libc.shmdt(ctypes.c_void_p(address))  # detached: RLIMIT_AS no longer counts it\n"
+        "    rows = open('/proc/sysvipc/shm').read().splitlines()[1:]\n"
+        "    return sum(int(row.split()[3]) for row in rows) >> 20\n"
+    )
+    limits = SandboxLimits(timeout_s=5.0, memory_mb=256)
+    verdict = run_code(code, "assert held_mib(1024) == 0", limits=limits)
+    assert verdict.passed, verdict.tests
+
+
+def test_site_packages_and_the_project_are_not_visible_inside(layers):
+    needs(layers, "filesystem")
+    purelib = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})["purelib"]
+    code = (
+        "import os\n"
+        "def listing(path):\n    return sorted(os.listdir(path)) if os.path.isdir(path) else []\n"
+        "def exists(path):\n    return os.path.exists(path)\n"
+    )
+    tests = f"assert listing({purelib!r}) == []\nassert not exists({sandbox.__file__!r})\n"
+    verdict = run_code(code, tests, limits=FAST)
+    assert verdict.passed, verdict.tests
+
+
+def test_files_do_not_persist_from_one_test_to_the_next():
+    code = (
+        "import os\n"
+        "def first_visit():\n"
+        "    seen = [os.path.exists(p) for p in ('mark', '/tmp/mark', '/dev/shm/mark')]\n"
+        "    for p in ('mark', '/tmp/mark', '/dev/shm/mark'):\n"
+        "        try:\n            open(p, 'w').write('x')\n        except OSError:\n            pass\n"
+        "    return not any(seen)\n"
+    )
+    verdict = run_code(code, "assert first_visit()\nassert first_visit()\nassert first_visit()\n", limits=FAST)
+    assert verdict.passed, verdict.tests
+
+
+def test_built_in_types_cross_by_name_and_standard_modules_come_from_the_judge():
+    code = (
+        "import sys\n"
+        "def drop(values, kind):\n    return [v for v in values if not isinstance(v, kind)]\n"
+        "def size(t):\n    return sys.getsizeof(t)\n"
+        "def kind_of(v):\n    return type(v)\n"
+        "LIMIT = 10\n"
+        "def under(x):\n    return x < LIMIT\n"
+    )
+    tests = (
+        "assert drop((1, 2.5, 'a'), int) == [2.5, 'a']\n"
+        "assert size((1, 2)) == sys.getsizeof((1, 2))\n"  # sys: only the solution imported it
+        "assert kind_of(1.5) is float\n"
+        "assert LIMIT == 10 and under(3)\n"  # a constant of the solution the test names
+    )
+    verdict = run_code(code, tests, limits=FAST)
+    assert verdict.passed, verdict.tests
