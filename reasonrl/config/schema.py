@@ -129,6 +129,16 @@ class RewardConfig:
     genrm_reference, genrm_bon, bt); defaults: math=math, code=code, reference=genrm_reference,
     open=genrm_bon, preference=bt.  Verifiable tasks can only go to a verifier."""
 
+    functions: tuple[str, ...] = ()
+    """Custom reward functions, "module:function" or "path/to/file.py:function", in TRL's shape
+    score(prompts, completions, **row_fields) -> list[float] or verl's compute_score(data_source,
+    solution_str, ground_truth, extra_info); "verifier" stands for the built-in scorer.  When given, a
+    response's score is the weighted sum of these terms (the built-in scorer counts only if listed);
+    each runs in its own worker pool under timeout_seconds.  Empty = the built-in scorer alone."""
+
+    weights: tuple[float, ...] = ()
+    """One weight per reward.functions entry; empty = 1 each."""
+
     judge_model: str | None = None
     """The GenRM / pairwise judge: any causal LM spec; None = the policy's initial model."""
 

@@ -29,6 +29,7 @@ from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
 from reasonrl.reward.base import Scorer, Verifier
+from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
 from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.reward.router import RewardRouter, resolve_routes
@@ -151,12 +152,21 @@ def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
     )
 
 
+def custom_reward_terms(cfg: Config) -> list[RewardTerm]:
+    """The terms of ``reward.functions``, each function imported once (a bad one is a ConfigError)."""
+    try:
+        return reward_terms(cfg.reward.functions, cfg.reward.weights)
+    except RewardFunctionError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 # --- stages --------------------------------------------------------------------------------------
 
 
 def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verifier: Verifier | None = None) -> Run:
     """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
     plan = resolve(cfg)
+    terms = custom_reward_terms(cfg)  # imported now: a bad reward function fails before any model loads
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -173,6 +183,8 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
         pool = build_router(cfg, dtype)
+    if terms:  # the user's reward functions, with the scorer above as their "verifier" term
+        pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)

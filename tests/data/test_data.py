@@ -70,7 +70,8 @@ def test_field_mapping_gzip_and_parquet(tmp_path):
     parquet = tmp_path / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet)
     assert load_examples(str(parquet), fields=Fields(question="q", answer="a")) == [
-        type(e)(id=f"rows:{i}", question=e.question, answer=e.answer, data_source="rows") for i, e in enumerate(examples)
+        type(e)(id=f"rows:{i}", question=e.question, answer=e.answer, data_source="rows")
+        for i, e in enumerate(examples)
     ]
 
 
