@@ -247,6 +247,11 @@ class RunConfig:
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the latest checkpoint in the run directory if there is one."""
 
+    loggers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = ("tensorboard",)
+    """Experiment trackers that mirror metrics.jsonl (the source of truth): tensorboard, wandb
+    (`pip install 'reasonrl[wandb]'`; WANDB_MODE=offline honoured) and mlflow (`reasonrl[mlflow]`;
+    MLFLOW_TRACKING_URI, else a local file store mlruns/ beside the run directories)."""
+
 
 @dataclass(frozen=True)
 class Config:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, ConfigError, Plan, resolve
+from reasonrl.config import Config, ConfigError, Plan, resolve, to_dict
 from reasonrl.config.render import render_yaml
 from reasonrl.data.loaders import Fields
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
@@ -43,6 +43,7 @@ from reasonrl.train.policy import response_logprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PoolCollector, PromptEncoder, RolloutCollector, hash_seed, sample_and_score
 from reasonrl.train.step import PolicyUpdater
+from reasonrl.train.trackers import Tracker, TrackerError, check_trackers, open_trackers
 from reasonrl.train.value_pretrain import pretrain_critic
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class Run:
     critic: CriticUpdater | None
     windowed: PoolCollector | None
     """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
+    trackers: list[Tracker] = field(default_factory=list)
+    """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
 
     @property
     def rollout(self) -> RolloutCollector | PoolCollector:
@@ -152,11 +155,13 @@ def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
     )
 
 
-def custom_reward_terms(cfg: Config) -> list[RewardTerm]:
-    """The terms of ``reward.functions``, each function imported once (a bad one is a ConfigError)."""
+def preflight(cfg: Config) -> list[RewardTerm]:
+    """What the user plugs in, checked before any model loads: the trackers' packages, and the terms of
+    ``reward.functions`` (each function imported once); a problem is a ConfigError."""
     try:
+        check_trackers(cfg.run.loggers)
         return reward_terms(cfg.reward.functions, cfg.reward.weights)
-    except RewardFunctionError as exc:
+    except (RewardFunctionError, TrackerError) as exc:
         raise ConfigError(str(exc)) from None
 
 
@@ -166,7 +171,7 @@ def custom_reward_terms(cfg: Config) -> list[RewardTerm]:
 def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verifier: Verifier | None = None) -> Run:
     """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
     plan = resolve(cfg)
-    terms = custom_reward_terms(cfg)  # imported now: a bad reward function fails before any model loads
+    terms = preflight(cfg)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -282,7 +287,7 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
         return {}
     started = time.perf_counter()
     steps = run.plan.value_pretrain_steps
-    writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
+    writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN, trackers=run.trackers)
     with ProgressDisplay(steps, 0, enabled=show_progress, label="value pretraining") as progress:
         last = [started]
 
@@ -407,7 +412,8 @@ def fit(
     try:
         state = restore(run)
         start_step = state.get("step", 0)
-        writer = MetricsWriter(run_dir, start_step)
+        run.trackers = open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg))
+        writer = MetricsWriter(run_dir, start_step, trackers=run.trackers)
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")
         if start_step == 0:
@@ -480,3 +486,5 @@ def fit(
         return summary
     finally:
         run.pool.close()
+        for tracker in run.trackers:
+            tracker.close()
