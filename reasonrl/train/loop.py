@@ -380,6 +380,7 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
         state,
         run.cfg.run.keep_checkpoints,
         critic_state(run),
+        tokenizer=run.tokenizer,
     )
 
 
