@@ -122,7 +122,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         prompt_template=args.template,
         seed=args.seed,
         fire=FireParams(args.fire_temperature, args.fire_top_k) if args.fire else None,
+        samples=args.n,
+        system_prompt=args.system_prompt,
     )
+    if args.n is not None and args.n < args.k:
+        print(f"reasonrl: error: --n {args.n} samples cannot estimate pass@{args.k}; give --n >= --k", file=sys.stderr)
+        return 2
     try:
         result = run_eval(settings)
     except (DataError, ModelError) as exc:
@@ -244,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dataset", default="arithmetic", help="arithmetic, gsm8k, math500, aime24, or a jsonl with question/answer"
     )
     evaluate.add_argument("--k", type=int, default=1, help="samples per problem for avg@k, maj@k, pass@k")
+    evaluate.add_argument(
+        "--n", type=int, default=None, help="samples drawn per problem (>= k; default k): pass@k is estimated from n"
+    )
+    evaluate.add_argument("--system-prompt", default=None, help="a system message before every prompt")
     evaluate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the k samples")
     evaluate.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold of the k samples")
     evaluate.add_argument("--max-new-tokens", type=int, default=256)
