@@ -6,6 +6,7 @@ reasonrl presets                           list the run presets (name, descripti
 reasonrl config show PRESET|FILE [k=v]     the fully resolved config and its derived plan
 reasonrl config validate FILE [k=v]        check a config file; exit status 2 if it is invalid
 reasonrl sandbox run SOLUTION --tests TESTS run a solution against assert-style tests in the sandbox (JSON verdict)
+reasonrl push RUN_DIR --repo ID            upload a run's model with a generated model card to the Hugging Face Hub
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         fire=FireParams(args.fire_temperature, args.fire_top_k) if args.fire else None,
         fields=Fields(args.question_field, args.answer_field),
+        samples=args.n,
+        system_prompt=args.system_prompt,
     )
     try:
         result = run_eval(settings)
@@ -179,9 +182,23 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     limits = SandboxLimits(timeout_s=args.timeout, total_timeout_s=args.total_timeout, memory_mb=args.memory_mb)
-    verdict = run_code(solution, tests, args.entry_point, context, limits, args.mode, not args.one_process)
+    verdict = run_code(solution, tests, args.entry_point, context, limits, not args.one_process)
     print(json.dumps(verdict.to_dict(), indent=2))
     return 0 if verdict.passed else 1
+
+
+def _cmd_push(args: argparse.Namespace) -> int:
+    from reasonrl.hub import PushError, push_run
+
+    try:
+        report = push_run(
+            Path(args.run), args.repo, checkpoint=args.checkpoint, private=args.private, dry_run=args.dry_run
+        )
+    except PushError as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2))
+    return 0
 
 
 def _print_summary(produce: Callable[[], dict]) -> int:
@@ -277,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--k", type=int, default=1, help="samples per problem for avg@k, maj@k, pass@k (greedy_pass@1 is greedy)"
     )
+    evaluate.add_argument(
+        "--n", type=int, default=None, help="samples drawn per problem (>= k; default k): pass@k is estimated from n"
+    )
+    evaluate.add_argument("--system-prompt", default=None, help="a system message before every prompt")
     evaluate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the k samples")
     evaluate.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold of the k samples")
     evaluate.add_argument("--max-new-tokens", type=int, default=256)
@@ -319,14 +340,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=3.0, help="seconds per test case (wall clock and CPU)")
     run.add_argument("--total-timeout", type=float, default=None, help="seconds for the whole run")
     run.add_argument("--memory-mb", type=int, default=512, help="address-space limit of the code")
-    run.add_argument(
-        "--mode",
-        default="auto",
-        choices=["auto", "rpc", "in_process"],
-        help="where asserts run: auto (in the judge; in the child only for non-plain values), rpc, in_process",
-    )
     run.add_argument("--one-process", action="store_true", help="one process for all tests (faster, less isolated)")
     run.set_defaults(handler=_cmd_sandbox_run)
+
+    push = commands.add_parser(
+        "push", help="upload a run's model, a generated model card and the run's record to the Hugging Face Hub"
+    )
+    push.add_argument("run", metavar="RUN_DIR", help="a reasonrl run directory")
+    push.add_argument("--repo", required=True, metavar="ID", help="the model repository, e.g. me/smollm2-dapo")
+    push.add_argument(
+        "--checkpoint", metavar="latest|step-N", help="push this checkpoint instead of the final model (final/)"
+    )
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--dry-run", action="store_true", help="print the files and model card; upload nothing")
+    push.set_defaults(handler=_cmd_push)
 
     rm = commands.add_parser("rm", help="reward models")
     rm_commands = rm.add_subparsers(dest="rm_command", required=True, metavar="ACTION")

@@ -1,7 +1,9 @@
-"""Evaluation: greedy pass@1, and avg@k / maj@k / pass@k over k sampled answers per problem."""
+"""Evaluation: greedy pass@1, and avg@k / maj@k / pass@k over n ≥ k sampled answers per problem,
+overall and per data source."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -9,6 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from reasonrl.config.errors import ConfigError
+from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.source import DataSpec, benchmark_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
@@ -41,6 +44,10 @@ class EvalSettings:
     timeout_seconds: float = 10.0
     fire: FireParams | None = None
     """FIRE for the k sampled answers (greedy_pass@1 stays greedy)."""
+    samples: int | None = None
+    """n, the answers sampled per problem (≥ k): pass@k is then the unbiased estimate from n; None = k."""
+    system_prompt: str | None = None
+    """A system message before every prompt (as data.system_prompt)."""
     fields: Fields = field(default_factory=Fields)
     """Where question and answer live in the rows of a jsonl/parquet file or a `datasets` name."""
 
@@ -48,11 +55,13 @@ class EvalSettings:
         """Refuse settings that cannot be evaluated, before anything loads."""
         checks = [
             (self.k >= 1, f"--k must be >= 1 (samples per problem), got {self.k}"),
+            (self.samples is None or self.samples >= self.k,
+             f"--n {self.samples} samples cannot estimate pass@{self.k}; give --n >= --k"),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
             (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
             (self.temperature > 0, f"--temperature must be > 0 (of the k samples), got {self.temperature}"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
-        ]
+        ]  # fmt: skip
         problems = [message for ok, message in checks if not ok]
         if problems:
             raise ConfigError("; ".join(problems))
@@ -80,13 +89,41 @@ def majority_correct(results: list[RewardResult]) -> bool:
     return next(r.correct for r, k in zip(results, keys, strict=True) if k == winner)
 
 
-def sampled_metrics(per_problem: list[list[RewardResult]]) -> dict[str, float]:
-    """avg@k (mean accuracy of all samples), maj@k (majority vote), pass@k (any sample correct)."""
-    n = max(1, len(per_problem))
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from n samples of which c are correct (Chen et al. 2021,
+    arXiv:2107.03374, eq. 1): 1 − C(n−c, k) / C(n, k), the chance that k of the n drawn without
+    replacement include a correct one."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k})")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def sampled_metrics(per_problem: list[list[RewardResult]], k: int | None = None) -> dict[str, float]:
+    """Over each problem's n samples: avg@k (mean accuracy of all n, an unbiased estimate of a k-sample
+    mean), maj@k (the majority vote of the first k) and pass@k (the unbiased estimator from n); ``k``
+    defaults to n, where pass@k is "any sample correct"."""
+    count = max(1, len(per_problem))
     return {
-        "avg@k": sum(sum(r.correct for r in rs) / len(rs) for rs in per_problem) / n,
-        "maj@k": sum(majority_correct(rs) for rs in per_problem) / n,
-        "pass@k": sum(any(r.correct for r in rs) for rs in per_problem) / n,
+        "avg@k": sum(sum(r.correct for r in rs) / len(rs) for rs in per_problem) / count,
+        "maj@k": sum(majority_correct(rs[: k or len(rs)]) for rs in per_problem) / count,
+        "pass@k": sum(pass_at_k(len(rs), sum(r.correct for r in rs), k or len(rs)) for rs in per_problem) / count,
+    }
+
+
+def per_source_metrics(
+    examples: list[Example], greedy: list[RewardResult], per_problem: list[list[RewardResult]], k: int
+) -> dict[str, dict[str, float]]:
+    """The metrics of each data source (the row's ``data_source``, else the dataset's name) on its own."""
+    rows: dict[str, list[int]] = {}
+    for i, example in enumerate(examples):
+        rows.setdefault(example.data_source or "unknown", []).append(i)
+    return {
+        source: {
+            "n": len(indices),
+            "greedy_pass@1": sum(greedy[i].correct for i in indices) / len(indices),
+            **sampled_metrics([per_problem[i] for i in indices], k),
+        }
+        for source, indices in rows.items()
     }
 
 
@@ -101,11 +138,12 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
             f"{settings.dataset} holds {', '.join(unscorable)} prompts, which only a judge can score; eval scores "
             f"tasks a program checks ({', '.join(VERIFIERS)}): give such a dataset"
         )
+    samples = settings.samples or settings.k
     tokenizer = load_tokenizer(settings.model)
     model = load_model(settings.model)
     engine = build_engine("auto", model, tokenizer, dtype=compute_dtype(settings.dtype))
     del model
-    encoder = PromptEncoder(tokenizer, settings.prompt_template, max_prompt_tokens=10**9)
+    encoder = PromptEncoder(tokenizer, settings.prompt_template, 10**9, settings.system_prompt)
     # verifiable tasks by their task type: math answers, or code run against its tests in the sandbox
     verifiers = {task_type: make() for task_type, make in VERIFIERS.items()}
     pool = RewardRouter(resolve_routes(), verifiers, {}, workers=settings.workers, timeout=settings.timeout_seconds)
@@ -122,11 +160,11 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
             SamplingParams(
                 settings.max_new_tokens, settings.temperature, settings.top_p, seed=settings.seed, fire=settings.fire
             ),
-            repeats=settings.k,
+            repeats=samples,
         )
     finally:
         pool.close()
-    groups = [sampled.results[i * settings.k : (i + 1) * settings.k] for i in range(len(examples))]
+    groups = [sampled.results[i * samples : (i + 1) * samples] for i in range(len(examples))]
     return {
         "model": settings.model,
         "dataset": settings.dataset,
@@ -134,7 +172,9 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
         "k": settings.k,
         "temperature": settings.temperature,
         "fire": settings.fire is not None,
+        "samples": samples,
         "greedy_pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
-        **sampled_metrics(groups),
+        **sampled_metrics(groups, settings.k),
+        "per_source": per_source_metrics(examples, greedy.results, groups, settings.k),
         "wall_seconds": time.perf_counter() - started,
     }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from reasonrl.data.examples import Example
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -19,6 +21,19 @@ TEMPLATES: dict[str, str] = {
 def user_message(question: str, template: PromptTemplate) -> str:
     """The user turn for ``question`` in the given template."""
     return TEMPLATES[template].format(question=question)
+
+
+def prompt_messages(
+    example: Example, template: PromptTemplate, system_prompt: str | None = None
+) -> list[dict[str, str]]:
+    """The conversation that asks ``example``: its chat-format prompt as it is, else its question through
+    the template; ``system_prompt`` goes first unless the conversation already starts with a system message."""
+    messages = [dict(m) for m in example.messages] or [
+        {"role": "user", "content": user_message(example.question, template)}
+    ]
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
 
 
 def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, question: str, template: PromptTemplate) -> list[int]:

@@ -1,13 +1,15 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically.
 
-A checkpoint is a directory ``checkpoints/step-NNNNNN`` holding the policy weights
-(safetensors), the critic (``critic/``, a ``ValueModel`` directory, when there is one), optimiser +
-scheduler + RNG states (``trainer.pt``) and ``state.json`` (step, data position, KL coefficient,
-...).  It is assembled in ``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest``
-is replaced atomically: a run killed mid-checkpoint leaves the previous checkpoint intact and a
-``.tmp`` directory that the next start removes; a write that fails (a full disk) removes its
-``.tmp`` at once.  With SmolLM2-135M a checkpoint takes about 1.6 GB, ``trainer.pt`` 1.08 GB of it
-(AdamW's two fp32 moments per weight); each save logs its size.
+A checkpoint is a directory ``checkpoints/step-NNNNNN`` holding the policy as a Hugging Face
+directory (weights in safetensors, ``config.json``, the generation config and the tokenizer, so
+``AutoModelForCausalLM.from_pretrained`` loads it), the critic (``critic/``, a ``ValueModel``
+directory, when there is one), optimiser + scheduler + RNG states (``trainer.pt``) and
+``state.json`` (step, data position, KL coefficient, ...).  It is assembled in
+``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest`` is replaced atomically: a
+run killed mid-checkpoint leaves the previous checkpoint intact and a ``.tmp`` directory that the
+next start removes; a write that fails (a full disk) removes its ``.tmp`` at once.  With
+SmolLM2-135M a checkpoint takes about 1.6 GB, ``trainer.pt`` 1.08 GB of it (AdamW's two fp32
+moments per weight); each save logs its size.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     critic: tuple[ValueModel, torch.optim.Optimizer] | None = None,
+    tokenizer: Any = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and keep only the ``keep`` most recent ones."""
     root = _checkpoint_dir(run_dir)
@@ -68,7 +71,8 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        save_model(model, str(tmp / "model.safetensors"))
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # what from_pretrained expects
+        save_pretrained_files(model, tokenizer, tmp)
         trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()}
         if critic is not None:
             critic[0].save(tmp / CRITIC_DIR)
@@ -115,6 +119,14 @@ def _describe_size(checkpoint: Path) -> str:
     parts = sorted(((_size(p), p.name) for p in checkpoint.iterdir()), reverse=True)
     total = sum(size for size, _ in parts)
     return f"{_bytes(total)}: " + ", ".join(f"{name} {_bytes(size)}" for size, name in parts[:2])
+
+
+def save_pretrained_files(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
+    """Beside the weights, what makes a directory a Hugging Face model: its config, generation config
+    and tokenizer (each when the model or tokenizer has one)."""
+    for part in (getattr(model, "config", None), getattr(model, "generation_config", None), tokenizer):
+        if part is not None and hasattr(part, "save_pretrained"):
+            part.save_pretrained(directory)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

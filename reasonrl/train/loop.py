@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,13 @@ import torch
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, ConfigError, Plan, resolve
+from reasonrl.config import Config, ConfigError, Plan, resolve, to_dict
 from reasonrl.data.loaders import Fields
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
 from reasonrl.reward.base import Scorer, Verifier
+from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
 from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.reward.router import RewardRouter, resolve_routes
@@ -42,6 +43,7 @@ from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PoolCollector, PromptEncoder, RolloutCollector, hash_seed, sample_and_score
 from reasonrl.train.rundir import RunRecord, claim, custom_objects
 from reasonrl.train.step import PolicyUpdater
+from reasonrl.train.trackers import Tracker, TrackerError, check_trackers, open_trackers
 from reasonrl.train.value_pretrain import pretrain_critic
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ class Run:
     critic: CriticUpdater | None
     windowed: PoolCollector | None
     """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
+    trackers: list[Tracker] = field(default_factory=list)
+    """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
 
     @property
     def rollout(self) -> RolloutCollector | PoolCollector:
@@ -151,12 +155,23 @@ def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
     )
 
 
+def preflight(cfg: Config) -> list[RewardTerm]:
+    """What the user plugs in, checked before any model loads: the trackers' packages, and the terms of
+    ``reward.functions`` (each function imported once); a problem is a ConfigError."""
+    try:
+        check_trackers(cfg.run.loggers)
+        return reward_terms(cfg.reward.functions, cfg.reward.weights)
+    except (RewardFunctionError, TrackerError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
 # --- stages --------------------------------------------------------------------------------------
 
 
 def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verifier: Verifier | None = None) -> Run:
     """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
     plan = resolve(cfg)
+    terms = preflight(cfg)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -173,8 +188,10 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
         pool = build_router(cfg, dtype)
+    if terms:  # the user's reward functions, with the scorer above as their "verifier" term
+        pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
+    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     warmup = plan.warmup_optimizer_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
@@ -270,7 +287,7 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
         return {}
     started = time.perf_counter()
     steps = run.plan.value_pretrain_steps
-    writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
+    writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN, trackers=run.trackers)
     with ProgressDisplay(steps, 0, show_progress, "value pretraining", "rollout, critic update") as progress:
         last = [started]
 
@@ -363,6 +380,7 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
         state,
         run.cfg.run.keep_checkpoints,
         critic_state(run),
+        tokenizer=run.tokenizer,
     )
 
 
@@ -412,7 +430,8 @@ def _train(
     try:
         state = restore(run)
         start_step = state.get("step", 0)
-        writer = MetricsWriter(run_dir, start_step)
+        run.trackers = open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg))
+        writer = MetricsWriter(run_dir, start_step, trackers=run.trackers)
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")
         if start_step == 0:
@@ -489,3 +508,5 @@ def _train(
         return summary
     finally:
         run.pool.close()
+        for tracker in run.trackers:
+            tracker.close()

@@ -1,4 +1,4 @@
-"""Where metrics go: a JSONL file (the source of truth), TensorBoard, and a rich progress bar."""
+"""Where metrics go: a JSONL file (the source of truth), the trackers (TensorBoard, ...), and a progress bar."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import json
 import math
 import resource
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+from reasonrl.train.trackers import TensorBoardTracker, Tracker
 
 CONSOLE = Console(stderr=True)  # shared by the progress bar and log messages, so they do not garble
 
@@ -45,22 +48,25 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Appends one JSON object per step to ``<name>.jsonl`` and mirrors scalars to TensorBoard.
+    """Appends one JSON object per step to ``<name>.jsonl`` and mirrors its scalars to trackers.
 
-    ``metrics`` (the RL steps) logs to ``tensorboard/``; any other name (e.g. ``value_pretrain``)
-    to ``tensorboard/<name>``, so its step numbers do not collide with the RL steps'.
+    ``trackers`` (``reasonrl.train.trackers``; shared by the run's streams, closed by their owner)
+    default to TensorBoard alone, owned by this writer: ``metrics`` (the RL steps) logs to
+    ``tensorboard/``; any other name (e.g. ``value_pretrain``) to ``tensorboard/<name>``, so its
+    step numbers do not collide with the RL steps'.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int = 0, name: str = "metrics") -> None:
+    def __init__(
+        self, run_dir: Path, resume_step: int = 0, name: str = "metrics", trackers: Sequence[Tracker] | None = None
+    ) -> None:
         self.path = run_dir / f"{name}.jsonl"
+        self.name = name
         # a restart replays every step past the checkpoint it resumes (all of them, step 0's evaluation
         # included, when there is none): drop their records first, so no step appears twice
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step] if resume_step else []
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        from tensorboardX import SummaryWriter
-
-        board = run_dir / "tensorboard" if name == "metrics" else run_dir / "tensorboard" / name
-        self.tensorboard = SummaryWriter(str(board), purge_step=resume_step + 1 if resume_step else 0)
+        self._owned = trackers is None
+        self.trackers = [TensorBoardTracker(run_dir, resume_step)] if trackers is None else list(trackers)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step's metrics."""
@@ -70,14 +76,15 @@ class MetricsWriter:
         }
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
-        for key, value in metrics.items():
-            if isinstance(value, int | float) and math.isfinite(value):
-                self.tensorboard.add_scalar(key, value, step)
-        self.tensorboard.flush()
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+        for tracker in self.trackers:
+            tracker.log(self.name, step, scalars)
 
     def close(self) -> None:
-        """Flush and close TensorBoard."""
-        self.tensorboard.close()
+        """Flush and close the trackers this writer owns."""
+        if self._owned:
+            for tracker in self.trackers:
+                tracker.close()
 
 
 class _TwoLineProgress(Progress):

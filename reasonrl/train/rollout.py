@@ -23,7 +23,7 @@ from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.config import Config, Plan
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
-from reasonrl.data.prompts import prompt_token_ids
+from reasonrl.data.prompts import chat_token_ids, prompt_messages
 from reasonrl.data.source import TrainingStream
 from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.reward.format import FormatVerifier
@@ -53,10 +53,11 @@ class Scored:
 class PromptEncoder:
     """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut."""
 
-    def __init__(self, tokenizer, template: str, max_prompt_tokens: int) -> None:
+    def __init__(self, tokenizer, template: str, max_prompt_tokens: int, system_prompt: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.max_prompt_tokens = max_prompt_tokens
+        self.system_prompt = system_prompt
         self._cache: dict[str, list[int]] = {}
         self.too_long = 0
 
@@ -65,7 +66,7 @@ class PromptEncoder:
         if example.id not in self._cache:
             # the template asks for a parseable final answer: math only (code and chat questions carry their own)
             template = self.template if example.task_type == "math" else "plain"
-            ids = prompt_token_ids(self.tokenizer, example.question, template)
+            ids = chat_token_ids(self.tokenizer, prompt_messages(example, template, self.system_prompt))
             self._cache[example.id] = ids
             if len(ids) > self.max_prompt_tokens:
                 self.too_long += 1
@@ -392,6 +393,25 @@ def source_stats(results: Sequence[RewardResult]) -> dict[str, float]:
     for source, scores in by_source.items():
         stats[f"reward/{source}/mean"] = sum(scores) / len(scores)
         stats[f"reward/{source}/fraction"] = len(scores) / len(results)
+    return stats | function_stats(results)
+
+
+def function_stats(results: Sequence[RewardResult]) -> dict[str, float]:
+    """Per term of ``reward.functions``: its mean value (samples it returned None for left out; an error
+    counts as 0) and the share of samples it failed on (raised, timed out or died)."""
+    values: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    for result in results:
+        for name, value in result.info.get("terms", {}).items():
+            values.setdefault(name, [])
+            if value is not None:
+                values[name].append(value)
+        for name in result.info.get("term_errors", ()):
+            errors[name] = errors.get(name, 0) + 1
+    stats = {}
+    for name, scored in values.items():
+        stats[f"reward/fn/{name}/mean"] = sum(scored) / len(scored) if scored else float("nan")
+        stats[f"reward/fn/{name}/error_fraction"] = errors.get(name, 0) / len(results)
     return stats
 
 

@@ -54,8 +54,8 @@ def test_malformed_jsonl_fails_with_file_and_line(tmp_path):
     path.write_text('{"question": "a", "answer": "1"}\n\n{"question": "b", "answer": 2\n')
     with pytest.raises(DataError, match=rf"{path}:3: malformed JSON line"):
         load_examples(str(path))
-    path.write_text('{"question": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n')
-    with pytest.raises(DataError, match=rf"{path}:2: no field 'question' \(fields present: prompt, answer\)"):
+    path.write_text('{"question": "a", "answer": "1"}\n{"query": "b", "answer": "2"}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: no field 'question' \(fields present: query, answer\)"):
         load_examples(str(path))
     path.write_text("[1, 2]\n")
     with pytest.raises(DataError, match=r":1: expected a JSON object"):
@@ -77,7 +77,8 @@ def test_field_mapping_gzip_and_parquet(tmp_path):
     parquet = tmp_path / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet)
     assert load_examples(str(parquet), fields=Fields(question="q", answer="a")) == [
-        type(e)(id=f"rows:{i}", question=e.question, answer=e.answer) for i, e in enumerate(examples)
+        type(e)(id=f"rows:{i}", question=e.question, answer=e.answer, data_source="rows")
+        for i, e in enumerate(examples)
     ]
 
 
