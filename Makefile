@@ -13,7 +13,7 @@ $(VENV)/.installed-dev: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh dev
 	touch $@
 
-## demo: set up .venv and run the main job (DAPO on arithmetic with SmolLM2-135M-Instruct, ~10 min on 2 cores)
+## demo: set up .venv and run the main job (DAPO on arithmetic with SmolLM2-135M-Instruct, ~6 min on 2 cores)
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/reasonrl train
 

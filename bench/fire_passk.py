@@ -4,7 +4,7 @@
 
 For each dataset (the arithmetic eval split and a GSM8K test slice, both shipped with reasonrl),
 samples k answers per problem at temperature 1 with the regular sampler and with FIRE (first token
-at temperature 30, top-k 16; authors' defaults), same seed, and reports pass@1 (greedy), avg@k,
+at temperature 30, top-k 16; authors' defaults), same seed, and reports greedy_pass@1, avg@k,
 maj@k and pass@k for both.
 """
 
@@ -33,7 +33,8 @@ def main() -> None:
             metrics = run_eval(
                 EvalSettings(args.model, dataset, k=args.k, max_new_tokens=max_new_tokens, limit=limit, fire=fire)
             )
-            result[f"{dataset}_{label}"] = {key: metrics[key] for key in ("n", "pass@1", "avg@k", "maj@k", "pass@k")}
+            keys = ("n", "greedy_pass@1", "avg@k", "maj@k", "pass@k")
+            result[f"{dataset}_{label}"] = {key: metrics[key] for key in keys}
         result[f"{dataset}_pass@k_gain"] = result[f"{dataset}_fire"]["pass@k"] - result[f"{dataset}_regular"]["pass@k"]
     print(json.dumps(result, indent=2))
 

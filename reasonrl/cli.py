@@ -1,11 +1,12 @@
 """The ``reasonrl`` command line.
 
 reasonrl train [PRESET|FILE] [k=v ...]     an RL run (default preset: dapo); --resume RUN_DIR continues one
-reasonrl eval --model M --dataset D --k N  pass@1, avg@k, maj@k, pass@k of a model on a dataset
+reasonrl eval --model M --dataset D --k N  greedy pass@1, avg@k, maj@k, pass@k of a model on a dataset
 reasonrl presets                           list the run presets (name, description, paper)
 reasonrl config show PRESET|FILE [k=v]     the fully resolved config and its derived plan
 reasonrl config validate FILE [k=v]        check a config file; exit status 2 if it is invalid
 reasonrl sandbox run SOLUTION --tests TESTS run a solution against assert-style tests in the sandbox (JSON verdict)
+reasonrl push RUN_DIR --repo ID            upload a run's model with a generated model card to the Hugging Face Hub
 """
 
 from __future__ import annotations
@@ -58,43 +59,77 @@ def _cmd_config_validate(args: argparse.Namespace) -> int:
 def _latest_run(output_dir: Path, preset: str) -> Path | None:
     """The newest run directory of ``preset`` under ``output_dir`` that has a checkpoint."""
     from reasonrl.train.checkpoint import latest_checkpoint
+    from reasonrl.train.rundir import RunRecord
 
     candidates = []
     for run_json in output_dir.glob("*/run.json"):
-        if json.loads(run_json.read_text()).get("preset") == preset and latest_checkpoint(run_json.parent):
+        record = RunRecord.read(run_json.parent)
+        if record and record.preset == preset and latest_checkpoint(run_json.parent):
             candidates.append(run_json.parent)
     return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
 
 
+def _preset_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """The positional preset, unless it is the first override (``train --resume DIR k=v``)."""
+    if args.preset and "=" in args.preset:
+        return None, [args.preset, *args.overrides]
+    return args.preset, list(args.overrides)
+
+
+def _resumed_config(run_dir: Path, preset: str | None, overrides: list[str]):
+    """The recorded settings of ``run_dir`` plus ``overrides`` (which ``fit`` checks against
+    ``RESUMABLE_KEYS``), and its preset; refuses a directory the command line cannot continue."""
+    from reasonrl.train.rundir import CONFIG_FILE, RunRecord
+
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise ConfigError(f"{run_dir} is not a reasonrl run directory (no {CONFIG_FILE}); give the directory of a run")
+    record = RunRecord.read(run_dir)
+    if record is None:
+        raise ConfigError(
+            f"{run_dir} has no run.json (it was made by fit() from Python); resume it by calling fit() again "
+            "with its config and run directory"
+        )
+    if record.custom:
+        raise ConfigError(
+            f"{run_dir} was trained from Python with a {' and '.join(record.custom)}, which the command line "
+            f"cannot rebuild; resume it by calling {record.resume_command(run_dir)}"
+        )
+    if preset is not None and Path(preset).stem != record.preset:
+        raise ConfigError(
+            f"{run_dir} is a {record.preset} run, not {Path(preset).stem}; resume it without a preset: "
+            f"reasonrl train --resume {run_dir} [KEY=VALUE ...]"
+        )
+    return load_config(run_dir / CONFIG_FILE, overrides), record.preset
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.loaders import DataError
+    from reasonrl.data.source import check_sources
     from reasonrl.models.load import ModelError
-    from reasonrl.train.loop import fit
+    from reasonrl.train.loop import data_spec, fit
     from reasonrl.train.rollout import DynamicSamplingError
+    from reasonrl.train.rundir import DiskFullError
 
-    preset = args.preset or DEFAULT_PRESET
+    preset, overrides = _preset_and_overrides(args)
     run_dir = None
     if args.resume == "auto":
-        cfg = load_config(preset, args.overrides)
-        run_dir = _latest_run(Path(cfg.run.output_dir), Path(preset).stem)
+        cfg = load_config(preset or DEFAULT_PRESET, overrides)
+        run_dir = _latest_run(Path(cfg.run.output_dir), Path(preset or DEFAULT_PRESET).stem)
     elif args.resume:
         run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"{run_dir} is not a reasonrl run directory (no config.yaml)")
     if run_dir is not None:
-        cfg = load_config(run_dir / "config.yaml", args.overrides)
-        preset = json.loads((run_dir / "run.json").read_text())["preset"]
+        cfg, preset = _resumed_config(run_dir, None if args.resume == "auto" else preset, overrides)
     else:
-        cfg = load_config(preset, args.overrides)
+        preset = preset or DEFAULT_PRESET
+        cfg = load_config(preset, overrides)
         preset = Path(preset).stem
         run_dir = Path(cfg.run.output_dir) / (cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     resolve(cfg)  # every config problem surfaces before a model loads
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps({"preset": preset, "overrides": list(args.overrides)}) + "\n")
-    print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
     try:
-        summary = fit(cfg, run_dir, preset=preset, overrides=tuple(args.overrides), show_progress=not args.quiet)
-    except (DataError, ModelError, DynamicSamplingError) as exc:
+        check_sources(data_spec(cfg))
+        print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
+        summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
+    except (DataError, ModelError, DynamicSamplingError, DiskFullError) as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
     before, after = summary["accuracy_before"], summary["accuracy_after"]
@@ -123,6 +158,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         prompt_template=args.template,
         seed=args.seed,
         fire=FireConfig(enabled=args.fire, temperature=args.fire_temperature, top_k=args.fire_top_k),
+        question_field=args.question_field,
+        answer_field=args.answer_field,
+        samples=args.n,
+        system_prompt=args.system_prompt,
     )
     try:
         result = run_eval(settings)
@@ -146,18 +185,33 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     limits = SandboxLimits(timeout_s=args.timeout, total_timeout_s=args.total_timeout, memory_mb=args.memory_mb)
-    verdict = run_code(solution, tests, args.entry_point, context, limits, args.mode, not args.one_process)
+    verdict = run_code(solution, tests, args.entry_point, context, limits, not args.one_process)
     print(json.dumps(verdict.to_dict(), indent=2))
     return 0 if verdict.passed else 1
 
 
+def _cmd_push(args: argparse.Namespace) -> int:
+    from reasonrl.hub import PushError, push_run
+
+    try:
+        report = push_run(
+            Path(args.run), args.repo, checkpoint=args.checkpoint, private=args.private, dry_run=args.dry_run
+        )
+    except PushError as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def _print_summary(produce: Callable[[], dict]) -> int:
-    """Run a data-producing command: its summary as JSON (status 0), or a bad-data error (status 1)."""
+    """Run a data-producing command: its summary as JSON (status 0), or a bad-data or bad-model error (status 1)."""
     from reasonrl.data.loaders import DataError
+    from reasonrl.models.load import ModelError
 
     try:
         summary = produce()
-    except DataError as exc:
+    except (DataError, ModelError) as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
@@ -193,6 +247,9 @@ def _cmd_data_select(args: argparse.Namespace) -> int:
             samples=args.samples,
             max_new_tokens=args.max_new_tokens,
             overrides=args.overrides,
+            split=args.split,
+            limit=args.limit,
+            progress=not args.quiet,
         )
     )
 
@@ -211,6 +268,8 @@ def _choices(settings: type, name: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``reasonrl`` command."""
+    from reasonrl.data.loaders import builtin_names
+
     parser = argparse.ArgumentParser(prog="reasonrl", description="RL for reasoning language models.")
     parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -236,9 +295,28 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--dataset",
         default=eval_defaults.dataset,
-        help="arithmetic, gsm8k, math500, aime24, or a jsonl with question/answer",
+        help=f"a built-in dataset ({', '.join(builtin_names(verifiable_only=True))}), a .jsonl/.parquet file "
+        "with question/answer fields, or a hub id owner/name",
     )
-    evaluate.add_argument("--k", type=int, default=eval_defaults.k, help="samples per problem for avg@k, maj@k, pass@k")
+    evaluate.add_argument(
+        "--question-field", default=eval_defaults.question_field, help="field of a file's rows holding the question"
+    )
+    evaluate.add_argument(
+        "--answer-field", default=eval_defaults.answer_field, help="field of a file's rows holding the final answer"
+    )
+    evaluate.add_argument(
+        "--k",
+        type=int,
+        default=eval_defaults.k,
+        help="samples per problem for avg@k, maj@k, pass@k (greedy_pass@1 is greedy)",
+    )
+    evaluate.add_argument(
+        "--n", type=int, default=eval_defaults.samples,
+        help="samples drawn per problem (>= k; default k): pass@k is estimated from n",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--system-prompt", default=eval_defaults.system_prompt, help="a system message before every prompt"
+    )
     evaluate.add_argument(
         "--temperature", type=float, default=eval_defaults.temperature, help="sampling temperature of the k samples"
     )
@@ -285,14 +363,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=3.0, help="seconds per test case (wall clock and CPU)")
     run.add_argument("--total-timeout", type=float, default=None, help="seconds for the whole run")
     run.add_argument("--memory-mb", type=int, default=512, help="address-space limit of the code")
-    run.add_argument(
-        "--mode",
-        default="auto",
-        choices=["auto", "rpc", "in_process"],
-        help="where asserts run: auto (in the judge; in the child only for non-plain values), rpc, in_process",
-    )
     run.add_argument("--one-process", action="store_true", help="one process for all tests (faster, less isolated)")
     run.set_defaults(handler=_cmd_sandbox_run)
+
+    push = commands.add_parser(
+        "push", help="upload a run's model, a generated model card and the run's record to the Hugging Face Hub"
+    )
+    push.add_argument("run", metavar="RUN_DIR", help="a reasonrl run directory")
+    push.add_argument("--repo", required=True, metavar="ID", help="the model repository, e.g. me/smollm2-dapo")
+    push.add_argument(
+        "--checkpoint", metavar="latest|step-N", help="push this checkpoint instead of the final model (final/)"
+    )
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--dry-run", action="store_true", help="print the files and model card; upload nothing")
+    push.set_defaults(handler=_cmd_push)
 
     rm = commands.add_parser("rm", help="reward models")
     rm_commands = rm.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
@@ -330,6 +414,14 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--samples", type=int, default=4, help="responses sampled per candidate prompt")
     select.add_argument("--max-new-tokens", type=int, default=64)
     select.add_argument(
+        "--split",
+        default="auto",
+        choices=["auto", "train", "test"],
+        help="split of built-in datasets (auto: train where there is one, else the only split, e.g. math500's test)",
+    )
+    select.add_argument("--limit", type=int, default=None, help="score the first N candidates only")
+    select.add_argument("--quiet", action="store_true", help="no progress bar")
+    select.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides: model.name_or_path, reward.* ..."
     )
     select.set_defaults(handler=_cmd_data_select)
@@ -338,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="best-of-N references: sample N responses per prompt, keep the BT model's favourite (task_type open)",
     )
     bon.add_argument("--prompts", required=True, help="prompts: a dataset name or jsonl")
-    bon.add_argument("--reward-model", required=True, help="a Bradley-Terry model directory (reasonrl rm train)")
+    bon.add_argument(
+        "--reward-model", required=True, help="a Bradley-Terry model: the --out directory of `reasonrl rm train`"
+    )
     bon.add_argument("--out", required=True, help="the jsonl to write")
     bon.add_argument("--n", type=int, default=4)
     bon.add_argument("--max-new-tokens", type=int, default=128)
@@ -349,13 +443,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``reasonrl`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides = [*args.overrides, *extra]  # KEY=VALUE after an option (`--resume DIR k=v`) is an override
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _configure_logging()
     try:
         return args.handler(args)
     except ConfigError as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # a run says where it stopped and how to resume (TrainingInterrupted)
+        print(f"reasonrl: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 def _configure_logging() -> None:
@@ -366,9 +468,10 @@ def _configure_logging() -> None:
     logging.basicConfig(
         level=logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(console=CONSOLE, show_path=False)],
+        handlers=[RichHandler(console=CONSOLE, show_time=False, show_path=False)],
         force=True,
     )
+    logging.getLogger("reasonrl").setLevel(logging.INFO)  # notices: resuming, checkpoint sizes
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from reasonrl.cli import main
 
 
@@ -48,3 +50,28 @@ def test_console_script_runs():
     )
     assert result.returncode == 2
     assert "algo.eps_high" in result.stderr
+
+
+def test_config_validate_checks_the_reward_routes(tmp_path, capsys):
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("preset: grpo\nreward:\n  routes: ['math=bt']\n")
+    assert main(["config", "validate", str(routes)]) == 2
+    assert "reward.routes: route math=bt: a verifiable task must be scored by a verifier" in capsys.readouterr().err
+    assert main(["train", "grpo", "reward.routes=['math']"]) == 2  # before any model loads
+    assert "reward.routes entry 'math' is not 'task_type=source'" in capsys.readouterr().err
+
+
+def test_eval_refuses_bad_settings_before_loading_and_lists_every_dataset(capsys, monkeypatch):
+    import reasonrl.eval
+
+    monkeypatch.setattr(reasonrl.eval, "load_model", lambda *a: pytest.fail("loaded a model"))
+    assert main(["eval", "--model", "tiny-random", "--k", "0"]) == 2
+    assert capsys.readouterr().err == "reasonrl: error: --k must be >= 1 (samples per problem), got 0\n"
+    assert main(["eval", "--model", "tiny-random", "--dataset", "gsm8kk"]) == 1
+    assert "did you mean 'gsm8k'?" in capsys.readouterr().err
+    assert main(["eval", "--model", "tiny-random", "--dataset", "hh-rlhf-harmless"]) == 1
+    assert "only a judge can score" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "arithmetic, gsm8k, math500, aime2024, humaneval, mbpp)" in help_text and "--question-field" in help_text

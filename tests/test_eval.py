@@ -56,8 +56,21 @@ def test_eval_command_on_a_jsonl_file(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == result
     assert result["n"] == 3 and result["k"] == 2
-    for key in ("pass@1", "avg@k", "maj@k", "pass@k"):
+    for key in ("greedy_pass@1", "avg@k", "maj@k", "pass@k"):
         assert 0.0 <= result[key] <= 1.0
+
+
+def test_eval_takes_field_mappings_and_labels_the_greedy_score(tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(json.dumps({"problem": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n" for i in range(2))
+    )
+    args = ["eval", "--model", "tiny-random", "--dataset", str(data), "--max-new-tokens", "2"]
+    assert main([*args, "--question-field", "problem", "--answer-field", "solution"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n"] == 2 and "greedy_pass@1" in result and "pass@1" not in result
+    assert main(args) == 1
+    assert "no field 'question' (fields present: problem, solution)" in capsys.readouterr().err
 
 
 def test_eval_command_reports_bad_data(tmp_path, capsys):

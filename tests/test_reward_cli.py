@@ -76,3 +76,37 @@ def test_data_bon_keeps_the_reward_models_favourite_as_an_open_reference(tmp_pat
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 and all(r["task_type"] == "open" for r in rows)
     assert json.loads(capsys.readouterr().out)["written"] == 3
+
+
+def test_data_select_takes_the_readme_command_a_split_and_a_limit(tmp_path, capsys):
+    out = tmp_path / "pre_ppo.jsonl"
+    args = ["data", "select", "--candidates", "gsm8k", "--base", "math500", "--out", str(out), "--limit", "3"]
+    args += [
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "2",
+        "model.name_or_path=tiny-random",
+        "rollout.max_prompt_tokens=2000",
+        "train.microbatch_tokens=4096",
+    ]
+    assert main(args) == 0  # math500 has a test split only: auto takes it
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["candidates"] == 3 and summary["base"] == 500 and summary["selected"] == 1
+    assert "scoring candidates" in captured.err and "3/3" in captured.err  # progress
+    assert main([*args, "--split", "train"]) == 1
+    assert "built-in dataset 'math500' has no 'train' split (it has test)" in capsys.readouterr().err
+
+
+def test_data_bon_takes_the_rm_train_output_directory_and_refuses_others_before_sampling(tmp_path, capsys):
+    from reasonrl.reward.bt import RewardModel
+
+    RewardModel.from_policy("tiny-random").save(tmp_path / "rm-run" / "model")  # what `rm train --out rm-run` writes
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"question": "Tell me a story.", "answer": "-"}])
+    args = ["data", "bon", "--prompts", str(prompts), "--out", str(tmp_path / "bon.jsonl"), "--n", "2"]
+    args += ["--max-new-tokens", "2", "model.name_or_path=tiny-random"]
+    assert main([*args, "--reward-model", str(tmp_path / "rm-run")]) == 0
+    assert json.loads(capsys.readouterr().out)["written"] == 1
+    assert main([*args, "--reward-model", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith(f"reasonrl: error: {tmp_path} is not a saved value model")

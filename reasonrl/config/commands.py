@@ -28,7 +28,7 @@ class EvalSettings:
     """Samples per problem for avg@k, maj@k and pass@k."""
 
     temperature: float = 1.0
-    """Sampling temperature of the k samples (pass@1 is always greedy)."""
+    """Sampling temperature of the k samples (greedy_pass@1 is always greedy)."""
 
     top_p: float = 1.0
     """Nucleus threshold of the k samples; 1.0 = off."""
@@ -55,7 +55,36 @@ class EvalSettings:
     """Per-answer scoring time limit."""
 
     fire: FireConfig = field(default_factory=FireConfig)
-    """FIRE for the k sampled answers (pass@1 stays greedy); off unless ``fire.enabled``."""
+    """FIRE for the k sampled answers (greedy_pass@1 stays greedy); off unless ``fire.enabled``."""
+
+    samples: int | None = None
+    """n, the answers sampled per problem (≥ k): pass@k is then the unbiased estimate from n; None = k."""
+
+    system_prompt: str | None = None
+    """A system message before every prompt (as data.system_prompt)."""
+
+    question_field: str = "question"
+    """Field of a file's rows (or a `datasets` name's) holding the question."""
+
+    answer_field: str = "answer"
+    """Field of a file's rows holding the final answer (dotted for nested fields)."""
+
+    def check(self) -> None:
+        """Refuse settings that cannot be evaluated, before anything loads (ConfigError naming each problem)."""
+        from reasonrl.config.errors import ConfigError
+
+        checks = [
+            (self.k >= 1, f"--k must be >= 1 (samples per problem), got {self.k}"),
+            (self.samples is None or self.samples >= self.k,
+             f"--n {self.samples} samples cannot estimate pass@{self.k}; give --n >= --k"),
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+            (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature > 0, f"--temperature must be > 0 (of the k samples), got {self.temperature}"),
+            (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
+        ]  # fmt: skip
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass(frozen=True)

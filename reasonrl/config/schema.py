@@ -129,6 +129,16 @@ class RewardConfig:
     genrm_reference, genrm_bon, bt); defaults: math=math, code=code, reference=genrm_reference,
     open=genrm_bon, preference=bt.  Verifiable tasks can only go to a verifier."""
 
+    functions: tuple[str, ...] = ()
+    """Custom reward functions, "module:function" or "path/to/file.py:function", in TRL's shape
+    score(prompts, completions, **row_fields) -> list[float] or verl's compute_score(data_source,
+    solution_str, ground_truth, extra_info); "verifier" stands for the built-in scorer.  When given, a
+    response's score is the weighted sum of these terms (the built-in scorer counts only if listed);
+    each runs in its own worker pool under timeout_seconds.  Empty = the built-in scorer alone."""
+
+    weights: tuple[float, ...] = ()
+    """One weight per reward.functions entry; empty = 1 each."""
+
     judge_model: str | None = None
     """The GenRM / pairwise judge: any causal LM spec; None = the policy's initial model."""
 
@@ -142,7 +152,8 @@ class DataConfig:
 
     dataset: str = "arithmetic"
     """Training prompts: a built-in task (arithmetic, gsm8k, math500, aime2024, humaneval, mbpp), a
-    local .jsonl or .parquet file, or a `datasets` name; `a+b` mixes several (e.g. gsm8k+mbpp)."""
+    local .jsonl or .parquet file (verl's layout included), or a `datasets` name, with its configuration
+    after a colon (openai/gsm8k:main); `a+b` mixes several (e.g. gsm8k+mbpp)."""
 
     eval_dataset: str | None = None
     """Held-out prompts; None = the held-out split of dataset."""
@@ -154,6 +165,10 @@ class DataConfig:
     """How the question is asked: answer_line ("... Give the final answer on the last line as
     'Answer: <answer>'"), boxed ("... put your final answer within \\boxed{}"), or plain."""
 
+    system_prompt: str | None = None
+    """A system message put before every prompt (a chat-format prompt that starts with its own system
+    message keeps it); None = none."""
+
     arithmetic_digits: int = 2
     """Arithmetic task difficulty: digits per operand (2 = two-digit sums, where the base model
     scores 10–60%)."""
@@ -162,10 +177,12 @@ class DataConfig:
     """Arithmetic task: the operators problems are drawn from, any of '+-*'."""
 
     question_field: str = "question"
-    """Field holding the question in a jsonl/parquet/`datasets` source."""
+    """Field holding the question in a jsonl/parquet/`datasets` source: a string, or a list of chat
+    messages sent as they are; without it, a `prompt` field is used (TRL's and verl's name)."""
 
     answer_field: str = "answer"
-    """Field holding the reference final answer in a jsonl/parquet/`datasets` source."""
+    """Field holding the reference final answer in a jsonl/parquet/`datasets` source (a dotted name
+    reaches into a nested field); without it, verl's `reward_model.ground_truth` is used."""
 
     task_mix: tuple[str, ...] = ()
     """Task-mix schedule: phases "STEP:type=weight,..." or "STEP:natural", e.g. the math/code-first
@@ -177,8 +194,8 @@ class TrainConfig:
     """The optimisation schedule."""
 
     rollout_steps: int = 10
-    """Rollout steps (generate, score, update) in the run (10 ≈ ten minutes on 2 CPU cores with the
-    embedded model)."""
+    """Rollout steps (generate, score, update) in the run (10 ≈ six minutes on 2 CPU cores with the
+    embedded model).  The one setting besides cadence and memory knobs that a resumed run may change."""
 
     lr: float = 1e-5
     """Actor learning rate (AdamW), constant after warm-up.  The papers use 1e-6 for 32B models;
@@ -213,7 +230,8 @@ class RunConfig:
     """Parent directory of run directories."""
 
     name: str | None = None
-    """Run directory name under output_dir; None = the preset name."""
+    """Run directory name under output_dir; None = `<preset>-<YYYYmmdd-HHMMSS>` (a new directory per run).
+    A name that already holds a run continues it, and refuses other settings."""
 
     seed: int = 0
     """Seed of sampling, data order and initialisation."""
@@ -225,10 +243,16 @@ class RunConfig:
     """Write a checkpoint every this many rollout steps (and at the end)."""
 
     keep_checkpoints: int = 2
-    """How many most recent checkpoints to keep."""
+    """How many most recent checkpoints to keep.  With the 135M model a checkpoint takes about 1.6 GB
+    (trainer.pt, AdamW's moments, 1.08 GB); a save holds one more until the new one is complete."""
 
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the latest checkpoint in the run directory if there is one."""
+
+    loggers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = ("tensorboard",)
+    """Experiment trackers that mirror metrics.jsonl (the source of truth): tensorboard, wandb
+    (`pip install 'reasonrl[wandb]'`; WANDB_MODE=offline honoured) and mlflow (`reasonrl[mlflow]`;
+    MLFLOW_TRACKING_URI, else a local file store mlruns/ beside the run directories)."""
 
 
 @dataclass(frozen=True)

@@ -152,8 +152,36 @@ def _algorithm(cfg: Config) -> list[str]:
     return problems
 
 
+def _reward_routes(cfg: Config) -> list[str]:
+    from reasonrl.reward.router import RoutingError, resolve_routes  # the routing table's own rules
+
+    try:
+        resolve_routes(cfg.reward.routes)
+    except RoutingError as exc:
+        return [str(exc) if "reward.routes" in str(exc) else f"reward.routes: {exc}"]
+    return []
+
+
+def _reward_functions(cfg: Config) -> list[str]:
+    functions, weights = cfg.reward.functions, cfg.reward.weights
+    problems = []
+    if weights and len(weights) != len(functions):
+        problems.append(
+            f"reward.weights has {len(weights)} entries for {len(functions)} reward.functions; give one per "
+            "function, or none for weight 1 each"
+        )
+    for spec in functions:
+        target, sep, name = spec.rpartition(":")
+        if spec.strip() != "verifier" and not (sep and target.strip() and name.strip()):
+            problems.append(
+                f"reward.functions entry {spec!r} is not 'module:function' or 'path/to/file.py:function' "
+                "(or 'verifier' for the built-in scorer)"
+            )
+    return problems
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
-    problems = _ranges(cfg) + _batch_sizes(cfg) + _algorithm(cfg)
+    problems = _ranges(cfg) + _batch_sizes(cfg) + _algorithm(cfg) + _reward_routes(cfg) + _reward_functions(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -54,7 +54,7 @@ class ArithmeticTask:
     @staticmethod
     def _example(a: int, op: str, b: int) -> Example:
         question = f"{a} {op} {b}"
-        return Example(id=question, question=f"What is {question}?", answer=str(OPERATORS[op](a, b)))
+        return Example(question, f"What is {question}?", str(OPERATORS[op](a, b)), data_source="arithmetic")
 
     def train_example(self, index: int) -> Example:
         """The ``index``-th training problem of this seed (never an eval problem)."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -13,10 +14,22 @@ class Example:
     """Stable identifier (dataset name + row, or the arithmetic problem itself)."""
 
     question: str
-    """The user message (before the prompt template and chat template)."""
+    """The user message (before the prompt template and chat template); for a chat-format prompt, the
+    content of its last user message."""
 
     answer: str
     """The reference final answer as a string (a number, or LaTeX for MATH)."""
 
     task_type: str = "math"
     """Which verifier scores it."""
+
+    messages: tuple[dict[str, str], ...] = ()
+    """A chat-format prompt (the row's ``prompt`` as a list of {role, content} messages), sent through
+    the chat template as it is, without the prompt template; empty = ask ``question`` through it."""
+
+    data_source: str = ""
+    """Where the example comes from: the row's ``data_source`` column, else the dataset's name (per-source
+    evaluation metrics; custom reward functions receive it)."""
+
+    fields: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The row's other columns (JSON values), passed to custom reward functions as keyword arguments."""

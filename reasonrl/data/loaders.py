@@ -5,11 +5,13 @@ Malformed input fails with the file and line number; nothing is silently skipped
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,8 @@ class BuiltinDataset:
     convert: Callable[[str, str, dict[str, Any], int], Example | None] | None = None
     """Rows that are not question/answer pairs (code tasks): (split, location, row, index) -> Example,
     or None for a row of another split of a shared file."""
+    verifiable: bool = True
+    """A program checks the answers (math, code); False for prompts only a judge can score."""
 
 
 BUILTIN_DATASETS = {
@@ -54,9 +58,38 @@ BUILTIN_DATASETS = {
     "mbpp": BuiltinDataset(
         dict.fromkeys(("train", "test", "validation", "prompt"), "mbpp.jsonl.gz"), Fields(), mbpp_example
     ),
-    "hh-rlhf-harmless": BuiltinDataset({"test": "hh-rlhf-harmless-test.jsonl.gz"}, Fields(), hh_prompt_example),
+    "hh-rlhf-harmless": BuiltinDataset(
+        {"test": "hh-rlhf-harmless-test.jsonl.gz"}, Fields(), hh_prompt_example, verifiable=False
+    ),
 }
 ALIASES = {"aime24": "aime2024", "math-500": "math500"}
+GENERATED_TASKS = ("arithmetic",)  # built-in tasks generated on the fly (reasonrl.data.arithmetic), not files
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".gz")
+
+
+def builtin_names(verifiable_only: bool = False) -> list[str]:
+    """Every built-in dataset or task name (aliases excluded); ``verifiable_only``: those a program scores."""
+    return [*GENERATED_TASKS, *(n for n, d in BUILTIN_DATASETS.items() if d.verifiable or not verifiable_only)]
+
+
+def check_dataset_name(name: str) -> None:
+    """Refuse, before anything loads, a name that is not built in, not an existing file and not a hub id.
+
+    Only names that look like hub ids (``owner/name``) are left to `datasets`, so a misspelt built-in
+    name fails at once with the nearest one instead of retrying a hub.
+    """
+    if ALIASES.get(name, name) in builtin_names() or Path(name).expanduser().exists():
+        return
+    if name.startswith((".", "/", "~")) or name.endswith(FILE_SUFFIXES):
+        raise DataError(f"data file {name} does not exist")
+    if "/" in name:
+        return  # a `datasets` hub id
+    guess = difflib.get_close_matches(name, [*builtin_names(), *ALIASES], n=1, cutoff=0.6)
+    hint = f"did you mean '{ALIASES.get(guess[0], guess[0])}'? " if guess else ""
+    raise DataError(
+        f"unknown dataset '{name}'; {hint}(built-in: {', '.join(builtin_names())}; or a .jsonl/.parquet "
+        "file, or a `datasets` hub id such as openai/gsm8k)"
+    )
 
 
 def _open_text(path: Path):
@@ -89,25 +122,93 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"{path}:{number}", row
 
 
-def _example(location: str, row: dict[str, Any], fields: Fields, source: str, index: int) -> Example:
-    for key in (fields.question, fields.answer):
-        if key not in row:
-            raise DataError(f"{location}: no field '{key}' (fields present: {', '.join(map(str, row)) or 'none'})")
-    question, answer = row[fields.question], row[fields.answer]
-    if not isinstance(question, str) or not question.strip():
-        raise DataError(f"{location}: field '{fields.question}' must be a non-empty string")
-    answer = str(answer).strip()
+MISSING = object()
+GSM8K_FINAL = re.compile(r"(?:^|\n)####[ \t]*([^\n]*\S)\s*$")
+"""A GSM8K-style worked answer ("...\n#### 72"): the final answer follows the last '####'."""
+
+
+def _lookup(row: dict[str, Any], key: str) -> Any:
+    """``row[key]``, where a dotted key reaches into nested columns (``reward_model.ground_truth``)."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def _question(location: str, row: dict[str, Any], fields: Fields) -> tuple[str, str, tuple[dict[str, str], ...]]:
+    """(column used, question text, chat messages): the question field, else a TRL/verl ``prompt`` column,
+    which may be a list of chat messages."""
+    key = fields.question
+    value = _lookup(row, key)
+    if value is MISSING and key == Fields.question and "prompt" in row:
+        key, value = "prompt", row["prompt"]
+    if value is MISSING:
+        present = ", ".join(map(str, row)) or "none"
+        raise DataError(f"{location}: no field '{fields.question}' (fields present: {present})")
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{location}: field '{key}' must be a non-empty string or a list of chat messages")
+        return key, value.strip(), ()
+    messages = chat_messages(location, key, value)
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    return key, (users[-1] if users else messages[-1]["content"]).strip(), messages
+
+
+def chat_messages(location: str, key: str, value: Any) -> tuple[dict[str, str], ...]:
+    """A chat-format prompt checked: a non-empty list of {role, content} string messages."""
+    ok = isinstance(value, list | tuple) and bool(value)
+    ok = ok and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+    ok = ok and all(isinstance(m.get("content"), str) for m in value)
+    if not ok:
+        raise DataError(
+            f"{location}: field '{key}' must be a non-empty string or a list of chat messages "
+            '({"role": ..., "content": ...})'
+        )
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
+
+
+def _answer(location: str, row: dict[str, Any], fields: Fields) -> str:
+    """The reference: the answer field, else verl's ``reward_model.ground_truth``."""
+    value = _lookup(row, fields.answer)
+    if value is MISSING and fields.answer == Fields.answer:
+        value = _lookup(row, "reward_model.ground_truth")
+    if value is MISSING:
+        present = ", ".join(map(str, row)) or "none"
+        raise DataError(f"{location}: no field '{fields.answer}' (fields present: {present})")
+    answer = str(value).strip()
     if fields.answer_after is not None:
         if fields.answer_after not in answer:
             raise DataError(f"{location}: answer has no '{fields.answer_after}' marker before the final answer")
         answer = answer.rsplit(fields.answer_after, 1)[1].strip().replace(",", "")
+    elif final := GSM8K_FINAL.search(answer):
+        answer = final.group(1).replace(",", "")
     if not answer:
         raise DataError(f"{location}: empty answer in field '{fields.answer}'")
+    return answer
+
+
+def _example(location: str, row: dict[str, Any], fields: Fields, source: str, index: int) -> Example:
+    key, question, messages = _question(location, row, fields)
+    answer = _answer(location, row, fields)
     task_type = str(row.get("task_type") or "math")
-    return Example(id=f"{source}:{index}", question=question.strip(), answer=answer, task_type=task_type)
+    extra = json.loads(json.dumps({k: v for k, v in row.items() if k != key}, default=str))
+    return Example(
+        id=f"{source}:{index}",
+        question=question,
+        answer=answer,
+        task_type=task_type,
+        messages=messages,
+        data_source=str(row.get("data_source") or source),
+        fields=extra,
+    )
 
 
 def _from_datasets(name: str, split: str, fields: Fields) -> list[Example]:
+    """Rows of a `datasets` name; ``path:config`` picks a configuration (``openai/gsm8k:main``)."""
     try:
         import datasets
     except ImportError:
@@ -115,9 +216,10 @@ def _from_datasets(name: str, split: str, fields: Fields) -> list[Example]:
             f"'{name}' is not a built-in dataset or an existing file; loading it as a `datasets` name "
             "needs `pip install 'reasonrl[data]'`"
         ) from None
+    path, _, config = name.partition(":")
     try:
-        table = datasets.load_dataset(name, split=split)
-    except Exception as exc:  # the hub raises many types: missing name, no network, bad split
+        table = datasets.load_dataset(path, config or None, split=split)
+    except Exception as exc:  # the hub raises many types: missing name, no network, bad split or config
         raise DataError(f"could not load '{name}' (split {split}) with `datasets`: {exc}") from exc
     return [_example(f"{name}[{i}]", dict(row), fields, name, i) for i, row in enumerate(table)]
 
@@ -125,6 +227,8 @@ def _from_datasets(name: str, split: str, fields: Fields) -> list[Example]:
 def load_examples(source: str, split: str = "train", fields: Fields | None = None) -> list[Example]:
     """All examples of one split of a built-in dataset, a local file (split ignored), or a `datasets` name."""
     name = ALIASES.get(source, source)
+    if name in GENERATED_TASKS:
+        raise DataError(f"'{name}' is a generated task, not a set of rows; give a dataset name or a .jsonl file")
     if name in BUILTIN_DATASETS:
         builtin = BUILTIN_DATASETS[name]
         if split not in builtin.files:
@@ -135,7 +239,7 @@ def load_examples(source: str, split: str = "train", fields: Fields | None = Non
                 rows = [builtin.convert(split, loc, row, i) for i, (loc, row) in enumerate(read_rows(path))]
             except CodeTaskError as exc:
                 raise DataError(str(exc)) from None
-            return [row for row in rows if row is not None]
+            return [replace(row, data_source=row.data_source or name) for row in rows if row is not None]
         return [_example(loc, row, builtin.fields, name, i) for i, (loc, row) in enumerate(read_rows(path))]
     fields = fields or Fields()
     path = Path(source).expanduser()
@@ -144,9 +248,14 @@ def load_examples(source: str, split: str = "train", fields: Fields | None = Non
         if not examples:
             raise DataError(f"{path} holds no examples")
         return examples
-    if source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".parquet", ".gz")):
-        raise DataError(f"data file {source} does not exist")
+    check_dataset_name(source)
     return _from_datasets(source, split, fields)
+
+
+def default_split(source: str) -> str:
+    """The train split where a built-in dataset has one, else its only split (files are one split)."""
+    builtin = BUILTIN_DATASETS.get(ALIASES.get(source, source))
+    return "train" if builtin is None or "train" in builtin.files else next(iter(builtin.files))
 
 
 def has_split(source: str, split: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Literal
 
+from reasonrl.data.examples import Example
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -26,6 +28,19 @@ def user_message(question: str, template: PromptTemplate) -> str:
     return TEMPLATES[template].format(question=question)
 
 
+def prompt_messages(
+    example: Example, template: PromptTemplate, system_prompt: str | None = None
+) -> list[dict[str, str]]:
+    """The conversation that asks ``example``: its chat-format prompt as it is, else its question through
+    the template; ``system_prompt`` goes first unless the conversation already starts with a system message."""
+    messages = [dict(m) for m in example.messages] or [
+        {"role": "user", "content": user_message(example.question, template)}
+    ]
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
 def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, question: str, template: PromptTemplate) -> list[int]:
     """Chat-formatted prompt ids ending with the assistant header, ready for generation."""
     return chat_token_ids(tokenizer, [{"role": "user", "content": user_message(question, template)}])
@@ -42,10 +57,11 @@ def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, 
 class PromptEncoder:
     """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut."""
 
-    def __init__(self, tokenizer, template: str, max_prompt_tokens: int) -> None:
+    def __init__(self, tokenizer, template: str, max_prompt_tokens: int, system_prompt: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.max_prompt_tokens = max_prompt_tokens
+        self.system_prompt = system_prompt
         self._cache: dict[str, list[int]] = {}
         self.too_long = 0
 
@@ -54,7 +70,7 @@ class PromptEncoder:
         if example.id not in self._cache:
             # the template asks for a parseable final answer: math only (code and chat questions carry their own)
             template = self.template if example.task_type == "math" else "plain"
-            ids = prompt_token_ids(self.tokenizer, example.question, template)
+            ids = chat_token_ids(self.tokenizer, prompt_messages(example, template, self.system_prompt))
             self._cache[example.id] = ids
             if len(ids) > self.max_prompt_tokens:
                 self.too_long += 1

@@ -8,9 +8,10 @@ hardest, least hackable prompts — and merge them into the base set.  `reasonrl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,20 +59,58 @@ def write_jsonl(examples: Sequence[Example], path: Path) -> Path:
     return path
 
 
+SCORING_CHUNK = 32  # prompts sampled and scored per call (the progress bar advances by this much)
+
+
 def mean_prompt_scores(
-    engine, tokenizer, scorer, encoder, examples: Sequence[Example], samples: int, max_new_tokens: int, seed: int
+    engine,
+    tokenizer,
+    scorer,
+    encoder,
+    examples: Sequence[Example],
+    samples: int,
+    max_new_tokens: int,
+    seed: int,
+    on_progress: Callable[[int], None] | None = None,
 ) -> list[float | None]:
     """Mean reward of ``samples`` sampled responses per prompt under the current (initial) policy;
-    None for a prompt the encoder skipped (longer than ``rollout.max_prompt_tokens``)."""
+    None for a prompt the encoder skipped (longer than ``rollout.max_prompt_tokens``).
+    ``on_progress`` is told how many prompts each chunk scored."""
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.scored import sample_and_score
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
-    scored = sample_and_score(engine, tokenizer, scorer, encoder, examples, params, samples)
     totals: dict[str, list[float]] = {}
-    for example, result in zip(scored.examples, scored.results, strict=True):
-        totals.setdefault(example.id, []).append(result.score)
+    for start in range(0, len(examples), SCORING_CHUNK):
+        chunk = examples[start : start + SCORING_CHUNK]
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed + start)
+        scored = sample_and_score(engine, tokenizer, scorer, encoder, chunk, params, samples)
+        for example, result in zip(scored.examples, scored.results, strict=True):
+            totals.setdefault(example.id, []).append(result.score)
+        if on_progress is not None:
+            on_progress(len(chunk))
     return [sum(totals[e.id]) / len(totals[e.id]) if e.id in totals else None for e in examples]
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr; yields ``advance(n)``."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn(label), BarColumn(bar_width=20), MofNCompleteColumn(), TimeElapsedColumn())
+    bar = Progress(
+        *columns, TimeRemainingColumn(), console=Console(stderr=True, quiet=not enabled), speed_estimate_period=3600
+    )
+    task = bar.add_task(label, total=total)
+    with bar:
+        yield lambda n: bar.advance(task, n)
 
 
 @dataclass
@@ -85,26 +124,28 @@ class InitialPolicy:
     encoder: Any
 
     @classmethod
-    def load(cls, overrides: Sequence[str], template: str | None = None) -> InitialPolicy:
-        """The initial policy of ``overrides`` (model.name_or_path, rollout.*, ...); ``template`` overrides
+    def load(cls, cfg: Config, template: str | None = None) -> InitialPolicy:
+        """The initial policy of ``cfg`` (model.name_or_path, rollout.*, ...); ``template`` overrides
         the config's prompt template."""
-        from reasonrl.config import load_config
         from reasonrl.data.prompts import PromptEncoder
         from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
         from reasonrl.rollout import build_engine
 
-        cfg = load_config(None, list(overrides))
         dtype = compute_dtype(cfg.model.dtype)
         tokenizer = load_tokenizer(cfg.model.name_or_path)
         engine = build_engine(cfg.rollout.engine, load_model(cfg.model.name_or_path), tokenizer, dtype=dtype)
         encoder = PromptEncoder(tokenizer, template or cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
         return cls(cfg, dtype, tokenizer, engine, encoder)
 
-    def examples(self, source: str) -> list[Example]:
-        """All rows of a dataset name or file, with the config's field names."""
-        from reasonrl.data.loaders import Fields, load_examples
 
-        return load_examples(source, "train", Fields(self.cfg.data.question_field, self.cfg.data.answer_field))
+def prompt_rows(cfg: Config, source: str, split: str = "auto", limit: int | None = None) -> list[Example]:
+    """The first ``limit`` rows of one split of a dataset name or file, with the config's field names;
+    split ``auto``: the train split where there is one, else the dataset's only split."""
+    from reasonrl.data.loaders import Fields, default_split, load_examples
+
+    split = default_split(source) if split == "auto" else split
+    rows = load_examples(source, split, Fields(cfg.data.question_field, cfg.data.answer_field))
+    return rows if limit is None else rows[:limit]
 
 
 def run_selection(
@@ -116,20 +157,27 @@ def run_selection(
     samples: int = 4,
     max_new_tokens: int = 64,
     overrides: Sequence[str] = (),
+    split: str = "auto",
+    limit: int | None = None,
+    progress: bool = False,
 ) -> dict:
-    """Score ``candidates_source`` with the initial policy and the run's reward router, keep the hardest
-    ``fraction``, merge into ``base_source`` and write ``out``; returns a summary."""
+    """Score the first ``limit`` rows of ``candidates_source`` with the initial policy and the run's reward
+    router, keep the hardest ``fraction``, merge into ``base_source`` and write ``out``; returns a summary.
+    ``split`` picks the split of both sources (auto: train where a dataset has one, else its only split)."""
+    from reasonrl.config import load_config
     from reasonrl.reward.router import build_router
 
-    policy = InitialPolicy.load(overrides)
-    candidates = policy.examples(candidates_source)
-    base = policy.examples(base_source) if base_source else []
+    cfg = load_config(None, list(overrides))
+    candidates = prompt_rows(cfg, candidates_source, split, limit)
+    base = prompt_rows(cfg, base_source, split) if base_source else []
+    policy = InitialPolicy.load(cfg)
     scorer = build_router(policy.cfg, policy.dtype)
     try:
-        scores = mean_prompt_scores(
-            policy.engine, policy.tokenizer, scorer, policy.encoder, candidates, samples, max_new_tokens,
-            policy.cfg.run.seed,
-        )  # fmt: skip
+        with progress_bar("scoring candidates", len(candidates), progress) as advance:
+            scores = mean_prompt_scores(
+                policy.engine, policy.tokenizer, scorer, policy.encoder, candidates, samples, max_new_tokens,
+                policy.cfg.run.seed, advance,
+            )  # fmt: skip
     finally:
         scorer.close()
     selected = select_hardest(candidates, scores, fraction)
@@ -155,11 +203,15 @@ def best_of_n_references(
 ) -> dict:
     """For every prompt, sample ``n`` responses from the initial policy and keep the one the Bradley-Terry
     model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, Data-Scaling RLHF §3)."""
+    from reasonrl.config import load_config
+    from reasonrl.models.value import value_model_dir
     from reasonrl.reward.bt import RewardModel
     from reasonrl.rollout import SamplingParams
 
-    policy = InitialPolicy.load(overrides, template="plain")
-    examples = policy.examples(prompts_source)
+    cfg = load_config(None, list(overrides))
+    reward_model = str(value_model_dir(reward_model))  # a bad path fails before any sampling
+    examples = prompt_rows(cfg, prompts_source)
+    policy = InitialPolicy.load(cfg, template="plain")
     kept = [e for e in examples if policy.encoder(e) is not None]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=policy.cfg.run.seed)
     completions = policy.engine.generate([policy.encoder(e) for e in kept for _ in range(n)], params)

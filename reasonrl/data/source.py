@@ -9,7 +9,7 @@ from itertools import zip_longest
 from reasonrl.data.arithmetic import ArithmeticTask
 from reasonrl.data.curriculum import TaskMixSampler, parse_task_mix
 from reasonrl.data.examples import Example
-from reasonrl.data.loaders import DataError, Fields, has_split, in_holdout, load_examples
+from reasonrl.data.loaders import DataError, Fields, check_dataset_name, has_split, in_holdout, load_examples
 
 ARITHMETIC = "arithmetic"
 
@@ -87,6 +87,13 @@ MIXTURE_SEPARATOR = "+"  # data.dataset=gsm8k+mbpp trains on both
 
 def _single_split(source: str, fields: Fields) -> list[Example]:
     return load_examples(source, "test" if has_split(source, "test") else "train", fields)
+
+
+def check_sources(spec: DataSpec) -> None:
+    """Fail fast on a dataset name that is not built in, not a file and not a hub id (nothing is loaded)."""
+    for source in (spec.dataset, spec.eval_dataset or ""):
+        for name in filter(None, source.split(MIXTURE_SEPARATOR)):
+            check_dataset_name(name)
 
 
 def training_examples(spec: DataSpec) -> list[Example]:

@@ -62,16 +62,24 @@ def value_model_from_policy(spec: str, attn_implementation: str | None = None) -
     return ValueModel(causal_lm.base_model)
 
 
+def value_model_dir(directory: str | Path) -> Path:
+    """The directory of a saved value model: ``directory`` itself, or its ``model/`` when it is the output
+    directory of `reasonrl rm train`."""
+    directory = Path(directory)
+    for candidate in (directory, directory / "model"):
+        if (candidate / HEAD_FILE).exists():
+            return candidate
+    raise ModelError(
+        f"{directory} is not a saved value model (no {HEAD_FILE}); give the --out directory of "
+        "`reasonrl rm train --kind bt`, or a critic-based run's critic_pretrained/ or checkpoint critic/"
+    )
+
+
 def load_value_model(directory: str | Path, attn_implementation: str | None = None) -> ValueModel:
-    """A critic or reward model saved by ``ValueModel.save`` (fp32)."""
+    """A critic or reward model saved by ``ValueModel.save`` (fp32); an `rm train` output directory works too."""
     from transformers import AutoModel
 
-    directory = Path(directory)
-    if not (directory / HEAD_FILE).exists():
-        raise ModelError(
-            f"{directory} is not a saved value model (no {HEAD_FILE}); point critic.path at a directory "
-            "written by a critic-based run (critic_pretrained/ or a checkpoint's critic/) or by `reasonrl rm train`"
-        )
+    directory = value_model_dir(directory)
     options = {"attn_implementation": attn_implementation} if attn_implementation else {}
     backbone = AutoModel.from_pretrained(directory, dtype=torch.float32, **options)
     tensors = load_file(directory / HEAD_FILE)

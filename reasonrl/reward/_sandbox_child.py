@@ -1,21 +1,26 @@
-"""Inside the sandbox, the untrusted side: it runs the solution and answers the judge's calls.
+"""Inside the sandbox, the untrusted side: it runs the solution and answers the judge's requests.
 
 The judge (``_sandbox_judge.py``) starts it as ``python -I -S _sandbox_child.py REQ_FD RESP_FD LIMITS``
 under the sandbox's unprivileged uid.  It sets its resource limits, runs the task context and the
 solution, then serves requests on REQ_FD until the judge closes it:
 
-* ``call``: call a top-level function of the solution with plain-data arguments and send back the
-  plain-data result (and the new value of any list/dict/set argument the call mutated);
-* ``inprocess``: run a test snippet here, against the solution's namespace (the fallback for tests
-  that pass objects a pipe cannot carry); the judge counts it only if the reply echoes its nonce.
+* ``call``: call a function of the solution (by global name, or an object handle) with encoded
+  arguments and send back the encoded result (and the new value of any list/dict/set argument the
+  call mutated);
+* ``getattr`` / ``setattr``: read or write an attribute of an object handle (``root.left = Node(2)``);
+* ``get``: the value of a global of the solution that the test names (a constant, a module-level list).
 
-Nothing this process says is trusted: in ``call`` mode it only supplies values that the judge
-compares; see docs/sandbox.md.  This module also holds the value codec the judge imports.
+Values cross as plain data (None, bool, int, float, complex, str, bytes, bytearray and containers of
+them, built-in types by name) or as opaque handles ``{"H": n}`` for any other object, which the judge
+can only hand back, call, or read attributes of; it never compares or truth-tests one.  Nothing this
+process says is trusted: it only supplies values that the judge compares.  The test's source and
+expected values never reach it.  This module also holds the value codec the judge imports.
 Standard library only: it runs with ``-I -S`` inside the sandbox's read-only root.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -24,10 +29,14 @@ import sys
 
 HEADER = struct.Struct(">I")
 MAX_DEPTH = 100
+MAX_ITEMS = 1 << 18  # values in one decoded message
+MAX_COLLISIONS = 64  # set items / dict keys sharing one hash value (an int-hash collision attack)
+BUILTIN_TYPES = {t.__name__: t for t in (int, float, complex, str, bytes, bytearray, bool, list, tuple, dict, set)}
+BUILTIN_TYPES.update({t.__name__: t for t in (frozenset, object, type, range, slice)})
 
 
 class Unencodable(Exception):
-    """A value that is not plain data (None, bool, int, float, complex, str, bytes and containers of them)."""
+    """A value that is neither plain data nor allowed to cross as a handle."""
 
 
 class ProtocolError(Exception):
@@ -38,8 +47,9 @@ def encode(value, refs=None, depth=0):
     """``value`` as JSON-able data: scalars as themselves, containers as one-key tagged objects.
 
     Subclasses of the plain types are encoded as their base type (so an ``int`` subclass with an
-    always-true ``__eq__`` arrives as its integer value); ``refs(value)`` may name a value that the
-    other side can resolve by name (a function of the solution).
+    always-true ``__eq__`` arrives as its integer value).  ``refs(value)`` may return a tag and a
+    name for a value the other side resolves (``{"R": name}`` a solution function,
+    ``{"H": n}`` an object handle); without it such a value raises ``Unencodable``.
     """
     if value is None or value is True or value is False:
         return value
@@ -49,9 +59,9 @@ def encode(value, refs=None, depth=0):
     if depth > MAX_DEPTH:
         raise Unencodable(f"nesting deeper than {MAX_DEPTH}")
     if refs is not None:
-        name = refs(value)
-        if name is not None:
-            return {"R": name}
+        ref = refs(value)
+        if ref is not None:
+            return {ref[0]: ref[1]}
     inner = depth + 1
     if isinstance(value, int):
         return int.__int__(value)
@@ -75,43 +85,70 @@ def encode(value, refs=None, depth=0):
         return {"F": [encode(v, refs, inner) for v in frozenset.__iter__(value)]}
     if isinstance(value, set):
         return {"S": [encode(v, refs, inner) for v in set.__iter__(value)]}
+    if kind is type and BUILTIN_TYPES.get(value.__name__) is value:
+        return {"Y": value.__name__}
     raise Unencodable(f"a {type(value).__name__} object is not plain data")
 
 
-def _items(value, depth, resolve):
-    if type(value) is not list:
-        raise ProtocolError("container payload is not a list")
-    return [decode(v, resolve, depth + 1) for v in value]
+class _Budget:
+    """Counts the values one message decodes into (a cap on work and memory, not only on bytes)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_ITEMS
+
+    def take(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise ProtocolError(f"a message holds more than {MAX_ITEMS} values")
 
 
-def decode(data, resolve=None, depth=0):
-    """The plain value of encoded ``data``; ``resolve(name)`` turns a ``{"R": name}`` reference into an object."""
+def _hashed(items: list) -> list:
+    """``items`` if they can go into a set or dict cheaply: many equal hashes would make that quadratic."""
+    counts: dict[int, int] = {}
+    for item in items:
+        h = hash(item)  # TypeError for an unhashable item
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_COLLISIONS:
+            raise ProtocolError("too many set items or dict keys share a hash value")
+    return items
+
+
+def decode(data, resolve=None, depth=0, budget=None):
+    """The value of encoded ``data``; ``resolve(tag, name)`` turns ``{"R"|"H": name}`` into an object."""
     kind = type(data)
     if data is None or kind is bool or kind is int or kind is float or kind is str:
         return data
     if depth > MAX_DEPTH + 1 or kind is not dict or len(data) != 1:
         raise ProtocolError("malformed value")
+    budget = budget or _Budget()
     ((tag, value),) = data.items()
     try:
-        if tag == "L":
-            return _items(value, depth, resolve)
-        if tag == "T":
-            return tuple(_items(value, depth, resolve))
-        if tag == "S":
-            return set(_items(value, depth, resolve))
-        if tag == "F":
-            return frozenset(_items(value, depth, resolve))
+        if tag in ("L", "T", "S", "F"):
+            if type(value) is not list:
+                raise ProtocolError("container payload is not a list")
+            budget.take(len(value))
+            items = [decode(v, resolve, depth + 1, budget) for v in value]
+            if tag == "L":
+                return items
+            return tuple(items) if tag == "T" else (set if tag == "S" else frozenset)(_hashed(items))
         if tag == "D":
             if type(value) is not list or any(type(p) is not list or len(p) != 2 for p in value):
                 raise ProtocolError("malformed dict")
-            return {decode(k, resolve, depth + 1): decode(v, resolve, depth + 1) for k, v in value}
+            budget.take(2 * len(value))
+            pairs = [(decode(k, resolve, depth + 1, budget), decode(v, resolve, depth + 1, budget)) for k, v in value]
+            _hashed([k for k, _ in pairs])
+            return dict(pairs)
         if tag in ("B", "BA") and type(value) is str:
             return (bytes if tag == "B" else bytearray).fromhex(value)
         if tag == "C" and type(value) is list and len(value) == 2 and all(type(v) in (int, float) for v in value):
             return complex(value[0], value[1])
-        if tag == "R" and type(value) is str and resolve is not None:
-            return resolve(value)
-    except (TypeError, ValueError) as exc:  # an unhashable key or set item, bad hex
+        if tag == "Y" and type(value) is str and value in BUILTIN_TYPES:
+            return BUILTIN_TYPES[value]
+        if tag in ("R", "H") and type(value) in (str, int) and resolve is not None:
+            return resolve(tag, value)
+    except (TypeError, ValueError, OverflowError) as exc:  # an unhashable key or set item, bad hex
         raise ProtocolError(f"malformed value: {exc}") from None
     raise ProtocolError(f"unknown value tag {tag!r}")
 
@@ -167,55 +204,71 @@ def _set_limits(limits: dict) -> list[str]:
     return failed
 
 
-def _hardening():
-    """The comparison and truth helpers that in-process test snippets call (see testcases.harden_asserts).
+class Objects:
+    """The solution's namespace and the objects it handed out as handles, as the codec sees them."""
 
-    Built before the solution runs, so they hold the original operator functions and AssertionError."""
-    import operator
+    def __init__(self, namespace: dict) -> None:
+        self.namespace = namespace
+        self.functions = {id(v): k for k, v in namespace.items() if callable(v) and not k.startswith("__")}
+        self.handles: list = []
+        self.handle_of: dict[int, int] = {}
 
-    failure = AssertionError
+    def refs(self, value):
+        """A name for a solution function, else a handle for an object that is not plain data."""
+        name = self.functions.get(id(value))
+        if name is not None and self.namespace.get(name) is value:
+            return "R", name
+        if _is_plain(value):
+            return None
+        index = self.handle_of.get(id(value))
+        if index is None:
+            index = self.handle_of[id(value)] = len(self.handles)
+            self.handles.append(value)  # kept alive, so its id is never reused
+        return "H", index
 
-    ops = {
-        "Eq": operator.eq,
-        "NotEq": operator.ne,
-        "Lt": operator.lt,
-        "LtE": operator.le,
-        "Gt": operator.gt,
-        "GtE": operator.ge,
-        "In": lambda a, b: a in b,
-        "NotIn": lambda a, b: a not in b,
-    }
+    def resolve(self, tag: str, name):
+        if tag == "R" and type(name) is str and name in self.namespace:
+            return self.namespace[name]
+        if tag == "H" and type(name) is int and 0 <= name < len(self.handles):
+            return self.handles[name]
+        raise ProtocolError("unknown reference")
 
-    def plain(value):
-        try:
-            return decode(encode(value))
-        except Unencodable:
-            raise failure(f"a test compared a non-plain {type(value).__name__} object") from None
 
-    def compare(operands, names):
-        left = operands[0]
-        for name, right in zip(names, operands[1:], strict=True):
-            if name == "Is":
-                ok = left is right
-            elif name == "IsNot":
-                ok = left is not right
-            else:
-                ok = ops[name](plain(left), plain(right))
-            if ok is not True and ok is not False:
-                ok = bool(plain(ok))
-            if not ok:
-                return False
-            left = right
-        return True
+def _is_plain(value) -> bool:
+    plain = (int, float, str, complex, bytes, bytearray, list, tuple, dict, set, frozenset)
+    return value is None or isinstance(value, plain) or BUILTIN_TYPES.get(getattr(value, "__name__", None)) is value
 
-    def truth(value):
-        return bool(plain(value))
 
-    return compare, truth
+def _answer(request: dict, objects: Objects):
+    """The reply to one request (the solution's own exceptions propagate to the caller)."""
+
+    def arg(data):
+        return decode(data, objects.resolve)
+
+    op = request["op"]
+    if op == "call":
+        target = arg(request["target"])
+        args = [arg(a) for a in request["args"]]
+        kwargs = {str(k): arg(v) for k, v in request["kwargs"].items()}
+        result = target(*args, **kwargs)
+        reply = {"ok": encode(result, objects.refs), "mutated": []}
+        for index, value in enumerate(args):
+            if isinstance(value, (list, dict, set, bytearray)):
+                after = encode(value, objects.refs)
+                if after != request["args"][index]:
+                    reply["mutated"].append([index, after])
+        return reply
+    if op == "getattr":
+        return {"ok": encode(getattr(arg(request["target"]), str(request["name"])), objects.refs)}
+    if op == "setattr":
+        setattr(arg(request["target"]), str(request["name"]), arg(request["value"]))
+        return {"ok": None}
+    if op == "get":
+        return {"ok": encode(objects.namespace[str(request["name"])], objects.refs)}
+    raise ProtocolError(f"unknown request {op!r}")
 
 
 def serve(req_fd: int, resp_fd: int, limits: dict) -> None:
-    import builtins
     import signal
 
     failed = _set_limits(limits)
@@ -224,8 +277,6 @@ def serve(req_fd: int, resp_fd: int, limits: dict) -> None:
     init = _receive(req_fd)
     if init is None:
         return
-    pristine = dict(builtins.__dict__)
-    compare, truth = _hardening()
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
     try:
         for part, label in ((init["context"], "<context>"), (init["solution"], "<solution>")):
@@ -234,45 +285,20 @@ def serve(req_fd: int, resp_fd: int, limits: dict) -> None:
     except BaseException as exc:
         _send(resp_fd, {"load_error": _describe(exc), "rlimits_failed": failed})
         return
-    names, by_id = {}, {}
+    names = {}
     for key, value in list(namespace.items())[:10000]:
-        if key.startswith("__"):
-            continue
-        names[key] = "module" if type(value).__name__ == "module" else "callable" if callable(value) else "data"
-        if callable(value):
-            by_id.setdefault(id(value), key)
+        if not key.startswith("__"):
+            names[key] = "module" if type(value).__name__ == "module" else "callable" if callable(value) else "data"
     _send(resp_fd, {"ready": names, "rlimits_failed": failed})
-
-    def refs(value):
-        name = by_id.get(id(value))
-        return name if name is not None and namespace.get(name) is value else None
-
+    objects = Objects(namespace)
     while True:
         request = _receive(req_fd)
         if request is None:
             return
         try:
-            if request["op"] == "call":
-                args = [decode(a, namespace.__getitem__) for a in request["args"]]
-                kwargs = {k: decode(v, namespace.__getitem__) for k, v in request["kwargs"].items()}
-                result = namespace[request["name"]](*args, **kwargs)
-                reply = {"ok": encode(result, refs)}
-                changed = []
-                for index, arg in enumerate(args):
-                    if isinstance(arg, (list, dict, set, bytearray)):
-                        after = encode(arg, refs)
-                        if after != request["args"][index]:
-                            changed.append([index, after])
-                reply["mutated"] = changed
-            else:  # inprocess
-                entry = init.get("entry_point")
-                scope = {k: v for k, v in namespace.items() if k == entry or k not in pristine}  # no fake abs()
-                scope.update(__builtins__=pristine, __rr_cmp__=compare, __rr_truth__=truth)
-                for part, label in ((request["setup"], "<test setup>"), (request["test"], "<test>")):
-                    exec(compile(part, label, "exec"), scope)
-                reply = {"done": request["nonce"]}
+            reply = _answer(request, objects)
         except Unencodable as exc:
-            reply = {"unsupported": str(exc)}
+            reply = {"exc": "TypeError", "msg": f"the solution returned a value that cannot cross: {exc}"}
         except BaseException as exc:  # the solution's exception is the answer
             reply = _describe(exc)
         for stream in (sys.stdout, sys.stderr):

@@ -1,23 +1,29 @@
 """Inside the sandbox, the trusted side: it builds the isolation, runs each test, and decides it.
 
-The harness (``sandbox.py``) starts it as ``python -I -S _sandbox_judge.py`` (inside ``unshare``'s
-new network, PID, mount, IPC and UTS namespaces where it can) and writes one JSON job to its stdin.
-As root it builds a read-only root (``_sandbox_os.py``: tmpfs + read-only binds of the interpreter and system
-libraries, private /tmp and /work) and chroots into it.  For each test it starts a fresh child
+The harness (``sandbox.py``) starts it as ``python -I -S _sandbox_judge.py REPORT_FD`` (inside
+``unshare``'s new network, PID, mount, IPC and UTS namespaces where it can) and writes one JSON job
+to its stdin.  It first caps its own CPU time and address space (kernel limits: nothing the child
+sends can stall or grow it past them).  As root it limits System V IPC in its namespace and builds a
+read-only root (``_sandbox_os.py``), then chroots into it.  For each test it starts a fresh child
 (``_sandbox_child.py``) as an unprivileged uid of its own, which runs the solution, and then runs
 the test's code *itself*: every call of a solution function is sent to the child and only its
-plain-data result comes back, so asserts and comparisons execute here, where the solution cannot
-reach.  Results go to stdout as JSON lines, one per test.  Standard library only.
+encoded result comes back (plain data, or an opaque handle to an object of the solution), so
+asserts and comparisons execute here, where the solution cannot reach.  Results go to REPORT_FD, a
+pipe only the judge holds, as JSON lines stamped with the run's nonce; the test code's own stdout is
+diagnostics.  Standard library only.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
+import importlib
 import importlib.util
 import json
+import math
 import os
-import secrets
+import resource
 import select
 import signal
 import subprocess
@@ -26,6 +32,15 @@ import time
 
 codec = None  # _sandbox_child.py, loaded by path (it holds the value codec)
 osl = None  # _sandbox_os.py, loaded by path (the filesystem view and the process sweep)
+REPORT = {"fd": -1, "nonce": ""}
+# Standard modules a test may name without importing them (MBPP 596 uses ``sys``, which only the
+# canonical solution imports): the judge imports its own copy; the child's is never used.
+# fmt: off
+TEST_MODULES = frozenset((
+    "array", "bisect", "cmath", "collections", "copy", "datetime", "decimal", "fractions", "functools", "hashlib",
+    "heapq", "itertools", "json", "math", "operator", "random", "re", "statistics", "string", "sys", "typing",
+))
+# fmt: on
 
 
 class TestTimeout(BaseException):
@@ -40,17 +55,27 @@ class ChildFailure(BaseException):
         self.status, self.detail = status, detail
 
 
-class NeedsInProcess(BaseException):
-    """A value crossed the boundary that is not plain data: the test must run inside the child."""
-
-
 class RemoteError(Exception):
     """An exception of the solution that has no built-in counterpart here."""
 
 
+class OpaqueValueError(TypeError):
+    """A test compared, truth-tested or iterated an object of the solution: only the solution may look inside it."""
+
+
 def report(record: dict) -> None:
-    sys.stdout.write(json.dumps(record) + "\n")
-    sys.stdout.flush()
+    data = (json.dumps({**record, "nonce": REPORT["nonce"]}) + "\n").encode()
+    while data:
+        data = data[os.write(REPORT["fd"], data) :]
+
+
+def limit_self(limits: dict) -> None:
+    """Kernel-enforced caps on the judge itself: CPU seconds and address space (soft limit only, so the
+    child can still set its own, larger or smaller)."""
+    cpu = math.ceil(max(limits["total_timeout_s"], limits["timeout_s"])) + 3
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    memory = limits["judge_memory_mb"] << 20
+    resource.setrlimit(resource.RLIMIT_AS, (memory, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
 class Child:
@@ -108,13 +133,17 @@ class Child:
             raise ChildFailure("output_limit", "the program wrote more output than the limit")
         return True
 
+    def _wait(self, read: list[int], write: list[int], deadline: float) -> tuple[list, list]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TestTimeout()
+        readable, writable, _ = select.select(read, write, [], remaining)
+        return readable, writable
+
     def send(self, message: dict, deadline: float) -> None:
         data = memoryview(codec.frame(message))
         while data:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TestTimeout()
-            readable, writable, _ = select.select([self.out_r], [self.req_w], [], remaining)
+            readable, writable = self._wait([self.out_r], [self.req_w], deadline)
             if readable:
                 self._pump_output()
             if writable:
@@ -138,17 +167,16 @@ class Child:
                     if type(message) is not dict:
                         raise ChildFailure("error", "malformed reply")
                     return message
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TestTimeout()
-            readable, _, _ = select.select([self.resp_r, self.out_r], [], [], remaining)
+            readable, _ = self._wait([self.resp_r, self.out_r], [], deadline)
             if self.out_r in readable:
                 self._pump_output()
             if self.resp_r in readable:
-                chunk = os.read(self.resp_r, 1 << 20)
+                chunk = os.read(self.resp_r, 1 << 16)
                 if not chunk:
                     raise self._died()
                 self.buffer += chunk
+                if len(self.buffer) > self.max_message + 4:
+                    raise ChildFailure("error", "a reply exceeds the message limit")
 
     def _died(self) -> ChildFailure:
         try:
@@ -180,7 +208,7 @@ class Child:
             os.close(fd)
 
 
-# --- running tests ---------------------------------------------------------------------------------
+# --- what the test code sees of the solution ------------------------------------------------------------
 
 
 def _remote_exception(reply: dict) -> BaseException:
@@ -189,7 +217,8 @@ def _remote_exception(reply: dict) -> BaseException:
         return ChildFailure("memory", f"MemoryError: {message}")
     cls = getattr(builtins, name, None)
     if isinstance(cls, type) and issubclass(cls, Exception) and cls is not MemoryError:
-        return cls(message)
+        with contextlib.suppress(Exception):
+            return cls(message)
     return RemoteError(f"{name}: {message}")
 
 
@@ -202,35 +231,78 @@ class Remote:
         self.judge, self.name = judge, name
 
     def __call__(self, *args, **kwargs):
-        return self.judge.call(self.name, args, kwargs)
+        return self.judge.request({"op": "call", "target": {"R": self.name}}, args, kwargs)
 
     def __repr__(self) -> str:
         return f"<solution function {self.name}>"
 
 
+class RemoteObject:
+    """An object of the solution (a tree node, a class instance), held by the child.
+
+    The test may pass it back to the solution, call it, and read or set its attributes (each a round
+    trip).  Its own ``__eq__``, ``__bool__``, ``__len__`` or ``__iter__`` never run: equality here is
+    identity (a handle equals only itself, never a plain expected value), ordering, iterating or
+    measuring it is a TypeError, and truth-testing it raises ``OpaqueValueError``; the test fails."""
+
+    __slots__ = ("_index", "_judge")
+
+    def __init__(self, judge: Judge, index: int) -> None:
+        object.__setattr__(self, "_judge", judge)
+        object.__setattr__(self, "_index", index)
+
+    def __call__(self, *args, **kwargs):
+        return self._judge.request({"op": "call", "target": {"H": self._index}}, args, kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._judge.request({"op": "getattr", "target": {"H": self._index}, "name": name}, (), {})
+
+    def __setattr__(self, name: str, value) -> None:
+        self._judge.request({"op": "setattr", "target": {"H": self._index}, "name": name}, (), {}, value=value)
+
+    def __bool__(self):
+        raise OpaqueValueError("a test took the truth of an object of the solution (compare what it returns instead)")
+
+    def __repr__(self) -> str:
+        return f"<solution object #{self._index}>"
+
+
 class Judge:
     """Runs the tests of one job, one child per test (or one for all, without ``isolate_tests``)."""
 
-    def __init__(self, job: dict, uid: int | None, workdir: str, child_path: str) -> None:
-        self.job, self.uid, self.workdir, self.child_path = job, uid, workdir, child_path
+    def __init__(self, job: dict, uid: int | None, workdir: str, child_path: str, scratch: list[str]) -> None:
+        self.job, self.uid, self.workdir, self.child_path, self.scratch = job, uid, workdir, child_path, scratch
         self.child: Child | None = None
+        self.handles: dict[int, RemoteObject] = {}
         self.deadline = 0.0
         self.output = bytearray()
         self.rlimits_failed: list[str] = []
         self.context_code = compile(job["context"], "<context>", "exec")
         self.setup_code = compile(job["setup"], "<test setup>", "exec")
         self.test_codes = [compile(t, f"<test {i}>", "exec") for i, t in enumerate(job["tests"])]
+        self.test_names = [_names_in(job["setup"]) | _names_in(t) for t in job["tests"]]
+
+    # -- the codec's two hooks: what a judge-side value is called there, and what a name from there is here
 
     def _refs(self, value):
-        return value.name if type(value) is Remote else None
+        if type(value) is Remote:
+            return "R", value.name
+        if type(value) is RemoteObject and value._judge is self:
+            return "H", value._index
+        return None
 
-    def _resolve(self, name):
-        if type(name) is not str or self.child is None or self.child.names.get(name) != "callable":
-            raise codec.ProtocolError("unknown reference")
-        return Remote(self, name)
+    def _resolve(self, tag: str, name):
+        if tag == "R" and type(name) is str and self.child is not None and self.child.names.get(name) == "callable":
+            return Remote(self, name)
+        if tag == "H" and type(name) is int and 0 <= name < (1 << 31):
+            return self.handles.setdefault(name, RemoteObject(self, name))
+        raise codec.ProtocolError("unknown reference")
 
     def start_child(self) -> None:
         self.child = Child(self.job, self.uid, self.workdir, self.child_path)
+        self.handles = {}
         init = {
             "context": self.job["context"],
             "solution": self.job["solution"],
@@ -241,10 +313,11 @@ class Judge:
         self.rlimits_failed = reply.get("rlimits_failed", [])
         if "load_error" in reply:
             error = reply["load_error"]
-            status = "memory" if error.get("memory") else "error"
-            raise ChildFailure(status, f"the solution failed to load: {error.get('exc')}: {error.get('msg')}")
+            status = "memory" if type(error) is dict and error.get("memory") else "error"
+            detail = f"{error.get('exc')}: {error.get('msg')}" if type(error) is dict else "?"
+            raise ChildFailure(status, f"the solution failed to load: {detail}")
         names = reply.get("ready")
-        if type(names) is not dict or not all(type(v) is str for v in names.values()):
+        if type(names) is not dict or not all(type(k) is str and type(v) is str for k, v in names.items()):
             raise ChildFailure("error", "malformed ready message")
         self.child.names = names
 
@@ -253,18 +326,18 @@ class Judge:
             self.child.close()
             self.output += self.child.output[: max(0, 4096 - len(self.output))]
             self.child = None
+            osl.wipe(self.scratch)  # no file of this test is there for the next one
 
-    def call(self, name: str, args: tuple, kwargs: dict):
-        """A solution function called from the test: plain data out, plain data back."""
+    def request(self, message: dict, args: tuple, kwargs: dict, **values):
+        """One round trip: arguments out as encoded data, the encoded result back, decoded here."""
         try:
-            encoded = [codec.encode(a, self._refs) for a in args]
-            encoded_kw = {str(k): codec.encode(v, self._refs) for k, v in kwargs.items()}
-        except codec.Unencodable:
-            raise NeedsInProcess() from None
-        self.child.send({"op": "call", "name": name, "args": encoded, "kwargs": encoded_kw}, self.deadline)
+            message["args"] = [codec.encode(a, self._refs) for a in args]
+            message["kwargs"] = {str(k): codec.encode(v, self._refs) for k, v in kwargs.items()}
+            message.update({k: codec.encode(v, self._refs) for k, v in values.items()})
+        except codec.Unencodable as exc:
+            raise TypeError(f"a test passed a value the sandbox cannot carry: {exc}") from None
+        self.child.send(message, self.deadline)
         reply = self.child.receive(self.deadline)
-        if "unsupported" in reply:
-            raise NeedsInProcess()
         if "exc" in reply:
             raise _remote_exception(reply)
         try:
@@ -285,55 +358,42 @@ class Judge:
             old.clear()
             old.update(new)
 
-    def _rpc(self, index: int) -> None:
+    def _namespace(self, index: int) -> dict:
+        """The test's globals: the task context (trusted), standard modules it names, the solution's names."""
         namespace = {"__builtins__": builtins, "__name__": "__test__"}
         exec(self.context_code, namespace)  # trusted helpers of the task (e.g. HumanEval's prompt)
+        names = self.test_names[index]
+        for name in names & TEST_MODULES:
+            namespace.setdefault(name, importlib.import_module(name))
         entry = self.job.get("entry_point")
         for name, kind in self.child.names.items():  # never shadow a builtin the test relies on (abs, len...)
-            if kind == "callable" and (name == entry or (name not in namespace and not hasattr(builtins, name))):
+            if name != entry and (name in namespace or hasattr(builtins, name)):
+                continue
+            if kind == "callable":
                 namespace[name] = Remote(self, name)
-        exec(self.setup_code, namespace)
-        exec(self.test_codes[index], namespace)
+            elif kind == "data" and name in names:
+                namespace[name] = self.request({"op": "get", "name": name}, (), {})
+        return namespace
 
-    def _in_process(self, index: int) -> None:
-        nonce = secrets.token_hex(16)
-        message = {"op": "inprocess", "setup": self.job["setup"], "test": self.job["in_process_tests"][index]}
-        self.child.send({**message, "nonce": nonce}, self.deadline)
-        reply = self.child.receive(self.deadline)
-        if "exc" in reply:
-            raise _remote_exception(reply)
-        if reply.get("done") != nonce:
-            raise ChildFailure("error", "malformed reply")
-
-    def run_test(self, index: int, mode: str) -> tuple[str, str]:
-        """(status, detail) of one test in one mode; raises NeedsInProcess where rpc cannot carry a value."""
+    def run_test(self, index: int) -> tuple[str, str]:
+        """(status, detail) of one test."""
         if self.child is None:
             self.start_child()
         try:
-            (self._rpc if mode == "rpc" else self._in_process)(index)
-        except (NeedsInProcess, TestTimeout, ChildFailure):
+            namespace = self._namespace(index)
+            exec(self.setup_code, namespace)
+            exec(self.test_codes[index], namespace)
+        except (TestTimeout, ChildFailure):
             raise
-        except NameError as exc:  # the test names a non-function global of the solution
-            if mode == "rpc" and getattr(exc, "name", None) in self.child.names:
-                raise NeedsInProcess() from None
-            return "failed", f"NameError: {exc}"
         except BaseException as exc:  # an assertion, or the solution's exception: the test failed
             return "failed", f"{type(exc).__name__}: {str(exc)[:300]}"
         return "passed", ""
 
-    def judge(self, index: int) -> tuple[str, str, str, bool]:
-        """(status, detail, mode, whether the solution never loaded) of test ``index``, within the deadline."""
-        mode = "in_process" if self.job["mode"] == "in_process" else "rpc"
+    def judge(self, index: int) -> tuple[str, str, bool]:
+        """(status, detail, whether the solution never loaded) of test ``index``, within the deadline."""
         signal.setitimer(signal.ITIMER_REAL, max(self.deadline - time.monotonic(), 0.001))
         try:
-            try:
-                status, detail = self.run_test(index, mode)
-            except NeedsInProcess:
-                if self.job["mode"] == "rpc":
-                    return "failed", "a value that is not plain data crossed to the test (mode rpc)", mode, False
-                self.stop_child()
-                mode = "in_process"
-                status, detail = self.run_test(index, mode)
+            status, detail = self.run_test(index)
         except TestTimeout:
             status, detail = "timeout", f"the test ran past {self.job['limits']['timeout_s']:g} s"
         except ChildFailure as failure:
@@ -341,7 +401,11 @@ class Judge:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         not_loaded = status != "passed" and self.child is not None and not self.child.names
-        return status, detail, mode, not_loaded
+        return status, detail, not_loaded
+
+
+def _names_in(source: str) -> frozenset[str]:
+    return frozenset(n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name))
 
 
 def _on_alarm(signum, frame):
@@ -351,30 +415,31 @@ def _on_alarm(signum, frame):
 def run(job: dict) -> None:
     started = time.monotonic()
     overall = started + job["limits"]["total_timeout_s"]
-    iso, uid, workdir, child_path = osl.isolate(job)
+    iso, uid, workdir, child_path, scratch = osl.isolate(job)
     report({"kind": "isolation", **iso})
-    judge = Judge(job, uid, workdir, child_path)
+    judge = Judge(job, uid, workdir, child_path, scratch)
     signal.signal(signal.SIGALRM, _on_alarm)
     stop: tuple[str, str] | None = None  # a solution that does not load fails every test the same way
     for index in range(len(job["tests"])):
         began = time.monotonic()
         judge.deadline = min(began + job["limits"]["timeout_s"], overall)
-        mode = ""
+        ran = False
         if stop is not None:
             status, detail = stop
         elif judge.deadline <= began:
             status, detail = "timeout", "the run's total time limit was reached before this test"
         else:
+            ran = True
             try:
-                status, detail, mode, not_loaded = judge.judge(index)
+                status, detail, not_loaded = judge.judge(index)
             except TestTimeout:  # the alarm fired on the way out of judge()
-                status, detail, mode, not_loaded = "timeout", "the test ran past its time limit", "rpc", False
+                status, detail, not_loaded = "timeout", "the test ran past its time limit", False
             if not_loaded:
                 stop = (status, detail)
-            if status != "passed" or job["isolate_tests"] or mode == "in_process":
+            if status != "passed" or job["isolate_tests"]:
                 judge.stop_child()
         seconds = round(time.monotonic() - began, 4)
-        report({"kind": "test", "index": index, "status": status, "detail": detail, "mode": mode, "seconds": seconds})
+        report({"kind": "test", "index": index, "status": status, "detail": detail, "ran": ran, "seconds": seconds})
     judge.stop_child()
     osl.kill_all(uid)
     text = bytes(judge.output).decode("utf-8", "replace")
@@ -390,8 +455,11 @@ def _load(name: str, path: str):
 
 def main() -> None:
     global codec, osl
-    sys.set_int_max_str_digits(100_000)  # big answers are fine; a 16 MB digit string would stall the parser
+    REPORT["fd"] = int(sys.argv[1])
     job = json.loads(sys.stdin.buffer.read())
+    REPORT["nonce"] = job["nonce"]
+    limit_self(job["limits"])
+    sys.set_int_max_str_digits(100_000)  # big answers are fine; a 16 MB digit string would stall the parser
     codec = _load("reasonrl_sandbox_child", job["child_path"])
     osl = _load("reasonrl_sandbox_os", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_os.py"))
     run(job)

@@ -1,10 +1,13 @@
 """Inside the sandbox: the operating-system layers the judge builds before it runs anything untrusted.
 
 As root inside the new mount namespace: a tmpfs root holding read-only, nosuid, nodev binds of
-the interpreter and the system libraries, a few /dev nodes, /proc (hidepid=2), world-writable
-/tmp and /dev/shm on the same size-limited tmpfs, and /work owned by the sandbox uid; then chroot.
-And the process sweep that kills whatever the solution started.  Standard library only (the judge
-loads this file by path; it runs with ``-I -S``).
+the interpreter and the system libraries (with every site-packages directory covered by an empty
+one), a few /dev nodes, /proc (hidepid=2), world-writable /tmp and /dev/shm on the same
+size-limited tmpfs, and /work owned by the sandbox uid; then chroot.  As root inside the new IPC
+namespace: System V shared memory and message queues capped at the run's memory limit (they are
+not covered by RLIMIT_AS).  And the process sweep that kills whatever the solution started, and the
+wipe of the scratch directories between tests.  Standard library only (the judge loads this file by
+path; it runs with ``-I -S``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import time
 
@@ -54,6 +58,15 @@ def _bind(libc, root: str, path: str, done: set[str]) -> None:
     _mount(libc, None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+def _cover(libc, root: str, path: str) -> bool:
+    """Hide a bound directory (site-packages) under an empty read-only tmpfs; False if it is not there."""
+    target = root + path
+    if not os.path.isdir(target):
+        return False
+    _mount(libc, "tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=1,mode=555")
+    return True
+
+
 def build_root(job: dict, uid: int | None, child_source: str) -> None:
     """A tmpfs root holding read-only binds of ``job["binds"]``, /dev nodes, /proc, /tmp and /work; chroot into it."""
     libc, root = _libc(), job["rootfs"]
@@ -64,6 +77,8 @@ def build_root(job: dict, uid: int | None, child_source: str) -> None:
     done: set[str] = set()
     for path in job["binds"]:
         _bind(libc, root, path, done)
+    for path in job["hidden"]:
+        _cover(libc, root, path)
     os.makedirs(root + "/dev")
     for name in DEVICES:
         if os.path.exists(f"/dev/{name}"):
@@ -103,8 +118,28 @@ def _world_usable(path: str) -> bool:
     return True
 
 
-def isolate(job: dict) -> tuple[dict, int | None, str, str]:
-    """Build what this process can: (isolation report, child uid, workdir, child script path)."""
+def limit_ipc(memory_mb: int) -> bool:
+    """Cap System V IPC in this IPC namespace: shared memory at ``memory_mb`` in all, segments removed
+    when their last user goes, small message queues.  False if this process may not (not root here)."""
+    settings = {
+        "kernel/shmmax": memory_mb << 20,
+        "kernel/shmall": (memory_mb << 20) // os.sysconf("SC_PAGE_SIZE"),
+        "kernel/shmmni": 32,
+        "kernel/shm_rmid_forced": 1,
+        "kernel/msgmnb": 1 << 16,
+        "kernel/msgmni": 32,
+    }
+    try:
+        for name, value in settings.items():
+            with open(f"/proc/sys/{name}", "w") as handle:
+                handle.write(str(value))
+    except OSError:
+        return False
+    return True
+
+
+def isolate(job: dict) -> tuple[dict, int | None, str, str, list[str]]:
+    """Build what this process can: (isolation report, child uid, workdir, child script path, scratch dirs)."""
     libc = ctypes.CDLL(None, use_errno=True)
     iso = {"pid_namespace": os.getpid() == 1, "no_new_privs": libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0}
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the solution come back here to be killed
@@ -112,6 +147,7 @@ def isolate(job: dict) -> tuple[dict, int | None, str, str]:
         child_source = handle.read()
     root = os.geteuid() == 0
     uid, workdir, child_path = None, job["workdir"], job["child_path"]
+    iso["ipc_limits"] = root and job["ipc_namespace"] and limit_ipc(job["limits"]["memory_mb"])
     iso["filesystem"] = False
     if root and job.get("rootfs"):
         try:
@@ -124,7 +160,20 @@ def isolate(job: dict) -> tuple[dict, int | None, str, str]:
         if not iso["filesystem"]:
             os.chown(workdir, uid, uid)
     iso["unprivileged_uid"] = uid is not None
-    return iso, uid, workdir, child_path
+    scratch = ["/work", "/tmp", "/dev/shm"] if iso["filesystem"] else [workdir]
+    return iso, uid, workdir, child_path, scratch
+
+
+def wipe(directories: list[str]) -> None:
+    """Empty the scratch directories (what one test's program wrote is gone before the next test)."""
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(directory):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
 
 # --- processes -------------------------------------------------------------------------------------

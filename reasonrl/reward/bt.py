@@ -25,7 +25,7 @@ from reasonrl.data.loaders import DataError
 from reasonrl.data.preferences import parse_transcript
 from reasonrl.data.prompts import chat_token_ids
 from reasonrl.models.optim import apply_gradients
-from reasonrl.models.value import ValueModel, load_value_model, value_model_from_policy
+from reasonrl.models.value import ValueModel, load_value_model, value_model_dir, value_model_from_policy
 
 Messages = list[dict[str, str]]
 BUILTIN_PREFERENCES = {"hh-rlhf-harmless": "hh-rlhf-harmless-test.jsonl.gz"}
@@ -135,9 +135,10 @@ class RewardModel:
 
     @classmethod
     def load(cls, directory: str | Path, **options) -> RewardModel:
-        """A reward model written by ``save``."""
+        """A reward model written by ``save`` (or the output directory of `reasonrl rm train`)."""
         from transformers import AutoTokenizer
 
+        directory = value_model_dir(directory)
         return cls(load_value_model(directory), AutoTokenizer.from_pretrained(directory), **options)
 
     @classmethod

@@ -27,9 +27,9 @@ import json
 import re
 
 from reasonrl.reward.base import RewardResult
-from reasonrl.reward.sandbox import CodeJob, Mode, SandboxLimits, run_job
+from reasonrl.reward.sandbox import CodeJob, SandboxLimits, run_job
 
-FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+FENCE_TAG = re.compile(r"[ \t]*+([A-Za-z0-9_+.-]*+)")
 PYTHON_TAGS = ("python", "py", "python3", "py3")
 
 
@@ -53,12 +53,14 @@ def parse_reference(reference: str) -> tuple[str, str | None, str]:
 
 
 def _defines(code: str, name: str | None) -> bool:
-    return bool(name) and re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+    """Whether a line of ``code`` starts ``def name(`` (linear time: the pattern cannot span lines)."""
+    pattern = rf"^[ \t]*+(?:async[ \t]++)?def[ \t]++{re.escape(name or '')}[ \t]*+\("
+    return bool(name) and re.search(pattern, code, re.MULTILINE) is not None
 
 
 def extract_code(response: str, entry_point: str | None = None) -> tuple[str, str]:
     """(code, how): how is 'fenced', 'raw' (no code fence: the whole response) or 'none' (empty)."""
-    blocks = [(tag.lower(), body) for tag, body in FENCE.findall(response) if tag.lower() in ("", *PYTHON_TAGS)]
+    blocks = [(tag, body) for tag, body in _fenced_blocks(response) if tag in ("", *PYTHON_TAGS)]
     if blocks:
         for wanted in (lambda t, b: _defines(b, entry_point), lambda t, b: t != "", lambda t, b: True):
             chosen = [body for tag, body in blocks if wanted(tag, body)]
@@ -69,18 +71,41 @@ def extract_code(response: str, entry_point: str | None = None) -> tuple[str, st
     return _from_first_code_line(response), "raw"
 
 
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(lower-case tag, body) of each ```-fenced block, in order; an unclosed last block runs to the end.
+
+    One pass with ``str.find`` (linear time whatever the response holds)."""
+    blocks, position = [], 0
+    while (start := text.find("```", position)) != -1:
+        newline = text.find("\n", start + 3)
+        if newline == -1:
+            break
+        tag = FENCE_TAG.match(text, start + 3, newline).group(1).lower()
+        end = text.find("```", newline + 1)
+        end = len(text) if end == -1 else end
+        blocks.append((tag, text[newline + 1 : end]))
+        position = end + 3
+    return blocks
+
+
 def _from_first_code_line(text: str) -> str:
     """``text``, or (if it does not parse) its tail from the first line that starts Python code."""
-    try:
-        ast.parse(text)
+    if _parses(text):
         return text
-    except SyntaxError:
-        pass
     lines = text.splitlines(keepends=True)
     for i, line in enumerate(lines):
         if re.match(r"(def|async def|class|import|from)\s", line):
             return "".join(lines[i:])
     return text
+
+
+def _parses(text: str) -> bool:
+    """Whether ``text`` is Python; False for anything ``ast.parse`` rejects (null bytes, nesting too deep...)."""
+    try:
+        ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def build_program(code: str, entry_point: str | None, context: str) -> str:
@@ -104,11 +129,10 @@ class CodeVerifier:
         timeout_s: float = 3.0,
         total_timeout_s: float = 7.0,
         memory_mb: int = 512,
-        mode: Mode = "auto",
         isolate_tests: bool = True,
     ) -> None:
         self.limits = SandboxLimits(timeout_s=timeout_s, total_timeout_s=total_timeout_s, memory_mb=memory_mb)
-        self.mode, self.isolate_tests = mode, isolate_tests
+        self.isolate_tests = isolate_tests
 
     def __call__(self, response: str, reference: str) -> RewardResult:
         tests, entry_point, context = parse_reference(reference)
@@ -116,7 +140,7 @@ class CodeVerifier:
         if not code.strip():
             return RewardResult(0.0, False, {"status": "no_code", "extraction": how, "passed_fraction": 0.0})
         job = CodeJob(build_program(code, entry_point, context), tests, entry_point, context)
-        verdict = run_job(job, self.limits, self.mode, self.isolate_tests)
+        verdict = run_job(job, self.limits, self.isolate_tests)
         info = {
             "status": verdict.status,
             "passed_fraction": verdict.passed_fraction,

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 
 from reasonrl.data.examples import Example
@@ -30,9 +32,9 @@ def _worker(verifier: Verifier, conn: Connection) -> None:
             return
         if task is None:
             return
-        task_id, response, reference = task
+        task_id, *arguments = task
         try:
-            result = verifier(response, reference)
+            result = verifier(*arguments)
             if not isinstance(result, RewardResult):
                 raise TypeError(f"verifier returned {type(result).__name__}, not RewardResult")
             conn.send((task_id, result, None))
@@ -41,11 +43,26 @@ def _worker(verifier: Verifier, conn: Connection) -> None:
             conn.send((task_id, None, detail + "\n" + traceback.format_exc(limit=3)))
 
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while starting a worker: the child inherits that, so a Ctrl-C at the terminal stops
+    the trainer alone (which closes its workers) instead of printing a traceback per worker."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _Worker:
     def __init__(self, verifier: Verifier, context: mp.context.BaseContext) -> None:
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_worker, args=(verifier, child), daemon=True)
-        self.process.start()
+        with _sigint_ignored():
+            self.process.start()
         child.close()
         self.task_id: int | None = None
         self.deadline = 0.0
@@ -57,20 +74,32 @@ class _Worker:
 
 
 class ScoringPool:
-    """``workers`` processes scoring (response, reference) pairs with a per-call ``timeout`` (seconds)."""
+    """``workers`` processes scoring (response, reference) pairs with a per-call ``timeout`` (seconds).
 
-    def __init__(self, verifier: Verifier, workers: int = 2, timeout: float = 10.0, error_score: float = 0.0) -> None:
+    ``label`` names the scorer in warnings.  A scorer may take more arguments than the pair: each
+    tuple given to ``score`` is its arguments.
+    """
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        workers: int = 2,
+        timeout: float = 10.0,
+        error_score: float = 0.0,
+        label: str = "reward function",
+    ) -> None:
         self.verifier = verifier
         self.timeout = timeout
         self.error_score = error_score
+        self.label = label
         self._context = mp.get_context("spawn")
         self._workers = [_Worker(verifier, self._context) for _ in range(max(1, workers))]
 
     def _failed(self, reason: str) -> RewardResult:
         return RewardResult(self.error_score, False, {"error": reason})
 
-    def score(self, pairs: Sequence[tuple[str, str]]) -> list[RewardResult]:
-        """One result per (response, reference) pair, in order."""
+    def score(self, pairs: Sequence[tuple]) -> list[RewardResult]:
+        """One result per (response, reference) pair (or other arguments tuple), in order."""
         results: list[RewardResult | None] = [None] * len(pairs)
         pending = list(range(len(pairs)))[::-1]  # popped from the end, i.e. in order
         busy: dict[Connection, _Worker] = {}
@@ -90,14 +119,14 @@ class ScoringPool:
                     task_id, result, error = worker.task_id, None, "the scoring process died"
                     self._replace(worker)
                 if error is not None:
-                    log.warning("reward function failed on response %d: %s", task_id, error.splitlines()[0])
+                    log.warning("%s failed on response %d: %s", self.label, task_id, error.splitlines()[0])
                     result = self._failed(error.splitlines()[0])
                 results[task_id] = result
                 worker.task_id = None
             now = time.monotonic()
             for conn, worker in list(busy.items()):
                 if worker.task_id is not None and now >= worker.deadline:
-                    log.warning("reward function timed out after %.1fs on response %d", self.timeout, worker.task_id)
+                    log.warning("%s timed out after %.1fs on response %d", self.label, self.timeout, worker.task_id)
                     results[worker.task_id] = self._failed(f"timeout after {self.timeout:g}s")
                     del busy[conn]
                     self._replace(worker)

@@ -2,30 +2,32 @@
 
 Layers, outermost first (each one that this machine supports; the verdict says which were active):
 
-1. ``unshare --net --pid --fork --kill-child --mount-proc --ipc --uts``: no network (a new network
-   namespace with only a down loopback), its own PID namespace (killing its init kills every process
-   the code started), private IPC and hostname.  Without ``unshare`` but with ``bwrap`` (non-root),
-   bubblewrap gives the same namespaces and a read-only view of ``/``.
-2. The judge (``_sandbox_judge.py``, root inside the namespaces) mounts a tmpfs root holding read-only
-   binds of the interpreter and system libraries only, with private ``/tmp`` and ``/work``, and chroots.
+1. ``setpriv --pdeathsig KILL`` + ``unshare --net --pid --fork --kill-child --mount-proc --ipc --uts``:
+   no network (a new network namespace with only a down loopback), its own PID namespace (killing its
+   init kills every process the code started; so does the death of the thread that started it, e.g.
+   a scoring worker killed on its timeout), private IPC and hostname.  Without ``unshare`` but with
+   ``bwrap`` (non-root), bubblewrap gives the same namespaces and a read-only view of ``/``.
+2. The judge (``_sandbox_judge.py``, root inside the namespaces) caps its own CPU time and address
+   space, caps System V IPC, mounts a tmpfs root holding read-only binds of the interpreter (its
+   site-packages covered) and system libraries only, with private ``/tmp`` and ``/work``, and chroots.
 3. The code runs in a child as a random unprivileged uid (so RLIMIT_NPROC is enforced even where we
    run as root, and the code cannot read the judge's memory or signal it), with RLIMIT_AS, RLIMIT_CPU,
-   RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE and no core files, ``-I -S`` (standard library only), a
-   scrubbed environment (PATH, HOME=/work, TMPDIR, LANG) and capped output.
+   RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_MSGQUEUE and no core files, ``-I -S`` (standard
+   library only), a scrubbed environment (PATH, HOME=/work, TMPDIR, LANG) and capped output.
 4. Wall clock: per test in the judge, and for the whole run here (the process group is killed).
 
 The verdict: each test runs in a fresh child; the test's code runs in the judge, and every call of a
-solution function is a round trip that carries only plain data (numbers, strings, containers), so
-asserts and comparisons happen where the solution cannot reach, and exit codes or output never
-count.  A test that passes objects that are not plain data (e.g. MBPP's tree tests) falls back to
-running inside the child with hardened asserts, where a deliberate protocol forgery could still
-pass it: ``mode="rpc"`` refuses that fallback.  Residual risks are listed in docs/sandbox.md.
+solution function is a round trip that carries only plain data (numbers, strings, containers, built-in
+types) or opaque handles to the solution's objects, so asserts and comparisons happen where the
+solution cannot reach, and exit codes or output never count.  The judge reports on a pipe of its own,
+stamped with a per-run nonce; a run that is killed or ends without its end record fails every test.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import json
 import logging
 import math
@@ -50,11 +52,13 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 JUDGE = HERE / "_sandbox_judge.py"
 CHILD = HERE / "_sandbox_child.py"
+SITE_DIRS = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
+             "local/lib/python3*/dist-packages", "local/lib/python3*/site-packages")  # fmt: skip
 SYSTEM_BINDS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/localtime")
 UID_BASE, UID_SPAN = 1_900_000_000, 200_000_000  # one random uid per run, far from real and container users
 UNSHARE_FLAGS = ("--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts")
-Mode = Literal["auto", "rpc", "in_process"]
 STATUS_ORDER = ("timeout", "memory", "output_limit", "crashed", "error", "failed")
+SCRATCH_PREFIX = "reasonrl-sandbox-"  # + the harness's pid: a killed harness's scratch is found and removed
 GRACE_S = 2.0  # the judge enforces the run's time limit itself; the harness kills it this much later
 
 
@@ -84,8 +88,11 @@ class SandboxLimits:
     output_limit_bytes: int = 1 << 16
     """Output (stdout + stderr) a test may write before it is killed and scored ``output_limit``."""
 
-    max_message_bytes: int = 16 << 20
-    """Largest value (encoded) a solution function may return."""
+    max_message_bytes: int = 1 << 20
+    """Largest value (encoded) a solution function may return; a larger reply fails the test."""
+
+    judge_memory_mb: int = 256
+    """Address-space limit of the judge (the trusted side, which decodes the replies), in MiB."""
 
     def total_for(self, tests: int) -> float:
         """The whole run's wall-clock limit for ``tests`` test cases."""
@@ -102,8 +109,8 @@ class TestResult:
     passed: bool
     status: str
     """passed, failed, error, timeout, memory, output_limit or crashed."""
-    mode: str
-    """Where its asserts ran: rpc (in the judge), in_process (fallback, in the child), or '' (not run)."""
+    ran: bool
+    """Whether the judge ran it (False: the solution never loaded, the run ran out of time, or the judge died)."""
     seconds: float
     detail: str = ""
 
@@ -194,6 +201,15 @@ def _binds() -> list[str]:
     return [*SYSTEM_BINDS, *sorted(p for p in prefixes if p not in ("/", "") and os.path.isdir(p))]
 
 
+def _hidden(binds: list[str]) -> list[str]:
+    """The site-packages directories under ``binds``: covered inside the sandbox (standard library only)."""
+    found = set()
+    for prefix in binds:
+        for pattern in SITE_DIRS:
+            found.update(p for p in glob.glob(os.path.join(prefix, pattern)) if os.path.isdir(p))
+    return sorted(found)
+
+
 def _rlimits(limits: SandboxLimits, tests: int, isolate_tests: bool) -> dict[str, int]:
     cpu = math.ceil(limits.timeout_s if isolate_tests else limits.total_for(tests)) + 1
     return {
@@ -203,6 +219,7 @@ def _rlimits(limits: SandboxLimits, tests: int, isolate_tests: bool) -> dict[str
         "RLIMIT_NPROC": limits.max_processes,
         "RLIMIT_NOFILE": 64,
         "RLIMIT_CORE": 0,
+        "RLIMIT_MSGQUEUE": 1 << 16,
     }
 
 
@@ -217,14 +234,11 @@ def _failed_verdict(detail: str, started: float, support: Support, status: str =
     return Verdict(False, 0.0, status, round(time.monotonic() - started, 4), (), support.network_isolated, {}, detail)
 
 
-def run_job(
-    job: CodeJob, limits: SandboxLimits = SandboxLimits(), mode: Mode = "auto", isolate_tests: bool = True
-) -> Verdict:
+def run_job(job: CodeJob, limits: SandboxLimits = SandboxLimits(), isolate_tests: bool = True) -> Verdict:
     """Run ``job.solution`` against ``job.tests`` in a fresh sandbox; never raises for anything the code does.
 
-    ``mode``: auto (asserts in the judge, falling back to the child for tests with non-plain values),
-    rpc (no fallback: such tests fail), in_process (every test inside the child, as upstream HumanEval).
-    ``isolate_tests``: a fresh process per test case (False: one process runs them all, faster).
+    ``isolate_tests``: a fresh process per test case (False: one process runs them all, faster, and
+    the solution's state carries over from test to test).
     """
     started = time.monotonic()
     support = isolation_support()
@@ -233,56 +247,83 @@ def run_job(
     except ValueError as exc:
         return _failed_verdict(str(exc), started, support)
     total = limits.total_for(len(plan.cases))
-    scratch = Path(tempfile.mkdtemp(prefix="reasonrl-sandbox-"))
+    _remove_stale_scratch()
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
     try:
         (scratch / "root").mkdir()
         (scratch / "work").mkdir()
+        binds = _binds()
+        nonce = secrets.token_hex(16)
         payload = {
+            "nonce": nonce,
             "solution": job.solution,
             "context": job.context,
             "setup": plan.setup,
             "tests": list(plan.cases),
-            "in_process_tests": list(plan.in_process),
             "entry_point": job.entry_point,
-            "mode": mode,
             "isolate_tests": isolate_tests,
             "python": os.path.realpath(sys.executable),
             "child_path": str(CHILD),
             "rootfs": str(scratch / "root") if support.launcher == "unshare" and support.root else None,
             "workdir": str(scratch / "work"),
             "uid": UID_BASE + secrets.randbelow(UID_SPAN) if support.root and support.launcher != "bwrap" else None,
-            "binds": _binds(),
+            "binds": binds,
+            "hidden": _hidden(binds),
+            "ipc_namespace": support.launcher != "none",
             "limits": {
                 **asdict(limits),
                 "total_timeout_s": total,
                 "rlimits": _rlimits(limits, len(plan.cases), isolate_tests),
             },
         }
-        command = [os.path.realpath(sys.executable), "-I", "-S", str(JUDGE)]
+        report_r, report_w = os.pipe()
+        command = [os.path.realpath(sys.executable), "-I", "-S", str(JUDGE), str(report_w)]
         if support.launcher == "unshare":
             command = [shutil.which("unshare") or "unshare", *UNSHARE_FLAGS, *command]
         elif support.launcher == "bwrap":
             command = [*_bwrap_prefix(shutil.which("bwrap") or "bwrap", str(scratch / "work")), *command]
-        lines, killed, stderr = _execute(command, json.dumps(payload).encode(), total + GRACE_S, scratch / "work")
+        setpriv = shutil.which("setpriv")
+        if setpriv:  # the sandbox dies with the thread that started it (a scoring worker killed on timeout)
+            command = [setpriv, "--pdeathsig", "KILL", "--", *command]
+        payload_bytes = json.dumps(payload).encode()
+        report, killed, diagnostics = _execute(command, payload_bytes, report_r, report_w, total, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return _verdict(lines, killed, stderr, len(plan.cases), started, support)
+    return _verdict(_records(report, nonce), killed, diagnostics, len(plan.cases), started, support)
 
 
-def _execute(command: list[str], payload: bytes, wall: float, cwd: Path) -> tuple[list[str], str, str]:
-    """Run the judge; its stdout lines, why it was killed ('' if it was not) and its stderr's tail."""
+@functools.cache
+def _remove_stale_scratch() -> None:
+    """Once per process: remove scratch directories left by harness processes that were killed mid-run."""
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = path.name[len(SCRATCH_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _execute(
+    command: list[str], payload: bytes, report_r: int, report_w: int, total: float, cwd: Path
+) -> tuple[bytes, str, str]:
+    """Run the judge: (what it wrote on its report pipe, why it was killed or '' if it was not, its output's tail).
+
+    The judge's own stdout and stderr (the test code may print) are diagnostics only."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
-    cap, deadline, killed = 8 << 20, time.monotonic() + wall, ""
-    out, err = bytearray(), bytearray()
+    try:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(report_w,),
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        os.close(report_w)
+    report_file = os.fdopen(report_r, "rb", buffering=0)
+    cap, deadline, killed = 4 << 20, time.monotonic() + total + GRACE_S, ""
+    report, output = bytearray(), bytearray()
     try:
         try:
             process.stdin.write(payload)
@@ -290,8 +331,8 @@ def _execute(command: list[str], payload: bytes, wall: float, cwd: Path) -> tupl
         except BrokenPipeError:
             pass
         with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ, out)
-            selector.register(process.stderr, selectors.EVENT_READ, err)
+            selector.register(report_file, selectors.EVENT_READ, report)
+            selector.register(process.stdout, selectors.EVENT_READ, output)
             while selector.get_map():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -302,17 +343,32 @@ def _execute(command: list[str], payload: bytes, wall: float, cwd: Path) -> tupl
                     if not chunk:
                         selector.unregister(key.fileobj)
                     key.data.extend(chunk)
-                del err[:-65536]  # the judge's own stderr: keep its tail only
-                if len(out) > cap:
+                del output[:-65536]  # the judge's own output: keep its tail only
+                if len(report) > cap:
                     killed = "the judge's report passed its size limit"
                     break
     finally:
         with contextlib.suppress(OSError):
             os.killpg(process.pid, signal.SIGKILL)  # the judge and, with it, its namespaces
         process.wait()
-        for stream in (process.stdout, process.stderr):
-            stream.close()
-    return out.decode("utf-8", "replace").splitlines(), killed, err[-2000:].decode("utf-8", "replace")
+        process.stdout.close()
+        report_file.close()
+    if not killed and process.returncode != 0:
+        killed = f"the judge exited with status {process.returncode}"
+    return bytes(report), killed, output[-2000:].decode("utf-8", "replace")
+
+
+def _records(report: bytes, nonce: str) -> list[dict]:
+    """The judge's JSON records that carry this run's nonce."""
+    records = []
+    for line in report.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if type(record) is dict and record.get("nonce") == nonce:
+            records.append(record)
+    return records
 
 
 @functools.cache
@@ -320,13 +376,11 @@ def _warn_once(message: str) -> None:
     log.warning(message)
 
 
-def _verdict(lines: list[str], killed: str, stderr: str, count: int, started: float, support: Support) -> Verdict:
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
+def _verdict(
+    records: list[dict], killed: str, diagnostics: str, count: int, started: float, support: Support
+) -> Verdict:
+    """The verdict from the judge's records.  Without a clean end (killed, crashed, no end record), every
+    test fails: the records of a judge that did not finish are not trusted."""
     isolation = {k: v for r in records if r.get("kind") == "isolation" for k, v in r.items() if k != "kind"}
     isolation = {k: v for k, v in isolation.items() if isinstance(v, bool)}
     isolation["network"] = support.network_isolated
@@ -336,20 +390,21 @@ def _verdict(lines: list[str], killed: str, stderr: str, count: int, started: fl
     end = next((r for r in records if r.get("kind") == "end"), None)
     if end is not None:
         isolation["rlimits"] = bool(end.get("rlimits"))
-    by_index = {r["index"]: r for r in records if r.get("kind") == "test"}
+    finished = end is not None and not killed
+    by_index = {r["index"]: r for r in records if r.get("kind") == "test"} if finished else {}
+    unfinished = killed or f"the judge did not finish: {diagnostics.strip()[-500:]}"
     tests = []
     for index in range(count):
         record = by_index.get(index)
         if record is None:
             status = "timeout" if killed.endswith("time limit") else "error"
-            tests.append(TestResult(index, False, status, "", 0.0, killed or "the judge stopped before this test"))
+            tests.append(TestResult(index, False, status, False, 0.0, unfinished))
         else:
             status = str(record["status"])
             tests.append(
-                TestResult(index, status == "passed", status, record["mode"], record["seconds"], record["detail"])
+                TestResult(index, status == "passed", status, bool(record["ran"]), record["seconds"], record["detail"])
             )
     passed = sum(t.passed for t in tests)
-    detail = killed or ("" if end is not None else f"the judge did not finish: {stderr.strip()[-500:]}")
     return Verdict(
         passed=passed == count,
         passed_fraction=passed / count if count else 0.0,
@@ -358,7 +413,7 @@ def _verdict(lines: list[str], killed: str, stderr: str, count: int, started: fl
         tests=tuple(tests),
         network_isolated=support.network_isolated,
         isolation=isolation,
-        detail=detail or next((t.detail for t in tests if not t.passed and t.detail), ""),
+        detail=unfinished if not finished else next((t.detail for t in tests if not t.passed and t.detail), ""),
         output=str(end.get("output", "")) if end is not None else "",
     )
 
@@ -369,11 +424,10 @@ def run_code(
     entry_point: str | None = None,
     context: str = "",
     limits: SandboxLimits = SandboxLimits(),
-    mode: Mode = "auto",
     isolate_tests: bool = True,
 ) -> Verdict:
     """``run_job`` for one solution given as strings."""
-    return run_job(CodeJob(solution, tests, entry_point, context), limits, mode, isolate_tests)
+    return run_job(CodeJob(solution, tests, entry_point, context), limits, isolate_tests)
 
 
 class SandboxPool:
@@ -383,10 +437,9 @@ class SandboxPool:
         self,
         max_concurrent: int | None = None,
         limits: SandboxLimits = SandboxLimits(),
-        mode: Mode = "auto",
         isolate_tests: bool = True,
     ) -> None:
-        self.limits, self.mode, self.isolate_tests = limits, mode, isolate_tests
+        self.limits, self.isolate_tests = limits, isolate_tests
         self._executor = ThreadPoolExecutor(max_workers=max_concurrent or os.cpu_count() or 2)
 
     def run(self, job: CodeJob) -> Verdict:
@@ -395,7 +448,7 @@ class SandboxPool:
 
     def run_many(self, jobs: Sequence[CodeJob]) -> list[Verdict]:
         """One verdict per job, in order."""
-        return list(self._executor.map(lambda j: run_job(j, self.limits, self.mode, self.isolate_tests), jobs))
+        return list(self._executor.map(lambda j: run_job(j, self.limits, self.isolate_tests), jobs))
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -1,4 +1,4 @@
-"""Split a test program into test cases, and harden asserts for the in-process fallback.
+"""Split a test program into test cases.
 
 A test program is Python source:
 
@@ -33,9 +33,6 @@ class TestPlan:
 
     cases: tuple[str, ...]
     """One snippet per test case, run in the judge with the solution's functions as remote proxies."""
-
-    in_process: tuple[str, ...]
-    """The same snippets with hardened asserts, for the fallback that runs a case inside the child."""
 
 
 def _asserts(node: ast.AST) -> bool:
@@ -104,44 +101,4 @@ def split_tests(test_code: str, entry_point: str | None = None) -> TestPlan:
         cases = _split_check(functions["check"], ast.Name(entry_point, ast.Load()))
     if not cases:
         raise ValueError("the tests hold no test case (no assert, and no check(candidate) to call)")
-    return TestPlan(ast.unparse(ast.Module(setup, [])), tuple(cases), tuple(harden_asserts(c) for c in cases))
-
-
-class _Harden(ast.NodeTransformer):
-    """Inside asserts: comparisons through ``__rr_cmp__``, truth tests through ``__rr_truth__``."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-
-    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
-        self.depth += 1
-        node.test = _truth(self.visit(node.test))
-        if node.msg is not None:
-            node.msg = self.visit(node.msg)
-        self.depth -= 1
-        return node
-
-    def visit_Compare(self, node: ast.Compare) -> ast.AST:
-        self.generic_visit(node)
-        if not self.depth:
-            return node
-        operands = ast.List([node.left, *node.comparators], ast.Load())
-        names = ast.List([ast.Constant(type(op).__name__) for op in node.ops], ast.Load())
-        return ast.Call(ast.Name("__rr_cmp__", ast.Load()), [operands, names], [])
-
-
-def _truth(expr: ast.expr) -> ast.expr:
-    """An assert's test whose truth no longer depends on an object's own ``__bool__``."""
-    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "__rr_cmp__":
-        return expr
-    if isinstance(expr, ast.BoolOp):
-        return ast.BoolOp(expr.op, [_truth(v) for v in expr.values])
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-        return ast.UnaryOp(ast.Not(), _truth(expr.operand))
-    return ast.Call(ast.Name("__rr_truth__", ast.Load()), [expr], [])
-
-
-def harden_asserts(snippet: str) -> str:
-    """``snippet`` with every assert checked on plain values: a comparison whose operand is not plain
-    data (an object with an always-true ``__eq__``, say) fails the assert instead of passing it."""
-    return ast.unparse(ast.fix_missing_locations(_Harden().visit(ast.parse(snippet))))
+    return TestPlan(ast.unparse(ast.Module(setup, [])), tuple(cases))

@@ -1,16 +1,23 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically.
 
-A checkpoint is a directory ``checkpoints/step-NNNNNN`` holding the policy weights
-(safetensors), the critic (``critic/``, a ``ValueModel`` directory, when there is one), optimiser +
-scheduler + RNG states (``trainer.pt``) and ``state.json`` (step, data position, KL coefficient,
-...).  It is assembled in ``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest``
-is replaced atomically: a run killed mid-checkpoint leaves the previous checkpoint intact and a
-``.tmp`` directory that the next start removes.
+A checkpoint is a directory ``checkpoints/step-NNNNNN`` holding the policy as a Hugging Face
+directory (weights in safetensors, ``config.json``, the generation config and the tokenizer, so
+``AutoModelForCausalLM.from_pretrained`` loads it), the critic (``critic/``, a ``ValueModel``
+directory, when there is one), optimiser + scheduler + RNG states (``trainer.pt``) and
+``state.json`` (step, data position, KL coefficient, ...).  It is assembled in
+``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest`` is replaced atomically: a
+run killed mid-checkpoint leaves the previous checkpoint intact and a ``.tmp`` directory that the
+next start removes; a write that fails (a full disk) removes its ``.tmp`` at once.  With
+SmolLM2-135M a checkpoint takes about 1.6 GB, ``trainer.pt`` 1.08 GB of it (AdamW's two fp32
+moments per weight); each save logs its size.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
 import os
 import random
 import shutil
@@ -25,6 +32,9 @@ from reasonrl.models.value import HEAD_FILE, ValueModel
 
 STATE_FILE = "state.json"  # written last: its presence marks a complete checkpoint
 CRITIC_DIR = "critic"
+NEARLY_FULL_BYTES = 64 * 2**20  # a failed write with less free space than this is a full disk
+
+log = logging.getLogger(__name__)
 
 
 def _checkpoint_dir(run_dir: Path) -> Path:
@@ -52,20 +62,29 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     critic: tuple[ValueModel, torch.optim.Optimizer] | None = None,
+    tokenizer: Any = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and keep only the ``keep`` most recent ones."""
     root = _checkpoint_dir(run_dir)
     target = root / f"step-{step:06d}"
     tmp = root / f"step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
-    trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()}
-    if critic is not None:
-        critic[0].save(tmp / CRITIC_DIR)
-        trainer["critic_optimizer"] = critic[1].state_dict()
-    torch.save(trainer, tmp / "trainer.pt")
-    (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2))
+    try:
+        tmp.mkdir(parents=True)
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # what from_pretrained expects
+        save_pretrained_files(model, tokenizer, tmp)
+        trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()}
+        if critic is not None:
+            critic[0].save(tmp / CRITIC_DIR)
+            trainer["critic_optimizer"] = critic[1].state_dict()
+        torch.save(trainer, tmp / "trainer.pt")
+        (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2))
+    except Exception as exc:  # a failed write leaves nothing behind; the previous checkpoint stays
+        full = _disk_full(exc, root)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp)) from exc
+        raise
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     latest_tmp = root / "latest.tmp"
@@ -73,7 +92,41 @@ def save_checkpoint(
     os.replace(latest_tmp, root / "latest")
     for old in sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    log.info("saved the checkpoint of step %d: %s (%s)", step, target, _describe_size(target))
     return target
+
+
+def _disk_full(exc: Exception, root: Path) -> bool:
+    """Whether a failed write ran out of disk: torch and safetensors report it as RuntimeError / their own
+    error, not OSError(ENOSPC), so an almost empty file system counts too."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    with contextlib.suppress(OSError):
+        return shutil.disk_usage(root).free < NEARLY_FULL_BYTES
+    return False
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _bytes(size: int) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
+
+
+def _describe_size(checkpoint: Path) -> str:
+    """e.g. '1.62 GB: trainer.pt 1.08 GB, model.safetensors 540.0 MB' (the two largest parts)."""
+    parts = sorted(((_size(p), p.name) for p in checkpoint.iterdir()), reverse=True)
+    total = sum(size for size, _ in parts)
+    return f"{_bytes(total)}: " + ", ".join(f"{name} {_bytes(size)}" for size, name in parts[:2])
+
+
+def save_pretrained_files(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
+    """Beside the weights, what makes a directory a Hugging Face model: its config, generation config
+    and tokenizer (each when the model or tokenizer has one)."""
+    for part in (getattr(model, "config", None), getattr(model, "generation_config", None), tokenizer):
+        if part is not None and hasattr(part, "save_pretrained"):
+            part.save_pretrained(directory)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,14 @@ import torch
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, Plan, resolve
-from reasonrl.config.render import render_yaml
+from reasonrl.config import Config, ConfigError, Plan, resolve, to_dict
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
 from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
 from reasonrl.reward.base import Scorer, Verifier
+from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.reward.router import build_router
 from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
@@ -43,7 +44,9 @@ from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, 
 from reasonrl.train.policy import response_logprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PoolCollector, RolloutCollector, hash_seed
+from reasonrl.train.rundir import RunRecord, claim, custom_objects
 from reasonrl.train.step import PolicyUpdater
+from reasonrl.train.trackers import Tracker, TrackerError, check_trackers, open_trackers
 from reasonrl.train.value_pretrain import pretrain_critic
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,8 @@ class Run:
     critic: CriticUpdater | None
     windowed: PoolCollector | None
     """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
+    trackers: list[Tracker] = field(default_factory=list)
+    """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
 
     @property
     def rollout(self) -> RolloutCollector | PoolCollector:
@@ -124,12 +129,23 @@ def build_critic(cfg: Config, plan: Plan, attention: str | None, dtype: torch.dt
     )
 
 
+def preflight(cfg: Config) -> list[RewardTerm]:
+    """What the user plugs in, checked before any model loads: the trackers' packages, and the terms of
+    ``reward.functions`` (each function imported once); a problem is a ConfigError."""
+    try:
+        check_trackers(cfg.run.loggers)
+        return reward_terms(cfg.reward.functions, cfg.reward.weights)
+    except (RewardFunctionError, TrackerError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
 # --- stages --------------------------------------------------------------------------------------
 
 
 def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verifier: Verifier | None = None) -> Run:
     """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
     plan = resolve(cfg)
+    terms = preflight(cfg)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -146,8 +162,10 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
         pool = build_router(cfg, dtype)
+    if terms:  # the user's reward functions, with the scorer above as their "verifier" term
+        pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
+    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     warmup = plan.warmup_optimizer_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
@@ -212,7 +230,7 @@ def restore(run: Run) -> dict[str, Any]:
     if run.windowed is not None:
         run.windowed.pool.load_state_dict(state["pool"])
     run.engine.load_weights(run.model.state_dict())
-    log.warning("resuming from %s (step %d)", checkpoint, state["step"])
+    log.info("resuming from %s (step %d)", checkpoint, state["step"])
     return state
 
 
@@ -241,13 +259,13 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
     saved = run.run_dir / PRETRAINED_CRITIC
     if (saved / HEAD_FILE).exists():
         load_value_weights(run.critic.model, saved)
-        log.warning("loaded the pretrained critic from %s", saved)
+        log.info("loaded the pretrained critic from %s", saved)
         return {}
     steps = run.plan.value_pretrain_steps
     timing: dict[str, float] = {}
     with timed(timing, "value_pretrain_seconds"):
-        writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN)
-        with ProgressDisplay(steps, 0, enabled=show_progress, label="value pretraining") as progress:
+        writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN, trackers=run.trackers)
+        with ProgressDisplay(steps, 0, show_progress, "value pretraining", "rollout, critic update") as progress:
 
             def record(step: int, metrics: dict[str, float]) -> None:
                 writer.write(step, metrics)
@@ -337,6 +355,7 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
         state,
         run.cfg.run.keep_checkpoints,
         critic_state(run),
+        tokenizer=run.tokenizer,
     )
 
 
@@ -348,10 +367,12 @@ def export_stage(run: Run) -> Path:
     return final
 
 
-def rl_step(run: Run, step: int) -> dict[str, float]:
+def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: None) -> dict[str, float]:
     """One rollout step: rollout -> log-probs -> values -> advantages -> policy update -> critic update
-    -> weight sync (-> the adaptive KL coefficient); returns the step's metrics, each stage's time included."""
+    -> weight sync (-> the adaptive KL coefficient); returns the step's metrics, each stage's time included.
+    ``phase`` is told when the rollout and the update begin (the progress bar shows it)."""
     cfg, kl_coef, seed = run.cfg, float(run.kl.coef), hash_seed(run.cfg.run.seed, step)
+    phase("rollout")
     batch, metrics = run.rollout.collect(step)
     if run.plan.separate_old_logprob_pass:
         with timed(metrics, "perf/logprob_seconds"):
@@ -360,6 +381,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         with timed(metrics, "perf/value_seconds"):
             batch.values = run.critic.values(batch)
     metrics |= assign_advantages(batch, cfg.algo, kl_coef)
+    phase("update")
     with timed(metrics, "perf/update_seconds"):
         metrics |= run.updater.update(batch, seed=seed, kl_coef=kl_coef)
     if run.critic is not None:
@@ -385,15 +407,33 @@ def fit(
     verifier: Verifier | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json)."""
+    """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json).
+
+    A directory that holds a run continues it (``reasonrl.train.rundir``: same settings but for
+    ``RESUMABLE_KEYS``; one live run at a time).  Ctrl-C raises ``TrainingInterrupted`` and a full
+    disk ``DiskFullError``, each with the line that says how to resume.
+    """
+    custom = custom_objects(engine=engine, verifier=verifier)
+    with claim(run_dir, cfg, preset, overrides, custom) as record:
+        return _train(cfg, run_dir, record, engine, verifier, show_progress)
+
+
+def _train(
+    cfg: Config,
+    run_dir: Path,
+    record: RunRecord,
+    engine: RolloutEngine | None,
+    verifier: Verifier | None,
+    show_progress: bool,
+) -> dict[str, Any]:
     started = time.perf_counter()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(render_yaml(cfg))
+    preset, overrides = record.preset, record.overrides
     run = setup(cfg, run_dir, engine, verifier)
     try:
         state = restore(run)
         start_step = state.get("step", 0)
-        writer = MetricsWriter(run_dir, start_step)
+        run.trackers = open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg))
+        writer = MetricsWriter(run_dir, start_step, trackers=run.trackers)
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")
         if start_step == 0:
@@ -410,8 +450,9 @@ def fit(
             for step in range(start_step + 1, total + 1):
                 metrics: dict[str, float] = {}
                 with timed(metrics, "perf/step_seconds"):
-                    metrics |= rl_step(run, step)
+                    metrics |= rl_step(run, step, progress.phase)
                     if step % cfg.run.eval_every == 0 or step == total:
+                        progress.phase("eval")
                         last_eval = evaluate(run)
                         metrics |= last_eval
                 tokens = metrics["rollout/tokens_generated"]
@@ -423,6 +464,7 @@ def fit(
                 if step % cfg.run.save_every == 0 or step == total:
                     wall = elapsed_before + time.perf_counter() - started
                     extra = {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
+                    progress.phase("checkpoint", step)
                     checkpoint_stage(run, step, extra)
         after = last_eval or evaluate(run)
         final = export_stage(run)
@@ -446,3 +488,5 @@ def fit(
         return summary
     finally:
         run.pool.close()
+        for tracker in run.trackers:
+            tracker.close()

@@ -1,4 +1,4 @@
-"""Where metrics go: a JSONL file (the source of truth), TensorBoard, and a rich progress bar."""
+"""Where metrics go: a JSONL file (the source of truth), the trackers (TensorBoard, ...), and a progress bar."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ import ctypes
 import json
 import math
 import resource
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from reasonrl.train.trackers import TensorBoardTracker, Tracker
 
 CONSOLE = Console(stderr=True)  # shared by the progress bar and log messages, so they do not garble
 
@@ -32,28 +37,36 @@ def release_free_memory() -> None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
+    """All records of a metrics.jsonl file (but a last line cut short by a kill or a full disk)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines[:-1]]
+    with contextlib.suppress(json.JSONDecodeError):
+        records.extend(json.loads(line) for line in lines[-1:])
+    return records
 
 
 class MetricsWriter:
-    """Appends one JSON object per step to ``<name>.jsonl`` and mirrors scalars to TensorBoard.
+    """Appends one JSON object per step to ``<name>.jsonl`` and mirrors its scalars to trackers.
 
-    ``metrics`` (the RL steps) logs to ``tensorboard/``; any other name (e.g. ``value_pretrain``)
-    to ``tensorboard/<name>``, so its step numbers do not collide with the RL steps'.
+    ``trackers`` (``reasonrl.train.trackers``; shared by the run's streams, closed by their owner)
+    default to TensorBoard alone, owned by this writer: ``metrics`` (the RL steps) logs to
+    ``tensorboard/``; any other name (e.g. ``value_pretrain``) to ``tensorboard/<name>``, so its
+    step numbers do not collide with the RL steps'.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int = 0, name: str = "metrics") -> None:
+    def __init__(
+        self, run_dir: Path, resume_step: int = 0, name: str = "metrics", trackers: Sequence[Tracker] | None = None
+    ) -> None:
         self.path = run_dir / f"{name}.jsonl"
-        # after a crash, records past the checkpoint being resumed are replayed: drop them first
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+        self.name = name
+        # a restart replays every step past the checkpoint it resumes (all of them, step 0's evaluation
+        # included, when there is none): drop their records first, so no step appears twice
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step] if resume_step else []
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        from tensorboardX import SummaryWriter
-
-        board = run_dir / "tensorboard" if name == "metrics" else run_dir / "tensorboard" / name
-        self.tensorboard = SummaryWriter(str(board), purge_step=resume_step + 1)
+        self._owned = trackers is None
+        self.trackers = [TensorBoardTracker(run_dir, resume_step)] if trackers is None else list(trackers)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step's metrics."""
@@ -63,52 +76,95 @@ class MetricsWriter:
         }
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
-        for key, value in metrics.items():
-            if isinstance(value, int | float) and math.isfinite(value):
-                self.tensorboard.add_scalar(key, value, step)
-        self.tensorboard.flush()
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+        for tracker in self.trackers:
+            tracker.log(self.name, step, scalars)
 
     def close(self) -> None:
-        """Flush and close TensorBoard."""
-        self.tensorboard.close()
+        """Flush and close the trackers this writer owns."""
+        if self._owned:
+            for tracker in self.trackers:
+                tracker.close()
+
+
+class _TwoLineProgress(Progress):
+    """The bar on one line and the latest step's numbers on the next, so both fit 80 columns."""
+
+    status = ""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        if self.status:
+            yield Text(self.status, no_wrap=True, overflow="ellipsis")
+
+
+def _finite(value: float | None) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 class ProgressDisplay:
-    """A progress bar with step, reward, accuracy, response length and step time."""
+    """A progress bar: steps done, elapsed, time remaining and the running step's phase on one line;
+    the last step's reward, accuracy, response length and step time on the next."""
 
-    def __init__(self, total_steps: int, start_step: int, enabled: bool = True, label: str = "RL") -> None:
+    STATUS = (  # (metric, label, format); a missing or NaN value is left out
+        ("reward/mean", "reward", "{:+.2f}"),
+        ("reward/accuracy", "acc", "{:.2f}"),
+        ("rollout/response_length", "len", "{:.0f}"),
+        ("critic/explained_variance", "EV", "{:+.2f}"),
+        ("eval/accuracy", "eval", "{:.2f}"),
+    )
+
+    def __init__(
+        self, total_steps: int, start_step: int, enabled: bool = True, label: str = "RL", work: str = "running"
+    ) -> None:
         self.console = CONSOLE if enabled else Console(stderr=True, quiet=True)
-        self.progress = Progress(
+        self.progress = _TwoLineProgress(
             TextColumn(f"[bold]{label}[/bold]"),
-            BarColumn(),
+            BarColumn(bar_width=16),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
-            TimeRemainingColumn(),
+            TextColumn("{task.fields[remaining]}"),
+            TextColumn("{task.fields[phase]}"),
             console=self.console,
         )
-        self.task = self.progress.add_task("train", total=total_steps, completed=start_step, status="starting")
+        self.total, self.start_step, self.step = total_steps, start_step, start_step
+        self.task = self.progress.add_task(
+            "train", total=total_steps, completed=start_step, remaining="left -:--:--", phase=""
+        )
+        self.work, self.started = work, time.perf_counter()
+        self.phase(work)
 
     def __enter__(self) -> ProgressDisplay:
+        self.started = time.perf_counter()
         self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
+    def phase(self, name: str, step: int | None = None) -> None:
+        """Show what ``step`` (default: the running one) is doing, e.g. rollout, update, eval, checkpoint."""
+        step = self.step + 1 if step is None else step
+        running = f"step {step}: {name}" if step <= self.total else name
+        self.progress.update(self.task, phase=running)
+
     def update(self, step: int, metrics: dict[str, float]) -> None:
         """Show the latest step."""
-        status = (
-            f"reward {metrics.get('reward/mean', float('nan')):+.2f}  "
-            f"acc {metrics.get('reward/accuracy', float('nan')):.2f}  "
-            f"len {metrics.get('rollout/response_length', float('nan')):.0f}  "
-            f"{metrics.get('perf/step_seconds', float('nan')):.1f}s/step"
-        )
-        if "critic/explained_variance" in metrics:
-            status += f"  EV {metrics['critic/explained_variance']:+.2f}"
-        if "eval/accuracy" in metrics:
-            status += f"  eval {metrics['eval/accuracy']:.2f}"
-        self.progress.update(self.task, completed=step, status=status)
+        self.step = step
+        parts = [f"step {step}"]
+        parts += [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in self.STATUS if _finite(metrics.get(key))]
+        if _finite(metrics.get("perf/step_seconds")):
+            parts.append(f"{metrics['perf/step_seconds']:.1f}s/step")
+        self.progress.status = "  ".join(parts)
+        per_step = (time.perf_counter() - self.started) / max(1, step - self.start_step)
+        remaining = f"left {_clock(per_step * (self.total - step))}"
+        self.progress.update(self.task, completed=step, remaining=remaining)
+        self.phase("done" if step >= self.total else self.work)
 
     def log(self, message: str) -> None:
         """Print a line above the bar."""

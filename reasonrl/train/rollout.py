@@ -374,6 +374,25 @@ def source_stats(results: Sequence[RewardResult]) -> dict[str, float]:
     for source, scores in by_source.items():
         stats[f"reward/{source}/mean"] = sum(scores) / len(scores)
         stats[f"reward/{source}/fraction"] = len(scores) / len(results)
+    return stats | function_stats(results)
+
+
+def function_stats(results: Sequence[RewardResult]) -> dict[str, float]:
+    """Per term of ``reward.functions``: its mean value (samples it returned None for left out; an error
+    counts as 0) and the share of samples it failed on (raised, timed out or died)."""
+    values: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    for result in results:
+        for name, value in result.info.get("terms", {}).items():
+            values.setdefault(name, [])
+            if value is not None:
+                values[name].append(value)
+        for name in result.info.get("term_errors", ()):
+            errors[name] = errors.get(name, 0) + 1
+    stats = {}
+    for name, scored in values.items():
+        stats[f"reward/fn/{name}/mean"] = sum(scored) / len(scored) if scored else float("nan")
+        stats[f"reward/fn/{name}/error_fraction"] = errors.get(name, 0) / len(results)
     return stats
 
 

@@ -8,7 +8,14 @@ import pytest
 from reasonrl.data.arithmetic import ArithmeticTask
 from reasonrl.data.loaders import DataError, Fields, load_examples
 from reasonrl.data.prompts import user_message
-from reasonrl.data.source import DataSpec, TrainingStream, benchmark_examples, eval_examples, training_examples
+from reasonrl.data.source import (
+    DataSpec,
+    TrainingStream,
+    benchmark_examples,
+    check_sources,
+    eval_examples,
+    training_examples,
+)
 
 
 def test_arithmetic_is_seeded_and_splits_are_disjoint():
@@ -47,8 +54,8 @@ def test_malformed_jsonl_fails_with_file_and_line(tmp_path):
     path.write_text('{"question": "a", "answer": "1"}\n\n{"question": "b", "answer": 2\n')
     with pytest.raises(DataError, match=rf"{path}:3: malformed JSON line"):
         load_examples(str(path))
-    path.write_text('{"question": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n')
-    with pytest.raises(DataError, match=rf"{path}:2: no field 'question' \(fields present: prompt, answer\)"):
+    path.write_text('{"question": "a", "answer": "1"}\n{"query": "b", "answer": "2"}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: no field 'question' \(fields present: query, answer\)"):
         load_examples(str(path))
     path.write_text("[1, 2]\n")
     with pytest.raises(DataError, match=r":1: expected a JSON object"):
@@ -70,7 +77,8 @@ def test_field_mapping_gzip_and_parquet(tmp_path):
     parquet = tmp_path / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet)
     assert load_examples(str(parquet), fields=Fields(question="q", answer="a")) == [
-        type(e)(id=f"rows:{i}", question=e.question, answer=e.answer) for i, e in enumerate(examples)
+        type(e)(id=f"rows:{i}", question=e.question, answer=e.answer, data_source="rows")
+        for i, e in enumerate(examples)
     ]
 
 
@@ -105,3 +113,24 @@ def test_training_stream_resumes_exactly(tmp_path):
 def test_prompt_templates_ask_for_a_parseable_answer():
     assert user_message("What is 2 + 2?", "answer_line").endswith("as 'Answer: <answer>'.")
     assert "\\boxed{}" in user_message("x", "boxed")
+
+
+def test_a_misspelt_dataset_name_suggests_the_built_in_one_without_asking_a_hub(monkeypatch):
+    import reasonrl.data.loaders as loaders
+
+    asked = []
+    monkeypatch.setattr(loaders, "_from_datasets", lambda name, split, fields: asked.append(name) or [])
+    with pytest.raises(
+        DataError, match=r"unknown dataset 'gsm8kk'; did you mean 'gsm8k'\? \(built-in: arithmetic, gsm8k"
+    ):
+        load_examples("gsm8kk")
+    with pytest.raises(DataError, match="did you mean 'arithmetic'"):
+        check_sources(DataSpec(dataset="arithmetc"))
+    with pytest.raises(DataError, match="did you mean 'aime2024'"):
+        check_sources(DataSpec(dataset="gsm8k+aime25"))  # each part of a mixture
+    with pytest.raises(DataError, match=r"data file missing\.jsonl does not exist"):
+        check_sources(DataSpec(dataset="arithmetic", eval_dataset="missing.jsonl"))
+    assert asked == []
+    check_sources(DataSpec(dataset="openai/gsm8k+aime24"))  # a hub id and an alias pass the check
+    load_examples("openai/gsm8k")
+    assert asked == ["openai/gsm8k"]  # only names that look like hub ids reach `datasets`

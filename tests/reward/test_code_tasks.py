@@ -2,6 +2,9 @@
 
 import json
 import pickle
+import subprocess
+import sys
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -72,9 +75,10 @@ def test_humaneval_completion_only_response_continues_the_prompt():
 MBPP_CASES = [
     ("11", "the first test task"),
     ("17", "a one-line arithmetic function"),
-    ("367", "test_setup_code builds trees of the solution's Node class: the in-process fallback"),
-    ("533", "a type (int) is an argument: not plain data, the in-process fallback"),
-    ("596", "the tests use sys, which only the solution imports"),
+    ("367", "test_setup_code builds trees of the solution's Node class: objects cross as handles"),
+    ("533", "a type (int) is an argument: built-in types cross by name"),
+    ("596", "the tests use sys, which only the solution imports: the judge gives the test its own"),
+    ("601", "the test builds a list of the solution's Pair objects"),
 ]
 
 
@@ -112,6 +116,9 @@ VERIFIER_TABLE = [
     (fenced("def biggest(xs)\n    return max(xs)"), 0.0, "a syntax error fails every test"),
     (fenced("import sys\nsys.exit(0)"), 0.0, "exiting before the tests is a failure"),
     ("```python\ndef biggest(xs):\n    return max(xs)\n", 1.0, "an unterminated fence (truncated response)"),
+    ("def biggest(xs):\n    return max(xs)\0", 0.0, "a null byte: ast.parse's ValueError is a failure, not a crash"),
+    ("x = " + "(" * 300 + ")" * 300 + "\ndef biggest(xs):\n    return max(xs)", 1.0, "nesting too deep to parse"),
+    ("Sure:\n" + "-(" * 100_000, 0.0, "nesting that overflows the parser's recursion"),
 ]
 
 
@@ -134,6 +141,15 @@ def test_extraction_picks_the_block_that_defines_the_entry_point():
     assert build_program("def f():\n    return 1\n", "f", "import os\n") == "def f():\n    return 1\n"
 
 
+def test_extraction_takes_linear_time_on_hostile_responses():
+    hostile = ["\n" * 200_000 + "x", " " * 200_000, "```" + "a" * 200_000, "`" * 200_000, "```\n" * 50_000]
+    start = time.monotonic()
+    for response in hostile:
+        extract_code(response, "f")
+        build_program(response, "f", "def f():\n")
+    assert time.monotonic() - start < 2  # quadratic patterns took minutes on these (1 s per 10k blank lines)
+
+
 def test_references_are_json_or_bare_tests():
     assert parse_reference("assert f(1) == 1") == ("assert f(1) == 1", None, "")
     assert parse_reference(code_reference("assert f(1)", "f", "import os")) == ("assert f(1)", "f", "import os")
@@ -149,3 +165,45 @@ def test_code_verifier_is_picklable_and_runs_in_the_scoring_pool():
         results = pool.score([(fenced("def biggest(xs):\n    return max(xs)"), MAX_REFERENCE), ("", MAX_REFERENCE)])
     assert [r.score for r in results] == [1.0, 0.0]
     assert results[0].info["status"] == "passed" and results[1].info["status"] == "no_code"
+
+
+# The generic payload an outside red team used: it rewrites the child's request reader so that a test sent
+# into the child becomes `pass`, and returns an object the codec cannot carry to get the test sent there.
+# Before the fix it scored 1.0 on 80 of 80 real HumanEval and MBPP tasks.
+FALLBACK_FORGERY = """
+import sys
+_main = sys.modules["__main__"]
+_real = getattr(_main, "_receive", None)
+def _forged(fd):
+    request = _real(fd)
+    if isinstance(request, dict) and request.get("op") == "inprocess":
+        request = {**request, "setup": "", "test": "pass"}
+    return request
+_main._receive = _forged
+class _Opaque:
+    pass
+def ENTRY(*args, **kwargs):
+    return _Opaque()
+"""
+
+
+@pytest.mark.parametrize("task", ["HumanEval/0", "HumanEval/32", "mbpp:11", "mbpp:367", "mbpp:533", "mbpp:601"])
+def test_the_fallback_forgery_scores_zero_on_real_tasks(task):
+    if task.startswith("HumanEval"):
+        row = HUMANEVAL[task]
+        reference = code_reference(f"{row['test']}\ncheck({row['entry_point']})\n", row["entry_point"], row["prompt"])
+    else:
+        row = MBPP[task.split(":")[1]]
+        tests = f"{row['test_setup_code']}\n" + "\n".join(row["test_list"])
+        reference = code_reference(tests, entry_point_of(row["test_list"], row["code"]))
+    result = VERIFIER(fenced(FALLBACK_FORGERY.replace("ENTRY", parse_reference(reference)[1])), reference)
+    assert result.score == 0.0 and not result.correct, result.info
+
+
+@pytest.mark.slow
+def test_every_canonical_solution_passes():
+    """HumanEval and MBPP canonical solutions, all 1,138 (about 2 minutes on 2 cores)."""
+    script = Path(__file__).parents[2] / "bench" / "sandbox_canonical.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    summary = json.loads(result.stdout)
+    assert summary["tasks"] == 1138 and summary["failures"] == [] and summary["pass_rate"] == 1.0

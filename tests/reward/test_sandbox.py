@@ -7,6 +7,10 @@ failure.  Attacks that need an isolation layer this machine lacks skip, naming t
 import json
 import os
 import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +20,7 @@ import pytest
 import reasonrl.reward.sandbox as sandbox
 from reasonrl.cli import main
 from reasonrl.reward.sandbox import CodeJob, SandboxLimits, SandboxPool, run_code
-from reasonrl.reward.testcases import harden_asserts, split_tests
+from reasonrl.reward.testcases import split_tests
 
 FAST = SandboxLimits(timeout_s=2.0, memory_mb=256, max_processes=8)
 IDENTITY = "def f(x):\n    return x\n"
@@ -58,7 +62,7 @@ def test_each_test_case_gets_its_own_verdict():
     assert verdict.passed_fraction == pytest.approx(2 / 3)
     assert [t.status for t in verdict.tests] == ["passed", "failed", "passed"]
     assert verdict.tests[1].detail.startswith("AssertionError")
-    assert {t.mode for t in verdict.tests} == {"rpc"}  # asserts ran in the judge
+    assert all(t.ran for t in verdict.tests)
     assert verdict.wall_seconds > 0 and isinstance(verdict.network_isolated, bool)
 
 
@@ -71,7 +75,6 @@ def test_humaneval_check_is_split_per_assert_and_setup_is_kept():
     plan = split_tests(tests)
     assert len(plan.cases) == 3 and "import math" in plan.setup
     assert all("base = 10" in case for case in plan.cases)  # each case keeps the body's setup
-    assert "__rr_cmp__" in plan.in_process[0] and "__rr_cmp__" not in plan.cases[0]
     assert (
         split_tests("def check(candidate):\n    assert candidate(1)\n", entry_point="g")
         .cases[0]
@@ -83,12 +86,6 @@ def test_humaneval_check_is_split_per_assert_and_setup_is_kept():
     assert [t.passed for t in verdict.tests] == [False, True, False]
 
 
-def test_harden_asserts_routes_comparisons_and_truth_tests():
-    hardened = harden_asserts("assert f(1) == 2 and not g(3)\nx = a == b")
-    assert "__rr_cmp__([f(1), 2], ['Eq'])" in hardened and "not __rr_truth__(g(3))" in hardened
-    assert hardened.endswith("x = a == b")  # comparisons outside asserts are left alone
-
-
 def test_infinite_loops_time_out_and_a_solution_that_never_loads_fails_every_test():
     limits = SandboxLimits(timeout_s=1.0, memory_mb=256)
     verdict = run_code("def f(x):\n    while True:\n        pass\n", "assert f(1) == 1", "f", limits=limits)
@@ -96,7 +93,7 @@ def test_infinite_loops_time_out_and_a_solution_that_never_loads_fails_every_tes
     start = time.monotonic()
     verdict = run_code("while True:\n    pass\n", "assert f(1) == 1\nassert f(2) == 2", "f", limits=limits)
     assert [t.status for t in verdict.tests] == ["timeout", "timeout"]
-    assert verdict.tests[1].mode == ""  # not run again: the load failure applies to every test
+    assert not verdict.tests[1].ran  # not run again: the load failure applies to every test
     assert time.monotonic() - start < 5
 
 
@@ -200,8 +197,7 @@ def test_printing_a_fake_success_fails():
     assert not verdict.passed and "all tests passed" in verdict.output
 
 
-@pytest.mark.parametrize("mode", ["auto", "rpc", "in_process"])
-def test_monkeypatching_builtins_and_always_equal_objects_fail(mode):
+def test_monkeypatching_builtins_and_always_equal_objects_fail():
     code = (
         "import builtins\n"
         "class Yes:\n    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
@@ -211,15 +207,14 @@ def test_monkeypatching_builtins_and_always_equal_objects_fail(mode):
         "def f(x):\n    return Yes()\n"
         "def g(x):\n    return YesInt(0)\n"
     )
-    verdict = run_code(code, "assert f(1) == 1\nassert g(1) == 1\nassert f(2)", "f", limits=FAST, mode=mode)
+    verdict = run_code(code, "assert f(1) == 1\nassert g(1) == 1\nassert f(2)", "f", limits=FAST)
     assert verdict.passed_fraction == 0, verdict.tests
 
 
-@pytest.mark.parametrize("mode", ["auto", "in_process"])
-def test_a_solution_cannot_replace_the_builtins_the_tests_use(mode):
+def test_a_solution_cannot_replace_the_builtins_the_tests_use():
     code = "def abs(x):\n    return 0\n\ndef len(x):\n    return 3\n\ndef f(x):\n    return x + 1\n"
     tests = "assert abs(f(1) - 1) < 1e-9\nassert len(str(f(1))) == 3\nassert f(1) == 2\n"
-    verdict = run_code(code, tests, "f", limits=FAST, mode=mode)
+    verdict = run_code(code, tests, "f", limits=FAST)
     assert [t.passed for t in verdict.tests] == [False, False, True]
 
 
@@ -250,12 +245,24 @@ def test_mutated_arguments_and_exception_types_reach_the_test():
     assert verdict.passed, verdict.tests
 
 
-def test_values_that_are_not_plain_data_fall_back_to_the_child():
-    code = "class Node:\n    def __init__(self, v):\n        self.v = v\n\ndef value(n):\n    return n.v\n"
-    verdict = run_code(code, "root = Node(3)\nassert value(root) == 3", limits=FAST)
-    assert verdict.passed and verdict.tests[0].mode == "in_process"
-    strict = run_code(code, "root = Node(3)\nassert value(root) == 3", limits=FAST, mode="rpc")
-    assert not strict.passed
+def test_objects_of_the_solution_cross_as_handles_the_test_can_only_pass_back_or_read():
+    code = (
+        "class Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n"
+        "    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
+        "def total(n):\n    return 0 if n is None else n.v + total(n.left)\n"
+    )
+    tests = (
+        "root = Node(3)\nroot.left = Node(4)\nroot.left.left = Node(5)\n"
+        "assert total(root) == 12\n"  # handles go back to the solution; its plain answer is compared
+        "assert root.left.v == 4\n"  # attributes are read with a round trip
+        "assert root.left is root.left\n"  # one handle per object
+        "assert root == 12\n"  # its always-true __eq__ never runs here
+        "assert root\n"  # nor its __bool__
+        "assert [root] == [root.left]\n"
+    )
+    verdict = run_code(code, tests, limits=FAST)
+    assert [t.passed for t in verdict.tests] == [True, True, True, False, False, False], verdict.tests
+    assert "OpaqueValueError" in verdict.tests[4].detail
 
 
 def test_pool_one_process_mode_and_degraded_isolation(monkeypatch):
@@ -286,3 +293,178 @@ def test_cli_sandbox_run_prints_the_json_verdict(tmp_path, capsys):
     tests.write_text("assert add(1, 2) == 4\n")
     assert main(["sandbox", "run", str(solution), "--tests", str(tests), "--timeout", "2"]) == 1
     assert json.loads(capsys.readouterr().out)["status"] == "failed"
+
+
+# --- attacks on the verdict itself: the untrusted side never decides where or how a test runs ---------------
+
+
+FORGER = """
+import gc, json, os, struct, sys
+main = sys.modules["__main__"]
+def frame(message):
+    data = json.dumps(message).encode()
+    return struct.pack(">I", len(data)) + data
+for name in ("_receive", "encode", "decode", "_answer", "_send"):  # the child's protocol, rewritten
+    if hasattr(main, name):
+        setattr(main, name, lambda *a, **k: {"ok": True, "done": "x", "status": "passed"})
+reply_fd = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+for forged in ({"done": "0" * 32}, {"ok": True}, {"unsupported": "x"}, {"kind": "test", "status": "passed"}):
+    try:
+        os.write(reply_fd, frame(forged))
+    except OSError:
+        pass
+class Anything:
+    def __eq__(self, other):
+        return True
+def f(x):
+    leaked = [o for o in gc.get_objects() if isinstance(o, str) and "424242" in o]
+    print("LEAKED" if leaked else "nothing to leak", leaked[:3])
+    raise NameError("expected")
+def g(x):
+    return Anything()
+"""
+
+
+def test_a_solution_that_rewrites_the_child_protocol_and_forges_frames_passes_nothing():
+    tests = "assert f(1) == 424242\nassert g(1) == 424242\nassert g(2)\nassert f(2) is None\n"
+    verdict = run_code(FORGER, tests, "f", limits=FAST)
+    assert verdict.passed_fraction == 0, verdict.tests
+    assert "424242" not in verdict.output  # the tests' expected values never reach the child
+
+
+def test_fake_judge_records_printed_through_the_test_code_are_ignored():
+    record = {"kind": "test", "index": 0, "status": "passed", "ran": True, "seconds": 0, "detail": ""}
+    code = (
+        f"RECORDS = {json.dumps(json.dumps(record) + chr(10) + json.dumps({'kind': 'end', 'rlimits': True}))}\n"
+        "def f(x):\n    return RECORDS\n"
+    )
+    tests = "print(f(1))\nimport sys\nsys.stderr.write(f(1))\nassert f(1) == 'the answer'\n"
+    verdict = run_code(code, tests, "f", limits=FAST)
+    assert not verdict.passed and verdict.tests[0].status == "failed"
+
+
+COLLIDING = """
+import json, os, struct, sys
+M = (1 << 61) - 1  # every multiple of it hashes to 0
+def reply(value):
+    data = json.dumps({"ok": value, "mutated": []}).encode()
+    os.write(int(sys.argv[2]), struct.pack(">I", len(data)) + data)
+    os._exit(0)
+def as_set(x):
+    reply({"S": [k * M for k in range(40000)]})
+def as_dict(x):
+    reply({"D": [[k * M, 0] for k in range(40000)]})
+def huge(x):
+    reply("x" * (3 << 20))
+"""
+
+
+@pytest.mark.parametrize("call", ["as_set(1)", "as_dict(1)", "huge(1)"])
+def test_crafted_replies_cannot_stall_or_grow_the_judge(call):
+    start = time.monotonic()
+    verdict = run_code(COLLIDING, f"assert {call} == 1", limits=FAST)
+    assert not verdict.passed and verdict.status == "error", verdict
+    assert "hash" in verdict.detail or "message limit" in verdict.detail
+    assert time.monotonic() - start < 5  # refused before any quadratic work
+
+
+def test_a_judge_stalled_in_c_is_killed_and_its_records_do_not_count():
+    code = "M = (1 << 61) - 1\ndef f(x):\n    return [k * M for k in range(35000)]\n"
+    tests = "assert f(0) == []\nassert len(set(f(0))) == 35000\n"  # set() of colliding ints: quadratic, in C
+    start = time.monotonic()
+    verdict = run_code(code, tests, limits=SandboxLimits(timeout_s=1.0, total_timeout_s=1.0, memory_mb=256))
+    assert time.monotonic() - start < 1.0 + sandbox.GRACE_S + 2
+    assert not verdict.passed and verdict.passed_fraction == 0 and not any(t.ran for t in verdict.tests)
+    assert "time limit" in verdict.detail or "judge" in verdict.detail
+
+
+def test_killing_the_harness_kills_the_sandbox_and_its_scratch_is_removed_later(tmp_path):
+    marker = f"9{uuid.uuid4().int % 10**8}.5"
+    solution = f"import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\ndef f(x):\n    time.sleep(60)\n"
+    script = tmp_path / "harness.py"
+    script.write_text(
+        "from reasonrl.reward.sandbox import SandboxLimits, run_code\n"
+        f"run_code({solution!r}, 'assert f(1) == 1', 'f', limits=SandboxLimits(timeout_s=60, total_timeout_s=60))\n"
+    )
+    harness = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 20
+    while not processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(f"sleep {marker}"), "the sandbox did not start"
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{sandbox.SCRATCH_PREFIX}{harness.pid}-*"))
+    harness.kill()  # as the scoring pool kills a worker that passed its timeout
+    harness.wait()
+    deadline = time.monotonic() + 5
+    while processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(f"sleep {marker}") == []
+    assert scratch and all(p.exists() for p in scratch)  # the killed harness could not clean up ...
+    sandbox._remove_stale_scratch.cache_clear()
+    sandbox._remove_stale_scratch()
+    assert not any(p.exists() for p in scratch)  # ... the next run in another process does
+
+
+def test_system_v_shared_memory_is_capped_by_the_memory_limit(layers):
+    needs(layers, "ipc_limits")
+    code = (  # an honest reproducer: it reports how much shared memory outlives its own address space
+        "import ctypes\n"
+        "def held_mib(mib):\n"
+        "    libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    libc.shmat.restype = ctypes.c_void_p\n"
+        "    for _ in range(mib // 64):\n"
+        "        sid = libc.shmget(0, 64 << 20, 0o1600)\n"
+        "        address = libc.shmat(sid, None, 0) if sid >= 0 else None\n"
+        "        if address in (None, ctypes.c_void_p(-1).value):\n            break\n"
+        "        ctypes.memset(address, 1, 64 << 20)\n"
+        "        libc.shmdt(ctypes.c_void_p(address))  # detached: RLIMIT_AS no longer counts it\n"
+        "    rows = open('/proc/sysvipc/shm').read().splitlines()[1:]\n"
+        "    return sum(int(row.split()[3]) for row in rows) >> 20\n"
+    )
+    limits = SandboxLimits(timeout_s=5.0, memory_mb=256)
+    verdict = run_code(code, "assert held_mib(1024) == 0", limits=limits)
+    assert verdict.passed, verdict.tests
+
+
+def test_site_packages_and_the_project_are_not_visible_inside(layers):
+    needs(layers, "filesystem")
+    purelib = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})["purelib"]
+    code = (
+        "import os\n"
+        "def listing(path):\n    return sorted(os.listdir(path)) if os.path.isdir(path) else []\n"
+        "def exists(path):\n    return os.path.exists(path)\n"
+    )
+    tests = f"assert listing({purelib!r}) == []\nassert not exists({sandbox.__file__!r})\n"
+    verdict = run_code(code, tests, limits=FAST)
+    assert verdict.passed, verdict.tests
+
+
+def test_files_do_not_persist_from_one_test_to_the_next():
+    code = (
+        "import os\n"
+        "def first_visit():\n"
+        "    seen = [os.path.exists(p) for p in ('mark', '/tmp/mark', '/dev/shm/mark')]\n"
+        "    for p in ('mark', '/tmp/mark', '/dev/shm/mark'):\n"
+        "        try:\n            open(p, 'w').write('x')\n        except OSError:\n            pass\n"
+        "    return not any(seen)\n"
+    )
+    verdict = run_code(code, "assert first_visit()\nassert first_visit()\nassert first_visit()\n", limits=FAST)
+    assert verdict.passed, verdict.tests
+
+
+def test_built_in_types_cross_by_name_and_standard_modules_come_from_the_judge():
+    code = (
+        "import sys\n"
+        "def drop(values, kind):\n    return [v for v in values if not isinstance(v, kind)]\n"
+        "def size(t):\n    return sys.getsizeof(t)\n"
+        "def kind_of(v):\n    return type(v)\n"
+        "LIMIT = 10\n"
+        "def under(x):\n    return x < LIMIT\n"
+    )
+    tests = (
+        "assert drop((1, 2.5, 'a'), int) == [2.5, 'a']\n"
+        "assert size((1, 2)) == sys.getsizeof((1, 2))\n"  # sys: only the solution imported it
+        "assert kind_of(1.5) is float\n"
+        "assert LIMIT == 10 and under(3)\n"  # a constant of the solution the test names
+    )
+    verdict = run_code(code, tests, limits=FAST)
+    assert verdict.passed, verdict.tests

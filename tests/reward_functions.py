@@ -1,0 +1,52 @@
+"""Reward functions in TRL's and verl's shapes, for tests (scoring workers import them by module path)."""
+
+import time
+
+
+def digit_share(prompts, completions, **kwargs):
+    """TRL shape: the fraction of digits in each completion."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def only_source_a(prompts, completions, data_source, **kwargs):
+    """TRL shape: 1.0 for data source 'a'; None (does not apply) elsewhere."""
+    return [1.0 if source == "a" else None for source in data_source]
+
+
+def check_arguments(prompts, completions, ground_truth, data_source, extra_info, ability, **kwargs):
+    """TRL shape: 1.0 when called as TRL calls a conversational row's function; raises what differs otherwise."""
+    assert len(prompts) == len(completions) == len(ground_truth) == 1, (prompts, completions)
+    assert prompts[0][-1] == {"role": "user", "content": "What is 3 + 4?"}, prompts
+    assert completions[0] == [{"role": "assistant", "content": "It is 7"}], completions
+    assert (ground_truth, data_source, extra_info, ability) == (["7"], ["src"], [{"index": 3}], ["math"]), kwargs
+    assert "prompt" not in kwargs and "question" not in kwargs, kwargs
+    return [1.0]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl shape: a dict with the score and the verdict."""
+    right = solution_str.strip().endswith(str(ground_truth))
+    bonus = 0.5 if (extra_info or {}).get("bonus") else 0.0
+    return {"score": float(right) + bonus, "acc": right, "source_seen": data_source}
+
+
+def raises_on_boom(prompts, completions, **kwargs):
+    if "boom" in completions[0]:
+        raise ValueError("cannot score a boom")
+    return [1.0]
+
+
+def hangs_on_hang(prompts, completions, **kwargs):
+    if "hang" in completions[0]:
+        time.sleep(3600)
+    return [1.0]
+
+
+def returns_a_float(prompts, completions, **kwargs):
+    return 1.0
+
+
+def fails_on_odd_length(prompts, completions, **kwargs):
+    if len(completions[0]) % 2:
+        raise RuntimeError("odd length")
+    return [0.5]

@@ -1,0 +1,96 @@
+"""Sharing a run: checkpoints load with from_pretrained; `reasonrl push` uploads the model and a model card."""
+
+import json
+import typing
+
+import pytest
+import torch
+
+from reasonrl.cli import main
+from tests.train.test_loop import TINY
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    overrides = [*TINY, "train.rollout_steps=2", "run.save_every=1", f"run.output_dir={root}", "run.name=tiny"]
+    overrides += ["train.lr=1e-3", "reward.functions=['tests.reward_functions:digit_share']"]  # rewards that vary
+    assert main(["train", "grpo", *overrides, "--quiet"]) == 0
+    return root / "tiny"
+
+
+def test_an_intermediate_checkpoint_loads_with_from_pretrained(run_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    checkpoint = run_dir / "checkpoints" / "step-000001"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    ids = torch.tensor([tokenizer("What is 2 + 2?")["input_ids"]])
+    assert tokenizer.chat_template and model.config.num_hidden_layers == 2
+    with torch.no_grad():
+        assert not torch.equal(model(ids).logits, final(ids).logits)  # step 1's weights, not the final ones
+    last = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-000002")
+    for name, tensor in final.state_dict().items():
+        assert torch.equal(tensor, last.state_dict()[name]), name  # the last checkpoint is the final model
+
+
+class FakeApi:
+    calls: typing.ClassVar[list] = []
+
+    def create_repo(self, repo_id, **kwargs):
+        FakeApi.calls.append(("create_repo", repo_id, kwargs))
+        return f"https://huggingface.co/{repo_id}"
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        FakeApi.calls.append(("create_commit", repo_id, {op.path_in_repo: op.path_or_fileobj for op in operations}))
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub
+
+    FakeApi.calls = []
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    return FakeApi.calls
+
+
+def test_push_uploads_the_final_model_its_card_and_the_run_record_in_one_commit(run_dir, hub, capsys):
+    assert main(["push", str(run_dir), "--repo", "me/tiny-grpo", "--private"]) == 0
+    (_, repo, options), (_, _, files) = hub
+    assert repo == "me/tiny-grpo" and options == {"private": True, "exist_ok": True, "repo_type": "model"}
+    assert {"README.md", "config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(files)
+    record = {"reasonrl/config.yaml", "reasonrl/run.json", "reasonrl/summary.json", "reasonrl/metrics.jsonl"}
+    assert record <= set(files) and files["model.safetensors"] == str(run_dir / "final" / "model.safetensors")
+    card = files["README.md"].decode()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert "tags:\n- reasonrl\n- reinforcement-learning\n- grpo\n" in card
+    assert "- base model: `tiny-random`" in card and "base_model:" not in card  # not a Hub id
+    assert "- reward: the weighted sum of `tests.reward_functions:digit_share` × 1" in card
+    assert "- data: `arithmetic`" in card and "preset: `grpo`" in card and "arXiv:2402.03300" in card
+    assert f"| {summary['accuracy_before'] * 100:.1f}% | {summary['accuracy_after'] * 100:.1f}% |" in card
+    assert "eps_high: 0.2" in card and 'from_pretrained("me/tiny-grpo")' in card
+    assert json.loads(capsys.readouterr().out)["url"] == "https://huggingface.co/me/tiny-grpo"
+
+
+def test_push_a_checkpoint_leaves_the_optimiser_state_out_and_a_dry_run_uploads_nothing(run_dir, hub, capsys):
+    assert main(["push", str(run_dir), "--repo", "me/tiny", "--checkpoint", "1", "--dry-run"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert hub == []
+    assert "model.safetensors" in report["files"] and "tokenizer_config.json" in report["files"]
+    assert not {"trainer.pt", "state.json", "critic"} & set(report["files"])
+    assert "this is the checkpoint `step-000001`" in report["model_card"]
+    assert main(["push", str(run_dir), "--repo", "me/tiny", "--checkpoint", "latest"]) == 0
+    assert hub[1][2]["model.safetensors"] == str(run_dir / "checkpoints" / "step-000002" / "model.safetensors")
+
+
+def test_push_explains_what_is_missing(tmp_path, hub, capsys):
+    assert main(["push", str(tmp_path), "--repo", "me/x"]) == 1
+    assert f"{tmp_path} is not a reasonrl run directory (no config.yaml)" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text("{}\n")
+    assert main(["push", str(tmp_path), "--repo", "me/x"]) == 1
+    assert "no trained model in final/ yet; push a checkpoint with --checkpoint latest" in capsys.readouterr().err
+    assert main(["push", str(tmp_path), "--repo", "me/x", "--checkpoint", "step-000009"]) == 1
+    assert "has no complete checkpoint 'step-000009'" in capsys.readouterr().err
+    assert hub == []

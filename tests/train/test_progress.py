@@ -1,0 +1,51 @@
+"""The progress bar fits 80 columns, shows the time remaining and the running phase, and hides NaNs."""
+
+import re
+
+from rich.console import Console
+
+from reasonrl.train.metrics import ProgressDisplay
+
+VAPO_STEP = {
+    "reward/mean": 0.5,
+    "reward/accuracy": 0.43,
+    "rollout/response_length": 23.0,
+    "critic/explained_variance": float("nan"),
+    "eval/accuracy": 0.5,
+    "perf/step_seconds": 35.2,
+}
+
+
+def screens(label):
+    """What the display shows: during step 1, during step 2, and at step 2's checkpoint (of 1000 steps)."""
+    display = ProgressDisplay(1000, 0, label=label)
+    display.phase("rollout")
+    shown = [render(display)]
+    display.update(1, VAPO_STEP)
+    display.phase("update")
+    shown.append(render(display))
+    display.update(2, VAPO_STEP)
+    display.phase("checkpoint", 2)
+    shown.append(render(display))
+    return shown
+
+
+def render(display):
+    console = Console(width=80, color_system=None)
+    with console.capture() as capture:
+        for renderable in display.progress.get_renderables():
+            console.print(renderable)
+    return capture.get()
+
+
+def test_the_bar_fits_80_columns_and_shows_phase_time_left_and_no_nan():
+    for label in ("RL", "value pretraining"):
+        first, second, third = screens(label)
+        for screen in (first, second, third):
+            assert all(len(line) <= 80 for line in screen.splitlines()), screen
+            assert "…" not in screen and "nan" not in screen, screen
+        assert "step 1: rollout" in first and "left -:--:--" in first
+        assert "step 2: update" in second and re.search(r"left \d+:\d\d:\d\d", second)
+        assert "1/1000" in second and "step 1  reward +0.50  acc 0.43  len 23  eval 0.50  35.2s/step" in second
+        assert "EV" not in second  # NaN explained variance is left out
+        assert "step 2: checkpoint" in third

@@ -1,0 +1,239 @@
+"""A run directory owns its identity: one live run, recorded settings, and clean stops (Ctrl-C, full disk)."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from reasonrl.cli import main
+from reasonrl.config import load_config
+from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint
+from reasonrl.train.loop import fit
+from reasonrl.train.metrics import read_metrics
+from reasonrl.train.rundir import DiskFullError, RunDirError, RunLock, claim
+from tests.helpers import DigitFraction
+
+TINY = [
+    "model.name_or_path=tiny-random",
+    "rollout.rollout_prompts=4",
+    "rollout.samples_per_prompt=4",
+    "rollout.max_response_tokens=8",
+    "train.minibatch_sequences=8",
+    "data.eval_prompts=4",
+    "reward.workers=1",
+    "algo.kl_placement=none",
+]
+
+
+def cli_train(tmp_path, *extra):
+    return main(["train", "grpo", *TINY, f"run.output_dir={tmp_path}", "run.name=r", *extra, "--quiet"])
+
+
+def steps(run_dir):
+    return [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def test_resume_keeps_the_recorded_settings_accepts_more_steps_and_refuses_the_rest(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    assert cli_train(tmp_path, "train.rollout_steps=1") == 0
+    capsys.readouterr()
+    # overrides count wherever they stand: right after the directory (argparse's preset slot) or after an option
+    assert main(["train", "--resume", str(run_dir), "train.rollout_steps=2", "--quiet", "run.eval_every=2"]) == 0
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["preset"] == "grpo" and "model.name_or_path=tiny-random" in record["overrides"]
+    assert record["overrides"][-2:] == ["train.rollout_steps=2", "run.eval_every=2"]
+    assert "train.rollout_steps=1" not in record["overrides"]
+    reproduce = (run_dir / "summary.md").read_text().splitlines()[-1]
+    assert reproduce.startswith("Reproduce: `reasonrl train grpo model.name_or_path=tiny-random")
+    assert "train.rollout_steps=2" in reproduce
+    assert steps(run_dir) == [0, 1, 2]
+    err = capsys.readouterr().err
+    assert "INFO     continuing" in err and "INFO     resuming from" in err and "WARNING" not in err  # notices
+    assert "saved the checkpoint of step 2:" in err and "trainer.pt 0.8 MB" in err  # each checkpoint's size
+
+    # other settings are refused, naming the keys, whichever way they are given
+    assert main(["train", "--resume", str(run_dir), "algo.eps_high=0.3", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run with other settings: algo.eps_high=0.3 (recorded: 0.2)" in err
+    assert "may change only train.rollout_steps" in err
+    assert cli_train(tmp_path, "train.rollout_steps=2", "algo.eps_high=0.3", "train.lr=1e-4") == 2
+    assert "algo.eps_high=0.3 (recorded: 0.2), train.lr=0.0001 (recorded: 1.0e-05)" in capsys.readouterr().err
+    assert main(["train", "dapo", "--resume", str(run_dir)]) == 2
+    assert f"{run_dir} is a grpo run, not dapo" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run_dir), "train.rollout_steps=1"]) == 2
+    assert "below the step of the run's latest checkpoint (2)" in capsys.readouterr().err
+    assert json.loads((run_dir / "run.json").read_text()) == record  # refusals change nothing
+
+
+def test_a_second_run_into_a_live_directory_refuses_naming_its_pid_and_a_killed_run_leaves_no_lock(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from pathlib import Path; from reasonrl.train.rundir import RunLock\n"
+         f"RunLock(Path({str(run_dir)!r})).acquire(); print('locked', flush=True); import time; time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cfg = load_config("grpo", TINY)
+        with pytest.raises(RunDirError, match=rf"{run_dir} is in use by a live run \(pid {holder.pid}\)"):
+            fit(cfg, run_dir, verifier=DigitFraction(), show_progress=False)
+    finally:
+        holder.kill()  # kill -9: no chance to clean up
+        holder.wait()
+    with claim(run_dir, cfg, "grpo", []), pytest.raises(RunDirError, match=rf"pid {os.getpid()}"):
+        RunLock(run_dir).acquire()  # the kernel dropped the dead run's lock: this process holds it now
+
+
+def test_a_new_run_into_a_directory_holding_a_run_refuses_run_resume_never(tmp_path):
+    cfg = load_config("grpo", TINY)
+    with claim(tmp_path / "r", cfg, "grpo", []):
+        pass
+    never = load_config("grpo", [*TINY, "run.resume=never"])
+    refused = pytest.raises(RunDirError, match=r"run\.resume=never, but .* already holds a run")
+    with refused, claim(tmp_path / "r", never, "grpo", []):
+        pass
+
+
+def test_a_run_that_fails_before_its_first_step_removes_the_directory_it_created(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?"}\n')
+    cfg = load_config("grpo", [*TINY, f"data.dataset={bad}"])
+    with pytest.raises(ValueError, match="no field 'answer'"):
+        fit(cfg, tmp_path / "new", verifier=DigitFraction(), show_progress=False)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()  # a directory the run did not create stays
+    with pytest.raises(ValueError, match="no field 'answer'"):
+        fit(cfg, tmp_path / "mine", verifier=DigitFraction(), show_progress=False)
+    assert (tmp_path / "mine").is_dir()
+
+
+def interrupt_on_call(monkeypatch, name, call):
+    """Make ``reasonrl.train.loop.<name>`` raise KeyboardInterrupt on its ``call``-th call."""
+    import reasonrl.train.loop as loop
+
+    real, calls = getattr(loop, name), []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, name, wrapper)
+
+
+def test_ctrl_c_prints_one_line_with_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):
+    run_dir = tmp_path / "r"
+    interrupt_on_call(monkeypatch, "assign_advantages", 3)  # during step 3
+    assert cli_train(tmp_path, "train.rollout_steps=3", "run.save_every=2") == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"reasonrl: interrupted at step 2; resume with: reasonrl train --resume {run_dir} "
+        "(continues from the checkpoint of step 2)"
+    )
+    assert "Traceback" not in err
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
+    assert steps(run_dir) == [0, 1, 2, 3]
+
+
+def test_the_run_from_python_is_resumed_from_python_not_the_command_line(tmp_path, capsys):
+    run_dir = tmp_path / "py"
+    fit(load_config("grpo", [*TINY, "train.rollout_steps=1"]), run_dir, verifier=DigitFraction(), show_progress=False)
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "was trained from Python with a verifier tests.helpers.DigitFraction" in err
+    assert f"fit(cfg, {str(run_dir)!r}, ...) again" in err
+    (run_dir / "run.json").unlink()  # made before runs recorded how they were made
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert "has no run.json (it was made by fit() from Python)" in capsys.readouterr().err
+
+
+def full_disk_on_save(monkeypatch, call):
+    """torch.save in checkpoints writes part of its file, then fails with ENOSPC on its ``call``-th call."""
+    import reasonrl.train.checkpoint as checkpoint
+
+    real, calls = torch.save, []
+
+    def save(obj, path, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            with open(path, "wb") as handle:
+                handle.write(b"x" * 1000)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+
+
+def test_a_full_disk_stops_with_one_line_keeps_the_run_and_the_resume_has_no_duplicate_rows(
+    tmp_path, capsys, monkeypatch
+):
+    run_dir = tmp_path / "r"
+    full_disk_on_save(monkeypatch, 1)  # the first checkpoint
+    assert cli_train(tmp_path, "train.rollout_steps=3", "run.save_every=2") == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"reasonrl: error: disk full writing {run_dir}/checkpoints/step-000002.tmp; kept metrics to step 2 but no "
+        "checkpoint yet (a resume restarts from step 0). Free some space (a checkpoint's size is logged when it is "
+        f"written), then resume with: reasonrl train --resume {run_dir}"
+    )
+    assert "Traceback" not in err
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
+    assert steps(run_dir) == [0, 1, 2, 3]  # one step-0 row: the restart from step 0 replaced the old rows
+
+
+def test_a_failed_checkpoint_write_removes_its_temp_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    save_checkpoint(tmp_path, 1, model, optimizer, scheduler, {"x": 1}, keep=1)
+    full_disk_on_save(monkeypatch, 1)
+    with pytest.raises(OSError) as failure:
+        save_checkpoint(tmp_path, 2, model, optimizer, scheduler, {"x": 2}, keep=1)
+    assert failure.value.errno == errno.ENOSPC and failure.value.filename.endswith("step-000002.tmp")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step-000001"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-000001"
+    assert json.loads((tmp_path / "checkpoints" / "step-000001" / "state.json").read_text()) == {"step": 1, "x": 1}
+    assert issubclass(DiskFullError, OSError)
+
+
+def test_ctrl_c_at_the_terminal_stops_the_trainer_and_its_scoring_workers_without_tracebacks(tmp_path):
+    run_dir = tmp_path / "r"
+    command = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *TINY, "reward.workers=2"]
+    command += [f"run.output_dir={tmp_path}", "run.name=r", "train.rollout_steps=100", "--quiet"]
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir.exists() and max(steps(run_dir), default=0) >= 1) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.splitlines()[-1].startswith("reasonrl: interrupted at step ")
+
+
+def test_a_metrics_line_cut_short_by_a_full_disk_is_dropped_on_resume(tmp_path):
+    from reasonrl.train.metrics import MetricsWriter
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "a": 1}\n{"step": 1, "a": 2}\n{"step": 2, "a"')
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "a": 1}, {"step": 1, "a": 2}]
+    MetricsWriter(tmp_path, resume_step=1).close()
+    assert steps(tmp_path) == [0, 1]

@@ -1,0 +1,134 @@
+"""Experiment trackers (run.loggers): W&B and MLflow mirror metrics.jsonl; fakes stand in for both."""
+
+import json
+import sys
+import types
+
+import pytest
+
+from reasonrl.config import ConfigError
+from reasonrl.train.loop import fit
+from reasonrl.train.metrics import read_metrics
+from reasonrl.train.trackers import MlflowTracker, WandbTracker
+from tests.helpers import DigitFraction
+from tests.train.test_loop import tiny_config
+
+
+class FakeWandbRun:
+    def __init__(self, **kwargs):
+        self.init_kwargs, self.defined, self.logged, self.finished = kwargs, [], [], False
+
+    def define_metric(self, name, step_metric=None):
+        self.defined.append((name, step_metric))
+
+    def log(self, data):
+        self.logged.append(data)
+
+    def finish(self):
+        self.finished = True
+
+
+def fake_wandb():
+    module = types.ModuleType("wandb")
+    module.runs = []
+    module.init = lambda **kwargs: module.runs.append(FakeWandbRun(**kwargs)) or module.runs[-1]
+    return module
+
+
+def fake_mlflow():
+    module = types.ModuleType("mlflow")
+    module.calls = []
+
+    def record(name, result=None):
+        return lambda *args, **kwargs: module.calls.append((name, args, kwargs)) or result
+
+    module.set_tracking_uri = record("set_tracking_uri")
+    module.set_experiment = record("set_experiment")
+    module.start_run = record("start_run", types.SimpleNamespace(info=types.SimpleNamespace(run_id="mlflow-run-1")))
+    module.log_params = record("log_params")
+    module.log_metrics = record("log_metrics")
+    module.end_run = record("end_run")
+    return module
+
+
+@pytest.fixture
+def trackers(monkeypatch):
+    wandb, mlflow = fake_wandb(), fake_mlflow()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+    for name in ("WANDB_PROJECT", "WANDB_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    return wandb, mlflow
+
+
+def calls(mlflow, name):
+    return [(args, kwargs) for called, args, kwargs in mlflow.calls if called == name]
+
+
+def test_wandb_and_mlflow_mirror_metrics_jsonl_and_a_resumed_run_continues_theirs(tmp_path, trackers):
+    wandb, mlflow = trackers
+    run_dir = tmp_path / "runs" / "grpo-x"
+    loggers = "run.loggers=[tensorboard, wandb, mlflow]"
+    fit(
+        tiny_config("train.rollout_steps=2", "run.save_every=1", loggers),
+        run_dir,
+        verifier=DigitFraction(),
+        show_progress=False,
+    )
+    records = read_metrics(run_dir / "metrics.jsonl")
+    (run,) = wandb.runs
+    assert run.init_kwargs["project"] == "reasonrl" and run.init_kwargs["name"] == "grpo-x"
+    assert "mode" not in run.init_kwargs  # WANDB_MODE=offline decides, as wandb reads it
+    assert run.init_kwargs["dir"] == str(run_dir) and run.init_kwargs["config"]["algo"]["eps_high"] == 0.2
+    assert run.init_kwargs["id"] == json.loads((run_dir / "trackers.json").read_text())["wandb_id"]
+    assert [entry["rollout_step"] for entry in run.logged] == [r["step"] for r in records]
+    for entry, record in zip(run.logged, records, strict=True):
+        assert {k: v for k, v in entry.items() if k != "rollout_step"} == {
+            k: v for k, v in record.items() if k != "step" and v is not None
+        }
+    assert ("rollout_step", None) in run.defined and ("reward/*", "rollout_step") in run.defined
+    assert run.finished and (run_dir / "tensorboard").is_dir()
+
+    (uri,), _ = calls(mlflow, "set_tracking_uri")[0]
+    assert uri == (tmp_path / "runs" / "mlruns").resolve().as_uri()  # a local file store beside the runs
+    assert calls(mlflow, "set_experiment")[0][0] == ("reasonrl",)
+    assert calls(mlflow, "start_run")[0][1] == {"run_name": "grpo-x"}
+    (params,), _ = calls(mlflow, "log_params")[0]
+    assert params["algo.eps_high"] == 0.2 and params["run.loggers"] == ["tensorboard", "wandb", "mlflow"]
+    logged = calls(mlflow, "log_metrics")
+    assert [kwargs["step"] for _, kwargs in logged] == [r["step"] for r in records]
+    assert logged[-1][0][0]["reward/mean"] == records[-1]["reward/mean"]
+    assert len(calls(mlflow, "end_run")) == 1
+
+    fit(tiny_config("train.rollout_steps=3", loggers), run_dir, verifier=DigitFraction(), show_progress=False)
+    assert wandb.runs[1].init_kwargs["id"] == run.init_kwargs["id"] and wandb.runs[1].init_kwargs["resume"] == "allow"
+    assert calls(mlflow, "start_run")[1][1] == {"run_id": "mlflow-run-1"}  # the same MLflow run continues
+    assert len(calls(mlflow, "log_params")) == 1
+    assert [e["rollout_step"] for e in wandb.runs[1].logged] == [3]
+
+
+def test_other_streams_get_a_prefix_and_their_own_step_axis(tmp_path, trackers, monkeypatch):
+    wandb, mlflow = trackers
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example")
+    monkeypatch.setenv("WANDB_PROJECT", "mine")
+    board, flow = WandbTracker(tmp_path, {}), MlflowTracker(tmp_path, {})
+    for tracker in (board, flow):
+        tracker.log("value_pretrain", 4, {"critic/value_loss": 0.5})
+    assert wandb.runs[0].init_kwargs["project"] == "mine"
+    assert wandb.runs[0].logged == [{"value_pretrain_step": 4, "value_pretrain/critic/value_loss": 0.5}]
+    assert ("value_pretrain/critic/*", "value_pretrain_step") in wandb.runs[0].defined
+    assert calls(mlflow, "log_metrics") == [(({"value_pretrain/critic/value_loss": 0.5},), {"step": 4})]
+    assert not calls(mlflow, "set_tracking_uri")  # MLFLOW_TRACKING_URI decides
+
+
+def test_a_listed_tracker_that_is_not_installed_fails_before_any_model_loads(tmp_path, monkeypatch):
+    import reasonrl.train.loop as loop
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # an import that fails
+    monkeypatch.setattr(loop, "load_tokenizer", lambda *a: pytest.fail("a model loaded"))
+    with pytest.raises(ConfigError) as caught:
+        fit(tiny_config("run.loggers=[wandb]"), tmp_path, show_progress=False)
+    assert str(caught.value) == (
+        "run.loggers lists wandb, which is not installed: pip install 'reasonrl[wandb]', or remove it from run.loggers"
+    )
