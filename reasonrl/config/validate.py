@@ -153,7 +153,7 @@ def _algorithm(cfg: Config) -> list[str]:
 
 
 def _reward_routes(cfg: Config) -> list[str]:
-    from reasonrl.reward.router import RoutingError, resolve_routes  # the routing table's own rules
+    from reasonrl.config.routes import RoutingError, resolve_routes  # the routing table's own rules
 
     try:
         resolve_routes(cfg.reward.routes)

@@ -24,6 +24,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from reasonrl.config.routes import (  # the routing table and its rules are configuration
+    VERIFIER_SOURCES,
+    RoutingError,
+    resolve_routes,
+)
 from reasonrl.data.examples import Example
 from reasonrl.reward.base import RewardResult, Verifier
 from reasonrl.reward.pool import ScoringPool
@@ -32,41 +37,6 @@ if TYPE_CHECKING:
     import torch
 
     from reasonrl.config import Config
-
-DEFAULT_ROUTES: dict[str, str] = {
-    "math": "math",
-    "code": "code",
-    "reference": "genrm_reference",
-    "open": "genrm_bon",
-    "preference": "bt",
-}
-VERIFIER_SOURCES = ("math", "code")
-MODEL_SOURCES = ("genrm_reference", "genrm_bon", "bt")
-VERIFIABLE_TASKS = ("math", "code")
-
-
-class RoutingError(ValueError):
-    """A task type without a route, or a route that would break the routing rules."""
-
-
-def resolve_routes(overrides: Sequence[str] = ()) -> dict[str, str]:
-    """The default table updated with ``task_type=source`` entries; checked against the routing rules."""
-    routes = dict(DEFAULT_ROUTES)
-    for entry in overrides:
-        task_type, _, source = entry.partition("=")
-        if not source:
-            raise RoutingError(f"reward.routes entry {entry!r} is not 'task_type=source'")
-        routes[task_type.strip()] = source.strip()
-    for task_type, source in routes.items():
-        if source not in VERIFIER_SOURCES + MODEL_SOURCES:
-            raise RoutingError(
-                f"route {task_type}={source}: unknown source; choose one of {VERIFIER_SOURCES + MODEL_SOURCES}"
-            )
-        if task_type in VERIFIABLE_TASKS and source not in VERIFIER_SOURCES:
-            raise RoutingError(
-                f"route {task_type}={source}: a verifiable task must be scored by a verifier, not a judge"
-            )
-    return routes
 
 
 def route(task_type: str, routes: Mapping[str, str]) -> str:

@@ -2,8 +2,9 @@
 
 import pytest
 
+from reasonrl.config.routes import DEFAULT_ROUTES, RoutingError, resolve_routes
 from reasonrl.data.examples import Example
-from reasonrl.reward.router import DEFAULT_ROUTES, RewardRouter, RoutingError, resolve_routes, route
+from reasonrl.reward.router import RewardRouter, route
 from tests.helpers import DigitFraction
 
 
