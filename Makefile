@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: demo bench bench-speed test test-slow lint format clean
+.PHONY: demo bench bench-speed test test-slow test-gpu lint format clean
 
 $(VENV)/.installed-base: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -38,6 +38,10 @@ test: $(VENV)/.installed-dev
 ## test-slow: the long tests (learning runs, end-to-end training)
 test-slow: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m slow
+
+## test-gpu: the tests marked gpu (CUDA training, the vLLM engine on CUDA); they skip without a CUDA device
+test-gpu: $(VENV)/.installed-dev
+	$(PY) -m pytest -q -m gpu
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check .

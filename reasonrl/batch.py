@@ -107,9 +107,16 @@ class RolloutBatch:
             groups.append(sorted(current))
         return groups
 
-    def micro_batches(self, token_budget: int) -> list[RolloutBatch]:
-        """The micro-batches of ``micro_batch_rows`` as batches."""
-        return [self.select(rows) for rows in self.micro_batch_rows(token_budget)]
+    def micro_batches(self, token_budget: int, device: torch.device | str = "cpu") -> list[RolloutBatch]:
+        """The micro-batches of ``micro_batch_rows`` as batches, each moved to ``device`` (the batch
+        itself stays where it is: one copy per micro-batch)."""
+        return [self.select(rows).to(device) for rows in self.micro_batch_rows(token_budget)]
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """This batch with every tensor on ``device`` (itself when they are there already)."""
+        if torch.device(device) == self.prompt_ids.device:
+            return self
+        return RolloutBatch(**{k: (v.to(device) if v is not None else None) for k, v in self._tensors().items()})
 
 
 def _pad(value: Tensor, width: int, left: bool) -> Tensor:

@@ -28,6 +28,15 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
 
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the policy, reference, critic and reward models live and train: auto = cuda when a CUDA
+    device is visible, else cpu.  cuda on a machine without one is a configuration error."""
+
+    attention: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
+    """The trainer's attention kernel (transformers' attn_implementation).  auto: on the CPU eager for
+    sequences up to 512 tokens (its backward is faster there) and sdpa above; on a GPU
+    flash_attention_2 when the flash-attn package is installed, else sdpa."""
+
 
 @dataclass(frozen=True)
 class FireConfig:

@@ -149,10 +149,15 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return _from_pretrained(AutoTokenizer.from_pretrained, spec)  # type: ignore[return-value]
 
 
-def load_model(spec: str, dtype: torch.dtype | None = None, attn_implementation: str | None = None) -> PreTrainedModel:
-    """The causal LM of a model spec, in ``dtype`` (fp32 by default), in eval mode.
+def load_model(
+    spec: str,
+    dtype: torch.dtype | None = None,
+    attn_implementation: str | None = None,
+    device: torch.device | str = "cpu",
+) -> PreTrainedModel:
+    """The causal LM of a model spec, in ``dtype`` (fp32 by default), on ``device``, in eval mode.
 
-    ``attn_implementation`` as transformers names it (eager, sdpa, ...); None keeps its default.
+    ``attn_implementation`` as transformers names it (eager, sdpa, flash_attention_2); None keeps its default.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -162,7 +167,51 @@ def load_model(spec: str, dtype: torch.dtype | None = None, attn_implementation:
         return AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32, **options)
 
     model = _from_pretrained(load, spec)
-    return model.eval()  # type: ignore[union-attr]
+    return model.to(device).eval()  # type: ignore[union-attr]
+
+
+def resolve_device(name: Literal["auto", "cpu", "cuda"]) -> torch.device:
+    """The device of ``model.device``: auto = cuda when one is visible, else cpu.
+
+    Raises ModelError for cuda on a machine without one, before anything loads."""
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ModelError(
+            f"model.device=cuda, but this torch ({torch.__version__}, {build}) sees no CUDA device; use "
+            "model.device=cpu (or auto), or on an NVIDIA machine install the CUDA build (`make demo` does)"
+        )
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+EAGER_ATTENTION_MAX_TOKENS = 512
+
+
+def attention_implementation(
+    name: Literal["auto", "eager", "sdpa", "flash_attention_2"], device: torch.device, max_sequence_tokens: int
+) -> str:
+    """The trainer's attention kernel of ``model.attention`` on ``device``.
+
+    auto: on the CPU eager for sequences up to 512 tokens, where its backward beats SDPA's
+    (`python bench/dtype.py`, key train_eager_over_sdpa), and SDPA above, where eager's saved T×T
+    attention matrices would cost too much memory; on a GPU flash-attn 2 when installed, else SDPA.
+    flash_attention_2 asked for explicitly needs a GPU and the flash-attn package."""
+    import importlib.util
+
+    flash = importlib.util.find_spec("flash_attn") is not None
+    if name == "flash_attention_2" and (device.type != "cuda" or not flash):
+        raise ModelError(
+            "model.attention=flash_attention_2 needs a CUDA device and the flash-attn package "
+            f"({'installed' if flash else 'not installed'}, device {device.type}); use auto or sdpa"
+        )
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        return "flash_attention_2" if flash else "sdpa"
+    return "eager" if max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS else "sdpa"
 
 
 def compute_dtype(name: Literal["auto", "float32", "bfloat16"]) -> torch.dtype:

@@ -51,15 +51,17 @@ class ValueModel(torch.nn.Module):
         """Write the backbone (Hugging Face format) and the head to ``directory``."""
         directory.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(directory)
-        head = {"weight": self.head.weight.detach().contiguous(), "bias": self.head.bias.detach()}
+        head = {"weight": self.head.weight.detach().cpu().contiguous(), "bias": self.head.bias.detach().cpu()}
         save_file(head, directory / HEAD_FILE)
         return directory
 
 
-def value_model_from_policy(spec: str, attn_implementation: str | None = None) -> ValueModel:
-    """A critic whose backbone is a copy of the policy's (fp32) with a fresh zero head."""
-    causal_lm = load_model(spec, torch.float32, attn_implementation)
-    return ValueModel(causal_lm.base_model)
+def value_model_from_policy(
+    spec: str, attn_implementation: str | None = None, device: torch.device | str = "cpu"
+) -> ValueModel:
+    """A critic whose backbone is a copy of the policy's (fp32) with a fresh zero head, on ``device``."""
+    causal_lm = load_model(spec, torch.float32, attn_implementation, device)
+    return ValueModel(causal_lm.base_model).to(device)
 
 
 def value_model_dir(directory: str | Path) -> Path:

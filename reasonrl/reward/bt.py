@@ -114,7 +114,7 @@ class RewardModel:
             pad_rows([[1] * len(r) for r in responses], r_width, False, torch.bool),
             self.compute_dtype,
         )  # [N, T]
-        last = torch.tensor([len(r) - 1 for r in responses])  # [N] the EOS position
+        last = torch.tensor([len(r) - 1 for r in responses], device=values.device)  # [N] the EOS position
         return values.gather(1, last[:, None]).squeeze(1)
 
     def score(self, prompts: Sequence[Messages], responses: Sequence[str], batch_size: int = 8) -> list[float]:
@@ -139,7 +139,8 @@ class RewardModel:
         from transformers import AutoTokenizer
 
         directory = value_model_dir(directory)
-        return cls(load_value_model(directory), AutoTokenizer.from_pretrained(directory), **options)
+        device = options.pop("device", "cpu")
+        return cls(load_value_model(directory).to(device), AutoTokenizer.from_pretrained(directory), **options)
 
     @classmethod
     def from_policy(cls, spec: str, **options) -> RewardModel:

@@ -43,11 +43,11 @@ class GenRM:
         self.judge = judge
 
     @classmethod
-    def from_model(cls, spec: str, compute_dtype: torch.dtype = torch.float32) -> GenRM:
-        """A judge from any causal LM spec (built-in name, local path or hub id)."""
+    def from_model(cls, spec: str, compute_dtype: torch.dtype = torch.float32, device: str = "cpu") -> GenRM:
+        """A judge from any causal LM spec (built-in name, local path or hub id), on ``device``."""
         from reasonrl.models.load import load_model, load_tokenizer
 
-        model = load_model(spec, torch.float32)
+        model = load_model(spec, torch.float32, device=device)
         return cls(PairwiseJudge(model, load_tokenizer(spec), compute_dtype=compute_dtype))
 
     def score(self, questions: Sequence[str], responses: Sequence[str], references: Sequence[str]) -> list[float]:

@@ -60,8 +60,9 @@ class PairwiseJudge:
     def verdict_logits(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logit of the first verdict token, of the second) at the end of each prompt: [N], [N]."""
         width = max(map(len, rows))
-        ids = pad_rows(rows, width, True, torch.long)
-        mask = pad_rows([[1] * len(r) for r in rows], width, True, torch.long)
+        device = self.model.get_output_embeddings().weight.device
+        ids = pad_rows(rows, width, True, torch.long).to(device)
+        mask = pad_rows([[1] * len(r) for r in rows], width, True, torch.long).to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with autocast_context(self.compute_dtype, ids.device):
             hidden = self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
@@ -82,7 +83,7 @@ class PairwiseJudge:
                     )
                 ]
                 out.append(verdict_probability(*self.verdict_logits(rows)))
-        return torch.cat(out) if out else torch.zeros(0)
+        return torch.cat(out).cpu() if out else torch.zeros(0)
 
     def debiased_reward(
         self, questions: Sequence[str], responses: Sequence[str], anchors: Sequence[str]

@@ -115,8 +115,8 @@ class RewardRouter:
             pool.close()
 
 
-def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
-    """The hybrid reward router of a config: verifiers for math and code, judges loaded on first use."""
+def build_router(cfg: Config, dtype: torch.dtype, device: torch.device | str = "cpu") -> RewardRouter:
+    """The hybrid reward router of a config: verifiers for math and code, judges loaded on ``device`` on first use."""
     from reasonrl.config import ConfigError
     from reasonrl.reward.code import CodeVerifier
     from reasonrl.reward.math import MathVerifier
@@ -127,7 +127,7 @@ def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
         if not judge:
             from reasonrl.reward.genrm import GenRM
 
-            judge.append(GenRM.from_model(cfg.reward.judge_model or cfg.model.name_or_path, dtype))
+            judge.append(GenRM.from_model(cfg.reward.judge_model or cfg.model.name_or_path, dtype, device))
         return judge[0]
 
     def bradley_terry():
@@ -135,7 +135,7 @@ def build_router(cfg: Config, dtype: torch.dtype) -> RewardRouter:
 
         if not cfg.reward.reward_model:
             raise ConfigError("task_type 'preference' is routed to the bt source: set reward.reward_model=DIR")
-        return RewardModel.load(cfg.reward.reward_model, compute_dtype=dtype)
+        return RewardModel.load(cfg.reward.reward_model, compute_dtype=dtype, device=device)
 
     return RewardRouter(
         resolve_routes(cfg.reward.routes),

@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-import torch
-
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
@@ -18,16 +16,21 @@ __all__ = ["Completion", "RolloutEngine", "SamplingParams", "build_engine"]
 def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **options) -> RolloutEngine:
     """The engine called ``name`` (``fast``, ``hf``, ``vllm`` or ``auto``), serving its own copy of ``model``'s weights.
 
-    ``auto`` picks ``fast`` for a CPU model whose architecture it supports, ``vllm`` on a CUDA machine
-    where vLLM is installed, else ``hf``.
+    ``auto`` picks, for a model on a CUDA device, ``vllm`` where vLLM is installed, else ``hf``; for a
+    CPU model ``fast`` where it supports the architecture, else ``hf``.
     """
-    if name == "auto":
-        from reasonrl.rollout.fast import SUPPORTED
+    from reasonrl.rollout.fast import SUPPORTED
 
-        if torch.cuda.is_available():
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    if name == "auto":
+        if on_cuda:
             name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
         else:
             name = "fast" if model.config.model_type in SUPPORTED else "hf"
+    if name == "fast" and on_cuda:
+        from reasonrl.models.load import ModelError
+
+        raise ModelError("the fast engine generates on the CPU; with model.device=cuda use rollout.engine=vllm or hf")
     if name == "hf":
         from reasonrl.rollout.hf import HFEngine
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from reasonrl.models.load import ModelError
 from reasonrl.rollout.base import Completion, SamplingParams
 from reasonrl.rollout.sampling import sample_tokens
 
@@ -24,7 +25,7 @@ SUPPORTED = ("llama", "mistral", "qwen2")
 CACHE_BLOCK = 32  # the KV cache grows by this many positions at a time
 
 
-class UnsupportedModel(ValueError):
+class UnsupportedModel(ModelError):
     """The fast engine cannot run this architecture (use rollout.engine=hf)."""
 
 
@@ -69,13 +70,14 @@ class _Weights:
 
     def __init__(self, model: PreTrainedModel, dtype: torch.dtype) -> None:
         cfg = model.config
+        other = "; rollout.engine=hf runs any causal LM (vllm: the architectures vLLM supports)"
         if cfg.model_type not in SUPPORTED:
-            raise UnsupportedModel(f"the fast engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}")
+            raise UnsupportedModel(f"the fast engine runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}{other}")
         rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise UnsupportedModel(f"the fast engine supports default RoPE only, not {rope}")
+            raise UnsupportedModel(f"the fast engine supports default RoPE only, not {rope}{other}")
         if getattr(cfg, "hidden_act", "silu") != "silu":
-            raise UnsupportedModel(f"the fast engine supports SiLU MLPs only, not {cfg.hidden_act}")
+            raise UnsupportedModel(f"the fast engine supports SiLU MLPs only, not {cfg.hidden_act}{other}")
         self.dtype = dtype
         self.pack = _can_pack(dtype)
         self.heads = cfg.num_attention_heads

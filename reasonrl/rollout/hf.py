@@ -78,6 +78,8 @@ class HFEngine:
         for row, prompt in enumerate(prompts):  # left padding: the last prompt token sits at width - 1
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
+        device = next(self.model.parameters()).device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         recorder = _LogprobRecorder(params)
         sample = params.temperature > 0
         output = self.model.generate(
@@ -94,7 +96,8 @@ class HFEngine:
             min_new_tokens=params.max_new_tokens if params.ignore_stop else None,
         )
         generated = output[:, width:]  # [B, steps]
-        logprobs = recorder.finalize(generated[:, -1])  # [B, steps]
+        logprobs = recorder.finalize(generated[:, -1]).cpu()  # [B, steps]
+        generated = generated.cpu()
         stop_ids = frozenset() if params.ignore_stop else self.stop_token_ids
         return [
             finish(ids, lps, stop_ids, params.max_new_tokens)

@@ -40,6 +40,11 @@ class CriticUpdater:
         self.grad_clip, self.compute_dtype = grad_clip, compute_dtype
         self.skipped_steps = 0
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model is: each micro-batch moves there."""
+        return next(self.model.parameters()).device
+
     def values(self, batch: RolloutBatch) -> torch.Tensor:
         """V(s_t) at every response token of ``batch`` [B, T] (no gradient); 0 where masked."""
         out = torch.zeros(batch.response_mask.shape)
@@ -56,7 +61,7 @@ class CriticUpdater:
         mask = minibatch.value_loss_mask
         tokens, seqs = count_for_aggregation(mask)
         sums: dict[str, float] = defaultdict(float)
-        for micro in minibatch.micro_batches(self.microbatch_tokens):
+        for micro in minibatch.micro_batches(self.microbatch_tokens, self.device):
             values = self.model(
                 micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask, self.compute_dtype
             )

@@ -27,7 +27,13 @@ from reasonrl.config import Config, ConfigError, Plan, resolve, to_dict
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
-from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+from reasonrl.models.load import (
+    attention_implementation,
+    compute_dtype,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+)
 from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
 from reasonrl.reward.base import Scorer, Verifier
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
@@ -40,7 +46,14 @@ from reasonrl.timing import timed
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, load_value_weights, save_checkpoint
 from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.metrics import MetricsWriter, ProgressDisplay, peak_rss_gb, read_metrics, release_free_memory
+from reasonrl.train.metrics import (
+    MetricsWriter,
+    ProgressDisplay,
+    device_memory_metrics,
+    peak_rss_gb,
+    read_metrics,
+    release_free_memory,
+)
 from reasonrl.train.policy import response_logprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PoolCollector, RolloutCollector, hash_seed
@@ -98,22 +111,15 @@ def data_spec(cfg: Config) -> DataSpec:
     )
 
 
-EAGER_ATTENTION_MAX_TOKENS = 512
-
-
-def training_attention(plan: Plan) -> str | None:
-    """Eager attention for short sequences on the CPU, where its backward beats SDPA's
-    (`python bench/dtype.py`, key train_eager_over_sdpa); SDPA above 512 tokens, where eager's saved
-    T×T attention matrices would cost too much memory."""
-    return "eager" if plan.max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS and not torch.cuda.is_available() else None
-
-
-def build_critic(cfg: Config, plan: Plan, attention: str | None, dtype: torch.dtype) -> CriticUpdater:
-    """The value model (from the policy's weights, a saved critic or a reward model) and its optimiser."""
+def build_critic(
+    cfg: Config, plan: Plan, attention: str | None, dtype: torch.dtype, device: torch.device
+) -> CriticUpdater:
+    """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, and its
+    optimiser."""
     if cfg.critic.init == "policy":
-        model = value_model_from_policy(cfg.model.name_or_path, attention)
+        model = value_model_from_policy(cfg.model.name_or_path, attention, device)
     else:
-        model = load_value_model(cfg.critic.path, attention)
+        model = load_value_model(cfg.critic.path, attention).to(device)
     if cfg.model.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
@@ -146,22 +152,23 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
     plan = resolve(cfg)
     terms = preflight(cfg)
+    device = resolve_device(cfg.model.device)
+    attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     dtype = compute_dtype(cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
-    attention = training_attention(plan)
-    model = load_model(cfg.model.name_or_path, torch.float32, attention)  # fp32 master weights
+    model = load_model(cfg.model.name_or_path, torch.float32, attention, device)  # fp32 master weights
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if engine is None:
         engine = build_engine(cfg.rollout.engine, model, tokenizer, dtype=dtype)
-    reference = load_model(cfg.model.name_or_path, dtype, attention) if plan.uses_reference else None
+    reference = load_model(cfg.model.name_or_path, dtype, attention, device) if plan.uses_reference else None
     if verifier is not None:  # a user's verifier scores every task
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
-        pool = build_router(cfg, dtype)
+        pool = build_router(cfg, dtype, device)
     if terms:  # the user's reward functions, with the scorer above as their "verifier" term
         pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
@@ -189,7 +196,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         else (FixedKLController(a.kl_coef))
     )
     collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
-    critic = build_critic(cfg, plan, attention, dtype) if plan.uses_critic else None
+    critic = build_critic(cfg, plan, attention, dtype, device) if plan.uses_critic else None
     window = cfg.algo.window_tokens
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
     windowed = PoolCollector(collector, rollout_pool) if rollout_pool is not None else None
@@ -312,7 +319,7 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
                     temperature=run.cfg.rollout.temperature,
                     compute_dtype=run.compute_dtype,
                 )
-                out[rows, : logprobs.shape[1]] = logprobs
+                out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return out
 
     batch.old_logprobs = forward(run.model)
@@ -459,6 +466,7 @@ def _train(
                 metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
                 metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
                 metrics["perf/peak_rss_gb"] = peak_rss_gb()
+                metrics |= device_memory_metrics(next(run.model.parameters()).device)
                 writer.write(step, metrics)
                 progress.update(step, metrics)
                 if step % cfg.run.save_every == 0 or step == total:

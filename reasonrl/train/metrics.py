@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
@@ -24,6 +25,13 @@ CONSOLE = Console(stderr=True)  # shared by the progress bar and log messages, s
 def peak_rss_gb() -> float:
     """Peak resident memory of this process so far, in GB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def device_memory_metrics(device: torch.device) -> dict[str, float]:
+    """``perf/peak_gpu_memory_gb``: the most GPU memory torch has held on ``device`` so far (none on a CPU)."""
+    if device.type != "cuda":
+        return {}
+    return {"perf/peak_gpu_memory_gb": torch.cuda.max_memory_allocated(device) / 1024**3}
 
 
 def release_free_memory() -> None:

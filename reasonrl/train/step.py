@@ -48,6 +48,11 @@ class PolicyUpdater:
         self.loss_agg_constant = loss_agg_constant
         self.skipped_steps = 0
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model is: each micro-batch moves there."""
+        return next(self.model.parameters()).device
+
     def _aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, tokens, seqs) -> torch.Tensor:
         return aggregate(per_token, mask, self.spec.loss_agg, tokens, seqs, self.loss_agg_constant)
 
@@ -57,7 +62,7 @@ class PolicyUpdater:
         tokens, seqs = count_for_aggregation(mask)
         nll_tokens = (mask & minibatch.correct[:, None]).sum()
         sums: dict[str, float] = defaultdict(float)
-        for micro in minibatch.micro_batches(self.microbatch_tokens):
+        for micro in minibatch.micro_batches(self.microbatch_tokens, self.device):
             logprobs, entropy = response_logprobs(
                 self.model,
                 micro.prompt_ids,

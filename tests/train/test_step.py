@@ -33,9 +33,9 @@ def rollout_batch(seed=0, rows=8):
     )
 
 
-def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None):
+def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None, device="cpu"):
     torch.manual_seed(0)
-    model = load_model("tiny-random")
+    model = load_model("tiny-random", device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     spec = spec or AlgoSpec(loss_agg=agg, eps_high=0.28, nll_weight=0.1)

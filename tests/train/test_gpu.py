@@ -1,0 +1,50 @@
+"""Training with the policy on CUDA (marked gpu: `make test-gpu`; skipped cleanly without a CUDA device).
+
+The engine is ``auto``: vLLM where it is installed (colocated, sleep mode), else transformers' generate
+on the GPU; the fast engine is CPU-only and refuses a CUDA model."""
+
+import math
+
+import pytest
+import torch
+
+from reasonrl.config import load_config
+from reasonrl.models.load import ModelError, load_model
+from reasonrl.rollout import build_engine
+from reasonrl.train.loop import fit
+from reasonrl.train.metrics import read_metrics
+from tests.helpers import DigitFraction
+from tests.train.test_loop import TINY
+from tests.train.test_step import rollout_batch, updated_parameters
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("preset", ["grpo", "vapo", "t_ppo"])
+def test_three_steps_train_on_cuda(tmp_path, preset):
+    overrides = [*TINY, "model.device=cuda", "train.rollout_steps=3", "run.eval_every=100"]
+    if preset != "grpo":
+        overrides.append("algo.value_pretrain_steps=1")
+    fit(load_config(preset, overrides), tmp_path, verifier=DigitFraction(), show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert len(records) == 3
+    assert all(0 < r["perf/peak_gpu_memory_gb"] < 80 for r in records)
+    assert all(math.isfinite(r["loss/policy"]) for r in records)
+
+
+def test_ppo_ratio_is_exactly_one_at_the_first_minibatch_on_cuda():
+    from reasonrl.train.policy import response_logprobs
+
+    batch = rollout_batch(3)
+    model = load_model("tiny-random", device="cuda")
+    with torch.no_grad():
+        old, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    batch.old_logprobs = old.cpu()
+    _, metrics, _ = updated_parameters(10_000, "token-mean", batch, lr=0.1, device="cuda")
+    assert metrics["policy/ratio_mean"] == 1.0 and metrics["policy/clip_frac_high"] == 0.0
+
+
+def test_the_fast_engine_refuses_a_cuda_model():
+    model = load_model("tiny-random", device="cuda")
+    with pytest.raises(ModelError, match="the fast engine generates on the CPU"):
+        build_engine("fast", model, None)
