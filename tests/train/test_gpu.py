@@ -25,6 +25,8 @@ def test_three_steps_train_on_cuda(tmp_path, preset):
     overrides = [*TINY, "model.device=cuda", "train.rollout_steps=3", "run.eval_every=100"]
     if preset != "grpo":
         overrides.append("algo.value_pretrain_steps=1")
+    if preset == "t_ppo":
+        overrides.append("algo.window_tokens=4")  # windows shorter than the 12-token responses
     fit(load_config(preset, overrides), tmp_path, verifier=DigitFraction(), show_progress=False)
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
     assert len(records) == 3
