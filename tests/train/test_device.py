@@ -21,7 +21,7 @@ def test_asking_for_cuda_without_one_fails_before_anything_loads(tmp_path, monke
 
     monkeypatch.setattr(loop, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     monkeypatch.setattr(loop, "load_tokenizer", lambda *a, **k: pytest.fail("a tokenizer was loaded"))
-    with pytest.raises(ModelError, match="model.device=cuda, but this torch .* sees no CUDA device; use model.device"):
+    with pytest.raises(ModelError, match=r"model.device=cuda, but this torch .* sees no CUDA device; use model.device"):
         fit(load_config("grpo", [*TINY, "model.device=cuda"]), tmp_path / "a", verifier=DigitFraction())
     assert main(["train", "grpo", *TINY, "model.device=cuda", f"run.output_dir={tmp_path}", "--quiet"]) == 1
     err = capsys.readouterr().err
