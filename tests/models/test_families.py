@@ -79,4 +79,3 @@ def test_the_fast_engine_refuses_a_family_it_does_not_run_and_names_the_ones_tha
     path = build_family(tmp_path / "gemma", "gemma")
     with pytest.raises(ModelError, match=r"the fast engine runs llama, mistral, qwen2 models, not .gemma.*engine=hf"):
         build_engine("fast", load_model(path), load_tokenizer(path))
-
