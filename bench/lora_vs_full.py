@@ -93,10 +93,10 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        settings = ["--steps", str(args.steps), "--rank", str(args.rank), "--threads", str(args.threads)]
         children = {
             arm: subprocess.Popen(
-                [sys.executable, __file__, "--arm", arm, "--run-dir", f"{tmp}/{arm}", "--steps", str(args.steps)]
-                + ["--rank", str(args.rank), "--threads", str(args.threads), *args.overrides],
+                [sys.executable, __file__, "--arm", arm, "--run-dir", f"{tmp}/{arm}", *settings, *args.overrides],
                 env=env,
             )
             for arm in ("full", "lora")
