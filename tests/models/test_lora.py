@@ -77,6 +77,19 @@ def test_only_the_adapters_train_and_the_base_stays_bit_identical():
     assert state[f"{Q_PROJ}.lora_B.default.weight"].abs().sum() > 0  # the adapter did train
 
 
+def test_adapters_get_gradients_under_gradient_checkpointing():
+    from reasonrl.train.policy import response_logprobs
+
+    model = load_model("tiny-random")
+    model.gradient_checkpointing_enable()  # before the adapter, as the trainer does
+    add_lora(model, LORA)
+    model.train()
+    prompt, response = torch.randint(0, 100, (2, 5)), torch.randint(0, 100, (2, 4))
+    logprobs, _ = response_logprobs(model, prompt, torch.ones_like(prompt), response, torch.ones_like(response))
+    logprobs.sum().backward()
+    assert all(p.grad is not None for p in trainable_parameters(model))
+
+
 def test_engines_receive_the_merged_weights():
     plain = load_model("tiny-random")
     model = lora_model()
