@@ -55,7 +55,12 @@ def model_directory(run_dir: Path, checkpoint: str | None = None) -> Path:
 def upload_files(run_dir: Path, model_dir: Path) -> dict[str, Path]:
     """``path in the repository -> local file`` of everything a push uploads (the card aside)."""
     skipped = {*NOT_UPLOADED, "README.md"}
+    from reasonrl.models.lora import ADAPTER_DIR  # a LoRA run's adapter, beside the merged model
+
     files = {p.name: p for p in sorted(model_dir.iterdir()) if p.is_file() and p.name not in skipped}
+    adapter = model_dir / ADAPTER_DIR
+    if adapter.is_dir():
+        files.update({f"{ADAPTER_DIR}/{p.name}": p for p in sorted(adapter.iterdir()) if p.is_file()})
     files.update({f"reasonrl/{name}": run_dir / name for name in RUN_RECORD if (run_dir / name).is_file()})
     return files
 

@@ -51,3 +51,10 @@ class HangsSometimes:
         if sum(map(ord, response)) % 8 == 0:
             time.sleep(3600)
         return DigitFraction()(response, reference)
+
+
+class ResponseLength:
+    """A dense reward: the response's length in characters / 100 (non-zero from the first step)."""
+
+    def __call__(self, response: str, reference: str) -> RewardResult:
+        return RewardResult(len(response) / 100, False)

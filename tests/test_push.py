@@ -94,3 +94,14 @@ def test_push_explains_what_is_missing(tmp_path, hub, capsys):
     assert main(["push", str(tmp_path), "--repo", "me/x", "--checkpoint", "step-000009"]) == 1
     assert "has no complete checkpoint 'step-000009'" in capsys.readouterr().err
     assert hub == []
+
+
+def test_a_lora_runs_adapter_is_uploaded_beside_the_merged_model(tmp_path):
+    from reasonrl.hub import upload_files
+
+    model_dir = tmp_path / "final"
+    (model_dir / "adapter").mkdir(parents=True)
+    names = ["config.json", "model.safetensors", "adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
+    for name in names:
+        (model_dir / name).write_text("{}")
+    assert set(names) <= set(upload_files(tmp_path, model_dir))

@@ -37,6 +37,19 @@ class ModelConfig:
     sequences up to 512 tokens (its backward is faster there) and sdpa above; on a GPU
     flash_attention_2 when the flash-attn package is installed, else sdpa."""
 
+    lora_rank: int = 0
+    """LoRA (Hu et al. 2021): train rank-r adapters W + (lora_alpha / r)·B·A on the frozen weights of the
+    policy and of the critic's backbone (the value head trains fully), through PEFT; 0 = off (full
+    fine-tuning).  Engines serve the merged weights; the export holds the merged model and adapter/."""
+
+    lora_alpha: float = 32.0
+    """LoRA's scale numerator: the adapters add (lora_alpha / lora_rank)·B·A (32 is TRL's default, paired
+    with its rank 16; the scale changes with the rank, as in PEFT)."""
+
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    """The layers that get adapters: all-linear (every linear layer but the LM head, as verl defaults to),
+    or PEFT target names such as [q_proj, k_proj, v_proj, o_proj]."""
+
 
 @dataclass(frozen=True)
 class FireConfig:

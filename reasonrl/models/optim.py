@@ -10,6 +10,11 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters an optimiser should hold: all of them, or with LoRA the adapters (and a critic's head)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def apply_gradients(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from reasonrl.models.forward import response_hidden_states
 from reasonrl.models.load import ModelError, load_model
+from reasonrl.models.lora import save_hf_directory
 
 HEAD_FILE = "value_head.safetensors"
 
@@ -48,9 +49,9 @@ class ValueModel(torch.nn.Module):
         return values * response_mask.to(values.device)
 
     def save(self, directory: Path) -> Path:
-        """Write the backbone (Hugging Face format) and the head to ``directory``."""
+        """Write the backbone (Hugging Face format; with LoRA merged, plus ``adapter/``) and the head."""
         directory.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(directory)
+        save_hf_directory(self.backbone, directory)
         head = {"weight": self.head.weight.detach().cpu().contiguous(), "bias": self.head.bias.detach().cpu()}
         save_file(head, directory / HEAD_FILE)
         return directory

@@ -4,7 +4,9 @@ A checkpoint is a directory ``checkpoints/step-NNNNNN`` holding the policy as a 
 directory (weights in safetensors, ``config.json``, the generation config and the tokenizer, so
 ``AutoModelForCausalLM.from_pretrained`` loads it), the critic (``critic/``, a ``ValueModel``
 directory, when there is one), optimiser + scheduler + RNG states (``trainer.pt``) and
-``state.json`` (step, data position, KL coefficient, ...).  It is assembled in
+``state.json`` (step, data position, KL coefficient, ...).  With LoRA the policy and critic
+directories hold the merged weights plus ``adapter/``, which is what a resumed run loads onto its
+frozen base.  It is assembled in
 ``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest`` is replaced atomically: a
 run killed mid-checkpoint leaves the previous checkpoint intact and a ``.tmp`` directory that the
 next start removes; a write that fails (a full disk) removes its ``.tmp`` at once.  With
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_model
 
+from reasonrl.models.lora import has_lora, load_lora_adapter, save_lora_model
 from reasonrl.models.value import HEAD_FILE, ValueModel
 
 STATE_FILE = "state.json"  # written last: its presence marks a complete checkpoint
@@ -71,7 +74,10 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # what from_pretrained expects
+        if has_lora(model):  # the merged model, and the adapter a resumed run continues from
+            save_lora_model(model, tmp)
+        else:
+            save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # what from_pretrained expects
         save_pretrained_files(model, tokenizer, tmp)
         trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()}
         if critic is not None:
@@ -151,7 +157,10 @@ def load_checkpoint(
     critic: tuple[ValueModel, torch.optim.Optimizer] | None = None,
 ) -> dict[str, Any]:
     """Restore weights, optimiser, scheduler and RNG states; returns the saved ``state.json``."""
-    load_model(model, str(path / "model.safetensors"))
+    if has_lora(model):  # the frozen base is the one the run loaded; only the adapter trained
+        load_lora_adapter(model, path)
+    else:
+        load_model(model, str(path / "model.safetensors"))
     trainer = torch.load(path / "trainer.pt", weights_only=False)
     if critic is not None:
         load_value_weights(critic[0], path / CRITIC_DIR)
@@ -164,5 +173,8 @@ def load_checkpoint(
 
 def load_value_weights(value_model: ValueModel, directory: Path) -> None:
     """Load a saved ``ValueModel`` directory's weights into an existing critic (in place)."""
-    value_model.backbone.load_state_dict(load_file(directory / "model.safetensors"))
+    if has_lora(value_model.backbone):
+        load_lora_adapter(value_model.backbone, directory)
+    else:
+        value_model.backbone.load_state_dict(load_file(directory / "model.safetensors"))
     value_model.head.load_state_dict(load_file(directory / HEAD_FILE))

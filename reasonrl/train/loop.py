@@ -34,6 +34,8 @@ from reasonrl.models.load import (
     load_tokenizer,
     resolve_device,
 )
+from reasonrl.models.lora import adapters_disabled, add_lora, merged_state_dict, save_hf_directory
+from reasonrl.models.optim import trainable_parameters
 from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
 from reasonrl.reward.base import Scorer, Verifier
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
@@ -79,6 +81,7 @@ class Run:
     tokenizer: Any
     engine: RolloutEngine
     reference: torch.nn.Module | None
+    """The frozen KL reference (None without a KL term, and with LoRA: then the policy's base is the reference)."""
     pool: Scorer
     stream: TrainingStream
     encoder: PromptEncoder
@@ -122,7 +125,8 @@ def build_critic(
         model = load_value_model(cfg.critic.path, attention).to(device)
     if cfg.model.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
+    add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
     return CriticUpdater(
         model,
         optimizer,
@@ -164,7 +168,9 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         model.gradient_checkpointing_enable()
     if engine is None:
         engine = build_engine(cfg.rollout.engine, model, tokenizer, dtype=dtype)
-    reference = load_model(cfg.model.name_or_path, dtype, attention, device) if plan.uses_reference else None
+    add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
+    separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
+    reference = load_model(cfg.model.name_or_path, dtype, attention, device) if separate_reference else None
     if verifier is not None:  # a user's verifier scores every task
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
@@ -173,7 +179,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     warmup = plan.warmup_optimizer_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     updater = PolicyUpdater(
@@ -236,7 +242,7 @@ def restore(run: Run) -> dict[str, Any]:
     run.updater.skipped_steps = state["skipped_steps"]
     if run.windowed is not None:
         run.windowed.pool.load_state_dict(state["pool"])
-    run.engine.load_weights(run.model.state_dict())
+    run.engine.load_weights(merged_state_dict(run.model))
     log.info("resuming from %s (step %d)", checkpoint, state["step"])
     return state
 
@@ -336,8 +342,12 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
         "rollout/logprob_abs_diff": masked_mean(gap, mask).item(),
         "rollout/logprob_max_abs_diff": gap[mask].max().item() if mask.any() else 0.0,
     }
-    if run.reference is not None:
-        batch.ref_logprobs = forward(run.reference)
+    if run.plan.uses_reference:
+        if run.reference is not None:
+            batch.ref_logprobs = forward(run.reference)
+        else:  # LoRA: the policy with its adapters switched off
+            with adapters_disabled(run.model):
+                batch.ref_logprobs = forward(run.model)
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, run.cfg.algo.kl_estimator)
         stats["policy/kl_ref"] = masked_mean(kl, mask).item()
         stats["policy/kl_coef"] = float(run.kl.coef)
@@ -367,9 +377,10 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
 
 
 def export_stage(run: Run) -> Path:
-    """The final policy as a Hugging Face directory (``from_pretrained`` loads it)."""
+    """The final policy as a Hugging Face directory (``from_pretrained`` loads it; with LoRA the merged
+    model, and its adapter in ``final/adapter``)."""
     final = run.run_dir / "final"
-    run.model.save_pretrained(final)
+    save_hf_directory(run.model, final)
     run.tokenizer.save_pretrained(final)
     return final
 
@@ -394,7 +405,7 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     if run.critic is not None:
         with timed(metrics, "perf/critic_update_seconds"):
             metrics |= run.critic.update(batch, seed=seed)
-    run.engine.load_weights(run.model.state_dict())
+    run.engine.load_weights(merged_state_dict(run.model))
     release_free_memory()
     if "policy/kl_ref" in metrics:
         run.kl.update(metrics["policy/kl_ref"], len(batch))
