@@ -83,6 +83,7 @@ class InitialPolicy:
         """The initial policy of ``overrides`` (model.name_or_path, rollout.*, ...); ``template`` overrides
         the config's prompt template."""
         from reasonrl.config import load_config
+        from reasonrl.config.plan import vllm_engine_options
         from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
         from reasonrl.rollout import build_engine
         from reasonrl.train.rollout import PromptEncoder
@@ -90,7 +91,8 @@ class InitialPolicy:
         cfg = load_config(None, list(overrides))
         dtype = compute_dtype(cfg.model.dtype)
         tokenizer = load_tokenizer(cfg.model.name_or_path)
-        engine = build_engine(cfg.rollout.engine, load_model(cfg.model.name_or_path), tokenizer, dtype=dtype)
+        model = load_model(cfg.model.name_or_path)
+        engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
         encoder = PromptEncoder(tokenizer, template or cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
         return cls(cfg, dtype, tokenizer, engine, encoder)
 

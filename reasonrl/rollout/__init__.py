@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,8 +16,16 @@ if TYPE_CHECKING:
 __all__ = ["Completion", "RolloutEngine", "SamplingParams", "build_engine"]
 
 
-def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **options) -> RolloutEngine:
+def build_engine(
+    name: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    vllm_options: Mapping[str, Any] | None = None,
+    **options,
+) -> RolloutEngine:
     """The engine called ``name`` (``fast``, ``hf``, ``vllm`` or ``auto``), serving its own copy of ``model``'s weights.
+
+    ``options`` go to any engine; ``vllm_options`` (rollout.vllm settings) only to the vLLM engine.
 
     ``auto`` picks ``fast`` for a CPU model whose architecture it supports, ``vllm`` on a CUDA machine
     where vLLM is installed, else ``hf``.
@@ -39,5 +48,5 @@ def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokeniz
     if name == "vllm":
         from reasonrl.rollout.vllm import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, **options)
+        return VLLMEngine(model, tokenizer, **options, **(vllm_options or {}))
     raise ValueError(f"unknown rollout engine {name!r}; available: auto, fast, hf, vllm")

@@ -23,6 +23,7 @@ from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimat
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError, Plan, resolve
+from reasonrl.config.plan import vllm_engine_options
 from reasonrl.config.render import render_yaml
 from reasonrl.data.loaders import Fields
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
@@ -167,7 +168,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if engine is None:
-        engine = build_engine(cfg.rollout.engine, model, tokenizer, dtype=dtype)
+        engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
     reference = load_model(cfg.model.name_or_path, dtype, attention) if plan.uses_reference else None
     if verifier is not None:  # a user's verifier scores every task
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
@@ -421,6 +422,8 @@ def fit(
                     batch.values = run.critic.values(batch)
                     metrics["perf/value_seconds"] = time.perf_counter() - t0
                 metrics |= assign_advantages(batch, cfg.algo, float(run.kl.coef))
+                if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory
+                    run.engine.sleep()
                 t0 = time.perf_counter()
                 metrics |= run.updater.update(batch, seed=hash_seed(cfg.run.seed, step), kl_coef=float(run.kl.coef))
                 metrics["perf/update_seconds"] = time.perf_counter() - t0
