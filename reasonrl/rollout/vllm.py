@@ -26,10 +26,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reasonrl.rollout.base import Completion, SamplingParams, first_token_fire
+from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire
 
 # per-request seed = call seed × this + prompt index: every copy of a prompt samples on its own
 REQUEST_SEED_STRIDE = 100_003
+MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
 
 
 def free_port() -> int:
@@ -152,6 +153,7 @@ class VLLMEngine:
                 logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled
                 enable_prefix_caching=True,  # the G samples of a prompt share its prefill
                 seed=seed,
+                max_logprobs=-1,  # FIRE asks for its top-k candidates
                 **options,
             )
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if self.cuda else "cpu")
@@ -183,7 +185,7 @@ class VLLMEngine:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM kept its prefix cache after a weight update (a request is still running)")
 
-    def _vllm_params(self, params: SamplingParams, seed: int | None):
+    def _vllm_params(self, params: SamplingParams, seed: int | None, logprobs: int = 0):
         from vllm import SamplingParams as VLLMSamplingParams
 
         return VLLMSamplingParams(
@@ -193,11 +195,18 @@ class VLLMEngine:
             top_k=params.top_k or 0,
             max_tokens=params.max_new_tokens,
             seed=seed,
-            logprobs=0,  # the sampled token's log-prob
+            logprobs=logprobs,  # 0: the sampled token's log-prob only
             stop_token_ids=[] if params.ignore_stop else sorted(self.stop_token_ids),
             ignore_eos=params.ignore_stop,
             detokenize=False,
         )
+
+    def _run(self, prompts: Sequence[Sequence[int]], params: SamplingParams, logprobs: int = 0) -> list:
+        """vLLM's output of each prompt, with a request seed from ``params.seed`` and the prompt's index."""
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        seeds = [None if params.seed is None else params.seed * REQUEST_SEED_STRIDE + i for i in range(len(prompts))]
+        sampling = [self._vllm_params(params, s, logprobs) for s in seeds]
+        return [out.outputs[0] for out in self.llm.generate(requests, sampling, use_tqdm=False)]
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """One completion per prompt, in order; each prompt gets its own request seed derived from
@@ -205,17 +214,41 @@ class VLLMEngine:
         if self.sleeping:
             raise RuntimeError("the vLLM engine is asleep until load_weights sends it the updated weights")
         if params.fire is not None:
-            return first_token_fire(self.generate, prompts, params)
+            return first_token_fire(self._generate, prompts, params)
+        return self._generate(prompts, params)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         if not prompts:
             return []
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        seeds = [None if params.seed is None else params.seed * REQUEST_SEED_STRIDE + i for i in range(len(prompts))]
-        outputs = self.llm.generate(requests, [self._vllm_params(params, s) for s in seeds], use_tqdm=False)
+        if params.temperature > MAX_VLLM_TEMPERATURE:
+            return self._hot_first_tokens(prompts, params)
         completions = []
-        for output in outputs:
-            sample = output.outputs[0]
+        for sample in self._run(prompts, params):
             if sample.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM ended a request with {sample.finish_reason!r}")
             logprobs = [step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids, strict=True)]
             completions.append(Completion(list(sample.token_ids), logprobs, sample.finish_reason))
+        return completions
+
+    def _hot_first_tokens(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """One token per prompt from top-k(softmax(z / T)) at a temperature vLLM refuses (FIRE's 30):
+        vLLM reports the top-k log-probs at T = 1, and softmax(top-k of log_softmax(z) / T) is the
+        same distribution; the draw uses a generator seeded from ``params.seed``."""
+        if params.top_k is None or params.max_new_tokens != 1:
+            raise ValueError(
+                f"the vllm engine samples temperatures above {MAX_VLLM_TEMPERATURE} only for FIRE's first token"
+            )
+        cool = SamplingParams(1, 1.0, 1.0, params.top_k, params.seed, ignore_stop=params.ignore_stop)
+        generator = torch.Generator()
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        stop = frozenset() if params.ignore_stop else self.stop_token_ids
+        completions = []
+        for sample in self._run(prompts, cool, logprobs=params.top_k):
+            top = sorted(sample.logprobs[0].items(), key=lambda item: item[1].logprob, reverse=True)[: params.top_k]
+            hot = torch.log_softmax(torch.tensor([lp.logprob for _, lp in top]) / params.temperature, dim=0)
+            pick = int(torch.multinomial(hot.exp(), 1, generator=generator))
+            completions.append(finish([top[pick][0]], [hot[pick].item()], stop, 1))
         return completions
