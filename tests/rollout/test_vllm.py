@@ -107,6 +107,10 @@ def test_three_grpo_steps_on_the_embedded_model_with_vllm(tmp_path):
         "rollout.vllm.enforce_eager=true",
         "rollout.vllm.cpu_kv_cache_gib=2",
         "train.rollout_steps=3",
+        "rollout.rollout_prompts=4",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_response_tokens=48",
+        "train.minibatch_sequences=16",
         "data.eval_prompts=8",
     ]
     summary = fit(load_config("grpo", overrides), tmp_path, preset="grpo", show_progress=False)
