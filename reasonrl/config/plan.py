@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from reasonrl.config.schema import Config
 from reasonrl.config.validate import validate
@@ -97,3 +99,12 @@ def resolve(cfg: Config) -> Plan:
             and a.policy_tokens == "window"
         ),
     )
+
+
+def vllm_engine_options(cfg: Config) -> dict[str, Any]:
+    """The vLLM engine's keyword arguments: rollout.vllm, with max_model_len defaulting to the longest
+    prompt + response of the run."""
+    options = dataclasses.asdict(cfg.rollout.vllm)
+    if options["max_model_len"] is None:
+        options["max_model_len"] = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    return options

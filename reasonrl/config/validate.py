@@ -27,6 +27,10 @@ def _ranges(cfg: Config) -> list[str]:
         (r.top_k is None or r.top_k >= 1, "rollout.top_k must be >= 1 (or null to disable)"),
         (r.fire.temperature > 0, "rollout.fire.temperature must be > 0"),
         (r.fire.top_k >= 1, "rollout.fire.top_k must be >= 1"),
+        (0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization must be in (0, 1]"),
+        (r.vllm.tensor_parallel_size >= 1, "rollout.vllm.tensor_parallel_size must be >= 1"),
+        (r.vllm.cpu_kv_cache_gib >= 1, "rollout.vllm.cpu_kv_cache_gib must be >= 1"),
+        (r.vllm.weight_bucket_mb >= 1, "rollout.vllm.weight_bucket_mb must be >= 1"),
         (
             bool(r.fire.positions) and all(0 <= p < r.max_response_tokens for p in r.fire.positions),
             "rollout.fire.positions must be response positions in [0, rollout.max_response_tokens)",
@@ -86,6 +90,11 @@ def _batch_sizes(cfg: Config) -> list[str]:
             f"{r.samples_per_prompt}); use a divisor such as {options}, or change the rollout size"
         )
     longest = r.max_prompt_tokens + r.max_response_tokens
+    if r.vllm.max_model_len is not None and r.vllm.max_model_len < longest:
+        problems.append(
+            f"rollout.vllm.max_model_len={r.vllm.max_model_len} is shorter than the longest sequence "
+            f"(rollout.max_prompt_tokens + rollout.max_response_tokens = {longest}); raise it or leave it null"
+        )
     if t.microbatch_tokens < longest:
         problems.append(
             f"train.microbatch_tokens={t.microbatch_tokens} cannot hold one full sequence "

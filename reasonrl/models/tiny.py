@@ -17,8 +17,11 @@ CHATML_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tiny_random(directory: Path, seed: int = 0) -> None:
-    """Write a tiny Llama (2 layers, d=64) with a byte-level tokenizer to ``directory``."""
+def build_tiny_random(directory: Path, seed: int = 0, head_dim: int | None = None) -> None:
+    """Write a tiny Llama (2 layers, d=64) with a byte-level tokenizer to ``directory``.
+
+    ``head_dim`` overrides the attention head size (16 by default); vLLM's CPU attention needs 32 or more.
+    """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -44,6 +47,7 @@ def build_tiny_random(directory: Path, seed: int = 0) -> None:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=vocab["<|im_start|>"],

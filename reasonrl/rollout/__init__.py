@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 
@@ -13,8 +14,16 @@ if TYPE_CHECKING:
 __all__ = ["Completion", "RolloutEngine", "SamplingParams", "build_engine"]
 
 
-def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **options) -> RolloutEngine:
+def build_engine(
+    name: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    vllm_options: Mapping[str, Any] | None = None,
+    **options,
+) -> RolloutEngine:
     """The engine called ``name`` (``fast``, ``hf``, ``vllm`` or ``auto``), serving its own copy of ``model``'s weights.
+
+    ``options`` go to any engine; ``vllm_options`` (rollout.vllm settings) only to the vLLM engine.
 
     ``auto`` picks, for a model on a CUDA device, ``vllm`` where vLLM is installed, else ``hf``; for a
     CPU model ``fast`` where it supports the architecture, else ``hf``.
@@ -42,5 +51,5 @@ def build_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokeniz
     if name == "vllm":
         from reasonrl.rollout.vllm import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, **options)
+        return VLLMEngine(model, tokenizer, **options, **(vllm_options or {}))
     raise ValueError(f"unknown rollout engine {name!r}; available: auto, fast, hf, vllm")

