@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batches", default="8,32,64,128")
     parser.add_argument("--engines", default="hf,fast,vllm", help="vllm is left out where vLLM is not installed")
+    parser.add_argument("--vllm-eager", action="store_true", help="vLLM without torch.compile (faster start-up)")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per engine and setting; the best counts")
     args = parser.parse_args()
     names = [n for n in args.engines.split(",") if n != "vllm" or importlib.util.find_spec("vllm") is not None]
@@ -73,9 +74,9 @@ def main() -> None:
     if "vllm" in names:
         started = time.perf_counter()
         longest = max(len(p) for p in prompts) + args.new_tokens
-        vllm = build_engine(
-            "vllm", model, tokenizer, {"max_model_len": longest}, dtype=torch.bfloat16, max_batch_sequences=max(batches)
-        )
+        options = {"max_model_len": longest, "enforce_eager": args.vllm_eager}
+        vllm = build_engine("vllm", model, tokenizer, options, dtype=torch.bfloat16, max_batch_sequences=max(batches))
+        result["vllm_enforce_eager"] = args.vllm_eager
         result["vllm_startup_seconds"] = time.perf_counter() - started
     samples: dict[str, list[float]] = {}
     for batch in batches:

@@ -17,6 +17,7 @@ vLLM is imported only when this engine is built.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import socket
@@ -111,8 +112,9 @@ class VLLMEngine:
         cpu_kv_cache_gib: int = 4,
         weight_bucket_mb: int = 512,
         max_batch_sequences: int = 256,
-        seed: int = 0,
     ) -> None:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no start-up chatter in the training log,
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # and none in a command's output
         try:
             from vllm import LLM
         except ImportError:
@@ -152,10 +154,11 @@ class VLLMEngine:
                 enforce_eager=enforce_eager,
                 logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled
                 enable_prefix_caching=True,  # the G samples of a prompt share its prefill
-                seed=seed,
                 max_logprobs=-1,  # FIRE asks for its top-k candidates
                 **options,
             )
+        # a reload restores layers that have no weights (rotary embeddings) and warns about each one
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if self.cuda else "cpu")
         stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         eos = model.generation_config.eos_token_id
