@@ -110,6 +110,8 @@ def test_all_problems_are_reported_at_once():
         (["algo.kl_controller=adaptive"], "kl_controller=adaptive needs"),
         (["critic.init=checkpoint"], "critic.init=checkpoint needs critic.path"),
         (["algo.dual_clip=0.5"], "algo.dual_clip must be > 1"),
+        (["rollout.vllm.max_model_len=100"], "rollout.vllm.max_model_len=100 is shorter than the longest sequence"),
+        (["rollout.vllm.gpu_memory_utilization=1.5"], "rollout.vllm.gpu_memory_utilization must be in (0, 1]"),
     ],
 )
 def test_cross_field_problems(overrides, fragment):
@@ -233,3 +235,11 @@ def test_plan_says_when_old_logprobs_need_their_own_pass():
     assert resolve(
         load_config("dapo", ["train.minibatch_sequences=64", "train.epochs_per_rollout=2"])
     ).separate_old_logprob_pass
+
+
+def test_vllm_max_model_len_defaults_to_the_longest_sequence():
+    from reasonrl.config.plan import vllm_engine_options
+
+    cfg = load_config("dapo", ["rollout.max_prompt_tokens=200", "rollout.max_response_tokens=50"])
+    assert vllm_engine_options(cfg)["max_model_len"] == 250
+    assert vllm_engine_options(load_config("dapo", ["rollout.vllm.max_model_len=4096"]))["max_model_len"] == 4096
