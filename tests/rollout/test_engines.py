@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from reasonrl.models.load import load_model, load_tokenizer
-from reasonrl.models.tiny import build_tiny_random
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.train.policy import response_logprobs
@@ -24,14 +23,6 @@ VLLM = pytest.param(
 @pytest.fixture(scope="module")
 def tiny():
     return load_model("tiny-random"), load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def tiny_vllm(tmp_path_factory):
-    """tiny-random with 32-wide attention heads (vLLM's CPU attention has no 16-wide kernel)."""
-    directory = tmp_path_factory.mktemp("tiny-head32")
-    build_tiny_random(directory, head_dim=32)
-    return load_model(str(directory)), load_tokenizer(str(directory))
 
 
 @pytest.fixture(scope="module")

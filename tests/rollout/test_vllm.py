@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from reasonrl.models.load import load_model, load_tokenizer
-from reasonrl.models.tiny import build_tiny_random
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.sampling import FireParams
 from reasonrl.rollout.vllm import weight_buckets
@@ -47,16 +46,9 @@ def test_missing_vllm_is_one_clear_error():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny-head32")  # vLLM's CPU attention has no 16-wide kernel
-    build_tiny_random(directory, head_dim=32)
-    return load_model(str(directory)), load_tokenizer(str(directory))
-
-
-@pytest.fixture(scope="module")
-def engine(tiny):
+def engine(tiny_vllm):
     options = {"max_model_len": 256, "enforce_eager": True, "cpu_kv_cache_gib": 1}
-    return build_engine("vllm", *tiny, options, dtype=torch.float32, max_batch_sequences=64)
+    return build_engine("vllm", *tiny_vllm, options, dtype=torch.float32, max_batch_sequences=64)
 
 
 @needs_vllm
