@@ -2,6 +2,11 @@
 
     pip install -e '.[bench]'
     python bench/vs_trl.py [--steps 10] [--prompts 8] [--completions 4] [--max-new-tokens 64] [--lr 1e-5]
+                           [--device cpu|cuda]
+
+On ``--device cuda`` both trainers keep the policy on the GPU and generate with vLLM colocated on the
+same card, in sleep mode, with the same memory share (TRL: ``use_vllm``, ``vllm_mode="colocate"``;
+reasonrl: ``model.device=cuda rollout.engine=vllm``).
 
 Same model (SmolLM2-135M-Instruct, the same converted weights), the same prompts (the first
 steps × prompts problems of the arithmetic task, chat-formatted with the same template), the same
@@ -23,6 +28,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+MAX_PROMPT_TOKENS = 256
+VLLM_MEMORY_SHARE = 0.3  # TRL's default vllm_gpu_memory_utilization
 
 
 def _prompts(count: int) -> list[tuple[str, str]]:
@@ -71,7 +79,18 @@ def run_trl(args: argparse.Namespace) -> dict:
             learning_rate=args.lr,
             max_steps=args.steps,
             bf16=True,
-            use_cpu=True,
+            use_cpu=args.device == "cpu",
+            **(
+                {
+                    "use_vllm": True,
+                    "vllm_mode": "colocate",
+                    "vllm_enable_sleep_mode": True,
+                    "vllm_gpu_memory_utilization": VLLM_MEMORY_SHARE,
+                    "vllm_max_model_length": MAX_PROMPT_TOKENS + args.max_new_tokens,
+                }
+                if args.device == "cuda"
+                else {}
+            ),
             beta=0.0,
             temperature=1.0,
             logging_steps=1,
@@ -107,6 +126,13 @@ def run_reasonrl(args: argparse.Namespace) -> dict:
         f"rollout.rollout_prompts={args.prompts}",
         f"rollout.samples_per_prompt={args.completions}",
         f"rollout.max_response_tokens={args.max_new_tokens}",
+        f"rollout.max_prompt_tokens={MAX_PROMPT_TOKENS}",
+        f"model.device={args.device}",
+        *(
+            ["rollout.engine=vllm", f"rollout.vllm.gpu_memory_utilization={VLLM_MEMORY_SHARE}"]
+            if args.device == "cuda"
+            else []
+        ),
         f"train.minibatch_sequences={args.prompts * args.completions}",
         f"train.lr={args.lr}",
         f"train.rollout_steps={args.steps}",
@@ -139,6 +165,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--worker", choices=["trl", "reasonrl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -405,6 +405,8 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
         run.engine.sleep()
     with timed(metrics, "perf/update_seconds"):
         metrics |= run.updater.update(batch, seed=seed, kl_coef=kl_coef)
+    metrics["perf/batch_tokens"] = float(batch.prompt_mask.sum() + batch.response_mask.sum())
+    metrics["perf/update_tokens_per_second"] = metrics["perf/batch_tokens"] / max(1e-9, metrics["perf/update_seconds"])
     if run.critic is not None:
         with timed(metrics, "perf/critic_update_seconds"):
             metrics |= run.critic.update(batch, seed=seed)
