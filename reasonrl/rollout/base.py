@@ -31,7 +31,14 @@ class SamplingParams:
     """Sample among the k most likely tokens only; None = off."""
 
     seed: int | None = None
-    """Seed of this call's sampling: the same seed, prompts and weights give the same completions."""
+    """Seed of this call's sampling: the same seed, prompts and weights give the same completions.
+    Each prompt samples from its own stream (``request_seed``), so a completion does not depend on the
+    other prompts of the call (fast and vllm engines)."""
+
+    first_index: int = 0
+    """Index of this call's first prompt in the whole batch it belongs to: prompt i samples with
+    ``request_seed(seed, first_index + i)``, so a data-parallel rank generating its share of a batch
+    samples exactly what one process generating the whole batch would."""
 
     fire: FireParams | None = None
     """FIRE: sample these response positions flaming-hot (fast engine only); None = off."""
@@ -54,6 +61,15 @@ class Completion:
 
     finish_reason: FinishReason
     """stop: a stop token was generated; length: max_new_tokens was reached first."""
+
+
+# request seed = call seed × this + prompt index: every copy of a prompt samples on its own
+REQUEST_SEED_STRIDE = 100_003
+
+
+def request_seed(params: SamplingParams, index: int) -> int | None:
+    """The seed of prompt ``index`` (within the call) of a call sampled with ``params``; None = unseeded."""
+    return None if params.seed is None else params.seed * REQUEST_SEED_STRIDE + params.first_index + index
 
 
 class RolloutEngine(Protocol):

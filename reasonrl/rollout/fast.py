@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.models.load import ModelError
-from reasonrl.rollout.base import Completion, SamplingParams
+from reasonrl.rollout.base import Completion, SamplingParams, request_seed
 from reasonrl.rollout.sampling import sample_tokens
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -141,6 +141,19 @@ class _Weights:
         for bias, names in self.biases:
             if all(n in state_dict for n in names):
                 bias.copy_(self._fused([state_dict[n] for n in names], names))
+
+
+def request_uniforms(params: SamplingParams, count: int) -> Tensor:
+    """The uniforms each of ``count`` prompts draws its tokens with: row i from a generator seeded with
+    ``request_seed(params, i)`` (fresh entropy when unseeded), one per response position, so a
+    completion depends on its own seed only, never on which prompts share the batch.  -> [count, max_new_tokens]"""
+    rows = []
+    for i in range(count):
+        generator = torch.Generator()
+        seed = request_seed(params, i)
+        generator.manual_seed(seed) if seed is not None else generator.seed()
+        rows.append(torch.rand(params.max_new_tokens, generator=generator))
+    return torch.stack(rows)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -289,7 +302,7 @@ class FastEngine:
         """Completions in prompt order; at most ``max_batch_sequences`` are decoded together."""
         if not prompts:
             return []
-        generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
+        uniforms = request_uniforms(params, len(prompts))  # [N, max_new_tokens]
         slots = min(self.max_batch_sequences, len(prompts))
         span_cap = max(len(p) for p in prompts) + params.max_new_tokens
         self._rope_tables(span_cap)
@@ -322,7 +335,13 @@ class FastEngine:
         def sample(logits: Tensor, slot_ids: Tensor) -> tuple[Tensor, Tensor]:
             fire_rows = torch.isin(produced[slot_ids], fire_positions) if params.fire else None
             return sample_tokens(
-                logits, params.temperature, params.top_k, params.top_p, generator, fire_rows, params.fire
+                logits,
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                uniforms[request[slot_ids], produced[slot_ids]],
+                fire_rows,
+                params.fire,
             )
 
         while queue or bool((request >= 0).any()):

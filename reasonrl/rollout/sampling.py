@@ -60,11 +60,13 @@ def sampling_logprobs(logits: Tensor, temperature: float, top_k: int | None, top
     return torch.log_softmax(filtered_logits(logits, temperature, top_k, top_p), dim=-1)
 
 
-def draw(scaled: Tensor, greedy: bool, generator: torch.Generator | None, block: int = 256) -> tuple[Tensor, Tensor]:
-    """One token per row from filtered logits [B, V]; returns (tokens [B], their log-probs [B]).
+def draw(scaled: Tensor, greedy: bool, uniforms: Tensor, block: int = 256) -> tuple[Tensor, Tensor]:
+    """One token per row from filtered logits [B, V] and one uniform in [0, 1) per row ``uniforms``
+    [B]; returns (tokens [B], their log-probs [B]).
 
     Inverse-CDF sampling with one uniform per row (far cheaper than exponential/Gumbel noise over
-    the vocabulary), in two levels: pick a block of ``block`` tokens by its total probability, then
+    the vocabulary; each row's draw depends on its own uniform only), in two levels: pick a block of
+    ``block`` tokens by its total probability, then
     a token inside it, so no full-vocabulary cumulative sum is needed.
     """
     probs = torch.softmax(scaled, dim=-1)  # [B, V]
@@ -74,7 +76,7 @@ def draw(scaled: Tensor, greedy: bool, generator: torch.Generator | None, block:
         rows, vocab = probs.shape
         padded = F.pad(probs, (0, -vocab % block)).view(rows, -1, block)  # [B, blocks, block]
         block_cdf = padded.sum(-1).cumsum(-1)  # [B, blocks]
-        target = torch.rand(rows, 1, generator=generator, dtype=probs.dtype) * block_cdf[:, -1:]
+        target = uniforms.to(probs.dtype)[:, None] * block_cdf[:, -1:]
         chosen = torch.searchsorted(block_cdf, target).clamp(max=block_cdf.shape[1] - 1)  # [B, 1]
         before = torch.where(chosen > 0, block_cdf.gather(1, (chosen - 1).clamp(min=0)), torch.zeros_like(target))
         inner_cdf = padded.gather(1, chosen[:, :, None].expand(rows, 1, block)).squeeze(1).cumsum(-1)  # [B, block]
@@ -91,7 +93,7 @@ def sample_tokens(
     temperature: float,
     top_k: int | None,
     top_p: float,
-    generator: torch.Generator | None,
+    uniforms: Tensor,  # [B] one uniform in [0, 1) per row
     fire_rows: Tensor | None = None,  # [B] bool: rows at a FIRE position
     fire: FireParams | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -99,11 +101,11 @@ def sample_tokens(
 
     Returns (tokens [B], log-probs [B] under the distribution each token was drawn from).
     """
-    tokens, token_logprobs = draw(filtered_logits(logits, temperature, top_k, top_p), temperature <= 0, generator)
+    tokens, token_logprobs = draw(filtered_logits(logits, temperature, top_k, top_p), temperature <= 0, uniforms)
     if fire is not None and fire_rows is not None and bool(fire_rows.any()):
         rows = fire_rows.nonzero().squeeze(-1)
         hot = filtered_logits(logits[rows], fire.temperature, fire.top_k, 1.0)
-        hot_tokens, hot_logprobs = draw(hot, False, generator)
+        hot_tokens, hot_logprobs = draw(hot, False, uniforms[rows])
         tokens = tokens.index_copy(0, rows, hot_tokens)
         token_logprobs = token_logprobs.index_copy(0, rows, hot_logprobs)
     return tokens, token_logprobs

@@ -27,10 +27,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire
+from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire, request_seed
 
-# per-request seed = call seed × this + prompt index: every copy of a prompt samples on its own
-REQUEST_SEED_STRIDE = 100_003
 MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
 
 
@@ -207,7 +205,7 @@ class VLLMEngine:
     def _run(self, prompts: Sequence[Sequence[int]], params: SamplingParams, logprobs: int = 0) -> list:
         """vLLM's output of each prompt, with a request seed from ``params.seed`` and the prompt's index."""
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        seeds = [None if params.seed is None else params.seed * REQUEST_SEED_STRIDE + i for i in range(len(prompts))]
+        seeds = [request_seed(params, i) for i in range(len(prompts))]
         sampling = [self._vllm_params(params, s, logprobs) for s in seeds]
         return [out.outputs[0] for out in self.llm.generate(requests, sampling, use_tqdm=False)]
 

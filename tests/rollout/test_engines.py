@@ -169,3 +169,22 @@ def test_ignore_stop_generates_exactly_max_new_tokens(request, name):
     engine = served(request, name)[1]
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=9, seed=2, ignore_stop=True))
     assert all(len(c.token_ids) == 9 and c.finish_reason == "length" for c in completions)
+
+
+@pytest.fixture(params=["fast", VLLM])
+def per_request_engine(request):
+    return served(request, request.param)[1]
+
+
+def test_a_completion_depends_on_its_own_seed_and_index_not_on_the_rest_of_the_batch(per_request_engine):
+    """What data-parallel generation rests on: a rank generating prompts 2.. of a batch (first_index=2)
+    samples exactly what one process generating the whole batch samples for them."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
+    whole = per_request_engine.generate(PROMPTS, params)
+    share = per_request_engine.generate(
+        PROMPTS[2:], SamplingParams(max_new_tokens=12, temperature=1.0, seed=5, first_index=2)
+    )
+    assert [c.token_ids for c in share] == [c.token_ids for c in whole[2:]]
+    torch.testing.assert_close([c.logprobs for c in share], [c.logprobs for c in whole[2:]], atol=1e-5, rtol=0)
+    shifted = per_request_engine.generate(PROMPTS[2:], params)  # same prompts at other indices: other streams
+    assert [c.token_ids for c in shifted] != [c.token_ids for c in whole[2:]]

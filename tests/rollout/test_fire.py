@@ -15,6 +15,10 @@ def logits_row(seed=0, vocab=300):
     return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 3
 
 
+def uniforms(rows: int, seed: int) -> torch.Tensor:
+    return torch.rand(rows, generator=torch.Generator().manual_seed(seed))
+
+
 def chi2(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
     expected = expected_probs * counts.sum()
     return float(((counts - expected) ** 2 / expected).sum())
@@ -22,9 +26,7 @@ def chi2(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
 
 def fire_counts(z, fire, temperature=1.0, top_k=None, seed=1):
     logits = z.expand(N, -1)
-    tokens, _ = sample_tokens(
-        logits, temperature, top_k, 1.0, torch.Generator().manual_seed(seed), torch.ones(N, dtype=torch.bool), fire
-    )
+    tokens, _ = sample_tokens(logits, temperature, top_k, 1.0, uniforms(N, seed), torch.ones(N, dtype=torch.bool), fire)
     top = torch.topk(z, fire.top_k).indices
     assert torch.isin(tokens, top).all(), "a FIRE token fell outside the top-k"
     return torch.stack([(tokens == t).sum() for t in top]).float(), top
@@ -53,8 +55,8 @@ def test_regular_settings_never_override_the_fire_parameters():
 def test_rows_after_the_first_token_sample_exactly_as_without_fire():
     z = torch.randn(64, 300, generator=torch.Generator().manual_seed(5))
     fire_rows = torch.arange(64) % 4 == 0
-    plain, plain_lp = sample_tokens(z, 1.0, None, 1.0, torch.Generator().manual_seed(7))
-    mixed, mixed_lp = sample_tokens(z, 1.0, None, 1.0, torch.Generator().manual_seed(7), fire_rows, FireParams())
+    plain, plain_lp = sample_tokens(z, 1.0, None, 1.0, uniforms(64, 7))
+    mixed, mixed_lp = sample_tokens(z, 1.0, None, 1.0, uniforms(64, 7), fire_rows, FireParams())
     assert torch.equal(plain[~fire_rows], mixed[~fire_rows])
     assert torch.equal(plain_lp[~fire_rows], mixed_lp[~fire_rows])
     # the reported log-prob of a FIRE token is under the FIRE distribution
