@@ -51,6 +51,14 @@ class RolloutBatch:
         rows = {k: (v[index] if v is not None else None) for k, v in self._tensors().items()}
         return RolloutBatch(**rows).trimmed()
 
+    def without_loss(self) -> RolloutBatch:
+        """This batch with no token in any loss (its forward and backward add nothing to a gradient):
+        the filler a data-parallel rank runs to keep in step with the others."""
+        none = torch.zeros_like(self.response_mask)
+        return dataclasses.replace(
+            self, policy_loss_mask=none, value_loss_mask=none, correct=torch.zeros_like(self.correct)
+        )
+
     def trimmed(self) -> RolloutBatch:
         """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
         prompt_keep = int(self.prompt_mask.any(dim=0).nonzero().min()) if self.prompt_mask.any() else 0

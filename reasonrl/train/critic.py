@@ -17,7 +17,8 @@ from reasonrl.algo.value_loss import explained_variance, value_loss
 from reasonrl.batch import RolloutBatch
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel
-from reasonrl.train.step import shuffled_minibatches
+from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
+from reasonrl.train.step import my_micro_batches, shuffled_minibatches
 
 
 class CriticUpdater:
@@ -34,10 +35,11 @@ class CriticUpdater:
         microbatch_tokens: int,
         grad_clip: float | None,
         compute_dtype: torch.dtype,
+        parallel: DataParallel = SINGLE_PROCESS,
     ) -> None:
         self.model, self.optimizer, self.value_clip = model, optimizer, value_clip
         self.minibatch_sequences, self.epochs, self.microbatch_tokens = minibatch_sequences, epochs, microbatch_tokens
-        self.grad_clip, self.compute_dtype = grad_clip, compute_dtype
+        self.grad_clip, self.compute_dtype, self.parallel = grad_clip, compute_dtype, parallel
         self.skipped_steps = 0
 
     @property
@@ -46,22 +48,23 @@ class CriticUpdater:
         return next(self.model.parameters()).device
 
     def values(self, batch: RolloutBatch) -> torch.Tensor:
-        """V(s_t) at every response token of ``batch`` [B, T] (no gradient); 0 where masked."""
+        """V(s_t) at every response token of ``batch`` [B, T] (no gradient); 0 where masked.
+        Data-parallel: each rank computes its share of the rows, and the ranks sum their results."""
         out = torch.zeros(batch.response_mask.shape)
         with torch.no_grad():
-            for rows in batch.micro_batch_rows(self.microbatch_tokens):
-                part = batch.select(rows)
+            for rows in self.parallel.row_groups(batch, self.microbatch_tokens):
+                part = batch.select(rows or [0])
                 values = self.model(
                     part.prompt_ids, part.prompt_mask, part.response_ids, part.response_mask, self.compute_dtype
                 )
                 out[rows, : values.shape[1]] = values.cpu()
-        return out
+        return self.parallel.sum_(out)
 
     def _minibatch_step(self, minibatch: RolloutBatch) -> dict[str, float]:
         mask = minibatch.value_loss_mask
         tokens, seqs = count_for_aggregation(mask)
         sums: dict[str, float] = defaultdict(float)
-        for micro in minibatch.micro_batches(self.microbatch_tokens, self.device):
+        for micro in my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device):
             values = self.model(
                 micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask, self.compute_dtype
             )
@@ -79,6 +82,7 @@ class CriticUpdater:
             share = micro.value_loss_mask.sum().item() / max(1, int(tokens))
             sums["critic/value_loss"] += loss.item()
             sums["critic/clip_frac"] += stats["clip_frac"].item() * share
+        sums = self.parallel.sum_metrics(sums)
         grad_norm = apply_gradients(self.model, self.optimizer, self.grad_clip)
         self.skipped_steps += not math.isfinite(grad_norm)
         sums["critic/grad_norm"] = grad_norm

@@ -57,7 +57,8 @@ from reasonrl.train.metrics import (
     read_metrics,
     release_free_memory,
 )
-from reasonrl.train.policy import response_logprobs
+from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, ShardedEngine, full_state_dict, shard_module
+from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PoolCollector, RolloutCollector, hash_seed
 from reasonrl.train.rundir import RunRecord, claim, custom_objects
@@ -81,7 +82,7 @@ class Run:
     model: torch.nn.Module
     tokenizer: Any
     engine: RolloutEngine
-    reference: torch.nn.Module | None
+    reference: TokenLogprobs | None
     """The frozen KL reference (None without a KL term, and with LoRA: then the policy's base is the reference)."""
     pool: Scorer
     stream: TrainingStream
@@ -93,6 +94,8 @@ class Run:
     critic: CriticUpdater | None
     windowed: PoolCollector | None
     """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
+    parallel: DataParallel = SINGLE_PROCESS
+    """The data-parallel group this process trains in (one process by default)."""
     trackers: list[Tracker] = field(default_factory=list)
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
 
@@ -116,7 +119,7 @@ def data_spec(cfg: Config) -> DataSpec:
 
 
 def build_critic(
-    cfg: Config, plan: Plan, attention: str | None, dtype: torch.dtype, device: torch.device
+    cfg: Config, plan: Plan, attention: str | None, dtype: torch.dtype, device: torch.device, parallel: DataParallel
 ) -> CriticUpdater:
     """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, and its
     optimiser."""
@@ -127,6 +130,8 @@ def build_critic(
     if cfg.model.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
+    if parallel.active:
+        shard_module(model, parallel)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
     return CriticUpdater(
         model,
@@ -137,6 +142,7 @@ def build_critic(
         microbatch_tokens=cfg.train.microbatch_tokens,
         grad_clip=cfg.train.grad_clip,
         compute_dtype=dtype,
+        parallel=parallel,
     )
 
 
@@ -153,8 +159,16 @@ def preflight(cfg: Config) -> list[RewardTerm]:
 # --- stages --------------------------------------------------------------------------------------
 
 
-def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verifier: Verifier | None = None) -> Run:
-    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data."""
+def setup(
+    cfg: Config,
+    run_dir: Path,
+    engine: RolloutEngine | None = None,
+    verifier: Verifier | None = None,
+    parallel: DataParallel = SINGLE_PROCESS,
+) -> Run:
+    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data.
+    Data-parallel: the policy, reference and critic are sharded with FSDP2, and the engine generates
+    this rank's share of each call."""
     plan = resolve(cfg)
     terms = preflight(cfg)
     device = resolve_device(cfg.model.device)
@@ -169,9 +183,19 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         model.gradient_checkpointing_enable()
     if engine is None:
         engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
+    if parallel.active:
+        engine = ShardedEngine(engine, parallel)
     add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
+    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype)
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
-    reference = load_model(cfg.model.name_or_path, dtype, attention, device) if separate_reference else None
+    reference = None
+    if separate_reference:
+        frozen = load_model(cfg.model.name_or_path, dtype, attention, device)
+        reference = TokenLogprobs(frozen, policy.temperature, dtype)
+    if parallel.active:
+        for module in (policy, reference):
+            if module is not None:
+                shard_module(module, parallel)
     if verifier is not None:  # a user's verifier scores every task
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
@@ -184,7 +208,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
     warmup = plan.warmup_optimizer_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     updater = PolicyUpdater(
-        model,
+        policy,
         optimizer,
         scheduler,
         cfg.algo,
@@ -192,9 +216,8 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         epochs=cfg.train.epochs_per_rollout,
         microbatch_tokens=cfg.train.microbatch_tokens,
         grad_clip=cfg.train.grad_clip,
-        temperature=cfg.rollout.temperature,
-        compute_dtype=dtype,
         loss_agg_constant=plan.loss_agg_constant,
+        parallel=parallel,
     )
     a = cfg.algo
     kl = (
@@ -203,7 +226,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         else (FixedKLController(a.kl_coef))
     )
     collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
-    critic = build_critic(cfg, plan, attention, dtype, device) if plan.uses_critic else None
+    critic = build_critic(cfg, plan, attention, dtype, device, parallel) if plan.uses_critic else None
     window = cfg.algo.window_tokens
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
     windowed = PoolCollector(collector, rollout_pool) if rollout_pool is not None else None
@@ -224,6 +247,7 @@ def setup(cfg: Config, run_dir: Path, engine: RolloutEngine | None = None, verif
         compute_dtype=dtype,
         critic=critic,
         windowed=windowed,
+        parallel=parallel,
     )
 
 
@@ -243,9 +267,15 @@ def restore(run: Run) -> dict[str, Any]:
     run.updater.skipped_steps = state["skipped_steps"]
     if run.windowed is not None:
         run.windowed.pool.load_state_dict(state["pool"])
-    run.engine.load_weights(merged_state_dict(run.model))
+    run.engine.load_weights(engine_weights(run))
     log.info("resuming from %s (step %d)", checkpoint, state["step"])
     return state
+
+
+def engine_weights(run: Run) -> dict[str, torch.Tensor]:
+    """The policy's weights as the engine serves them: LoRA merged; data-parallel, gathered from every
+    rank's shards (a collective: every rank calls it)."""
+    return full_state_dict(run.model) if run.parallel.active else merged_state_dict(run.model)
 
 
 def evaluate(run: Run) -> dict[str, float]:
@@ -310,26 +340,17 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
 
 def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
     """Behaviour (old) log-probs from the trainer's own forward, and reference log-probs if a KL is on."""
-    groups = batch.micro_batch_rows(run.cfg.train.microbatch_tokens)
+    groups = run.parallel.row_groups(batch, run.cfg.train.microbatch_tokens)  # data-parallel: this rank's rows
 
-    def forward(model: torch.nn.Module) -> torch.Tensor:
+    def forward(policy: TokenLogprobs) -> torch.Tensor:
         out = torch.zeros(batch.response_mask.shape)
         with torch.no_grad():
             for rows in groups:
-                part = batch.select(rows)
-                logprobs, _ = response_logprobs(
-                    model,
-                    part.prompt_ids,
-                    part.prompt_mask,
-                    part.response_ids,
-                    part.response_mask,
-                    temperature=run.cfg.rollout.temperature,
-                    compute_dtype=run.compute_dtype,
-                )
+                logprobs, _ = policy(batch.select(rows or [0]))  # [] = a filler forward, kept in step
                 out[rows, : logprobs.shape[1]] = logprobs.cpu()
-        return out
+        return run.parallel.sum_(out)
 
-    batch.old_logprobs = forward(run.model)
+    batch.old_logprobs = forward(run.updater.policy)
     fire = run.cfg.rollout.fire
     if fire.enabled and fire.logprob == "behaviour":  # the FIRE tokens' true behaviour log-probs
         positions = list(fire.positions)
@@ -348,7 +369,7 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
             batch.ref_logprobs = forward(run.reference)
         else:  # LoRA: the policy with its adapters switched off
             with adapters_disabled(run.model):
-                batch.ref_logprobs = forward(run.model)
+                batch.ref_logprobs = forward(run.updater.policy)
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, run.cfg.algo.kl_estimator)
         stats["policy/kl_ref"] = masked_mean(kl, mask).item()
         stats["policy/kl_coef"] = float(run.kl.coef)
@@ -410,7 +431,7 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     if run.critic is not None:
         with timed(metrics, "perf/critic_update_seconds"):
             metrics |= run.critic.update(batch, seed=seed)
-    run.engine.load_weights(merged_state_dict(run.model))
+    run.engine.load_weights(engine_weights(run))
     release_free_memory()
     if "policy/kl_ref" in metrics:
         run.kl.update(metrics["policy/kl_ref"], len(batch))

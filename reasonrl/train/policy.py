@@ -72,3 +72,27 @@ def response_logprobs(
         logprobs = logprobs.masked_scatter(mask, torch.cat(logprob_chunks))
         entropy = entropy.masked_scatter(mask, torch.cat(entropy_chunks))
     return logprobs, entropy
+
+
+class TokenLogprobs(torch.nn.Module):
+    """``response_logprobs`` of a policy as one module call.
+
+    Data-parallel training shards this module with FSDP2 as the root unit: the policy's embeddings,
+    final norm and LM head (tied in SmolLM2) are gathered for the whole call, the chunked LM head
+    included, which calling the backbone and the head separately would bypass.
+    """
+
+    def __init__(self, model: PreTrainedModel, temperature: float, compute_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model, self.temperature, self.compute_dtype = model, temperature, compute_dtype
+
+    def forward(self, batch) -> tuple[Tensor, Tensor]:  # a RolloutBatch -> (log-probs [B, T], entropy [B, T])
+        return response_logprobs(
+            self.model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            temperature=self.temperature,
+            compute_dtype=self.compute_dtype,
+        )

@@ -21,15 +21,20 @@ from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
 from reasonrl.models.optim import apply_gradients
-from reasonrl.train.policy import response_logprobs
+from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
+from reasonrl.train.policy import TokenLogprobs
 
 
 class PolicyUpdater:
-    """Applies the actor loss of an AlgoSpec to a policy with its optimiser and LR schedule."""
+    """Applies the actor loss of an AlgoSpec to a policy with its optimiser and LR schedule.
+
+    Data-parallel (``parallel``): every rank holds the whole batch and trains on its share of each
+    mini-batch's rows, with the loss denominators of the whole mini-batch; FSDP2 sums the gradients.
+    """
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        policy: TokenLogprobs,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         spec: AlgoSpec,
@@ -38,15 +43,18 @@ class PolicyUpdater:
         epochs: int,
         microbatch_tokens: int,
         grad_clip: float | None,
-        temperature: float,
-        compute_dtype: torch.dtype,
         loss_agg_constant: float | None,
+        parallel: DataParallel = SINGLE_PROCESS,
     ) -> None:
-        self.model, self.optimizer, self.scheduler, self.spec = model, optimizer, scheduler, spec
+        self.policy, self.optimizer, self.scheduler, self.spec = policy, optimizer, scheduler, spec
         self.minibatch_sequences, self.epochs, self.microbatch_tokens = minibatch_sequences, epochs, microbatch_tokens
-        self.grad_clip, self.temperature, self.compute_dtype = grad_clip, temperature, compute_dtype
-        self.loss_agg_constant = loss_agg_constant
+        self.grad_clip, self.loss_agg_constant, self.parallel = grad_clip, loss_agg_constant, parallel
         self.skipped_steps = 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy (a Hugging Face causal LM)."""
+        return self.policy.model
 
     @property
     def device(self) -> torch.device:
@@ -62,16 +70,8 @@ class PolicyUpdater:
         tokens, seqs = count_for_aggregation(mask)
         nll_tokens = (mask & minibatch.correct[:, None]).sum()
         sums: dict[str, float] = defaultdict(float)
-        for micro in minibatch.micro_batches(self.microbatch_tokens, self.device):
-            logprobs, entropy = response_logprobs(
-                self.model,
-                micro.prompt_ids,
-                micro.prompt_mask,
-                micro.response_ids,
-                micro.response_mask,
-                temperature=self.temperature,
-                compute_dtype=self.compute_dtype,
-            )
+        for micro in my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device):
+            logprobs, entropy = self.policy(micro)
             micro_mask = micro.policy_loss_mask
             # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch)
             old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
@@ -99,7 +99,8 @@ class PolicyUpdater:
             sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
             for key, value in stats.items():
                 sums[f"policy/{key}"] += value.item() * share
-        grad_norm = apply_gradients(self.model, self.optimizer, self.grad_clip, self.scheduler)
+        sums = self.parallel.sum_metrics(sums)
+        grad_norm = apply_gradients(self.policy, self.optimizer, self.grad_clip, self.scheduler)
         self.skipped_steps += not math.isfinite(grad_norm)
         sums["train/grad_norm"] = grad_norm
         return dict(sums)
@@ -118,6 +119,17 @@ class PolicyUpdater:
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/skipped_steps"] = float(self.skipped_steps)
         return metrics
+
+
+def my_micro_batches(
+    minibatch: RolloutBatch, parallel: DataParallel, token_budget: int, device: torch.device
+) -> list[RolloutBatch]:
+    """This rank's share of ``minibatch``'s rows in micro-batches of at most ``token_budget`` padded tokens,
+    padded with loss-free fillers to as many micro-batches as the busiest rank has."""
+    if not parallel.active:
+        return minibatch.micro_batches(token_budget, device)
+    share = minibatch.select(list(parallel.share(len(minibatch))))
+    return parallel.lockstep(share.micro_batches(token_budget, device) if len(share) else [], minibatch)
 
 
 def shuffled_minibatches(batch: RolloutBatch, size: int, epochs: int, seed: int) -> Iterator[RolloutBatch]:

@@ -6,6 +6,7 @@ import torch
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
 from reasonrl.models.load import load_model
+from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.step import PolicyUpdater
 
 
@@ -40,7 +41,7 @@ def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None, device=
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     spec = spec or AlgoSpec(loss_agg=agg, eps_high=0.28, nll_weight=0.1)
     updater = PolicyUpdater(
-        model,
+        TokenLogprobs(model, temperature=1.0, compute_dtype=torch.float32),
         optimizer,
         scheduler,
         spec,
@@ -48,8 +49,6 @@ def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None, device=
         epochs=1,
         microbatch_tokens=microbatch_tokens,
         grad_clip=None,
-        temperature=1.0,
-        compute_dtype=torch.float32,
         loss_agg_constant=16.0,
     )
     metrics = updater.update(batch, seed=0)

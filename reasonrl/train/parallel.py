@@ -1,0 +1,187 @@
+"""Data parallelism: the group of processes a trainer runs in, and what each rank does of the work.
+
+One process is rank 0 of a group of 1, and every collective below is then the identity, so the
+single-process path runs the same code.  Under ``torchrun`` (docs/distributed.md) every rank holds
+the same rollout batch: the prompts are generated in shares (``ShardedEngine``: whole groups per rank,
+each prompt sampling from its own seeded stream), and the completions gathered, so everything
+computed over the whole batch (group statistics, whitening, DAPO's informative-group count and
+refill, KL controller updates, metrics) is computed identically on every rank.  The forward and
+backward passes are split: each rank takes its share of every mini-batch's rows, the loss
+denominators are counted over the whole mini-batch, and FSDP2 sums the ranks' gradients, so the
+gradient equals the single-process one (docs/algorithms.md, Conventions 5).
+
+FSDP2 issues collectives in every forward and backward of a sharded module, so all ranks must run
+the same number of them: ``lockstep`` pads a rank's micro-batches with loss-free ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from reasonrl.batch import RolloutBatch
+from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.rollout.shards import split_at_group_boundaries
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallel:
+    """This process's place in the data-parallel group (``world_size`` 1: a single process)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes metrics, plots, the summary, the export and the run record."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        """More than one process: collectives run."""
+        return self.world_size > 1
+
+    def share(self, count: int) -> range:
+        """This rank's contiguous share of ``count`` rows (sizes differ by at most one)."""
+        base, extra = divmod(count, self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return range(start, start + base + (self.rank < extra))
+
+    def sum_(self, tensor: Tensor) -> Tensor:
+        """All-reduce ``tensor`` in place (sum over ranks); returns it."""
+        if self.active:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def sum_metrics(self, values: Mapping[str, float]) -> dict[str, float]:
+        """Each metric summed over ranks (the same keys on every rank, in any order)."""
+        if not self.active:
+            return dict(values)
+        keys = sorted(values)
+        total = self.sum_(torch.tensor([values[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, total.tolist(), strict=True))
+
+    def max(self, value: int) -> int:
+        """The largest ``value`` over ranks."""
+        if not self.active:
+            return value
+        out = torch.tensor([value], dtype=torch.long)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return int(out)
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order."""
+        if not self.active:
+            return [value]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` (picklable) on every rank."""
+        if not self.active:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def row_groups(self, batch: RolloutBatch, token_budget: int) -> list[list[int]]:
+        """Rows of ``batch`` this rank computes in forward-only passes (old log-probs, values), grouped in
+        micro-batches of at most ``token_budget`` padded tokens, then padded with empty groups to the
+        busiest rank's count (a rank runs a forward for those too, and keeps nothing of it)."""
+        if not self.active:
+            return batch.micro_batch_rows(token_budget)
+        mine = list(self.share(len(batch)))
+        groups = [[mine[i] for i in g] for g in batch.select(mine).micro_batch_rows(token_budget)] if mine else []
+        return groups + [[] for _ in range(self.max(len(groups)) - len(groups))]
+
+    def lockstep(self, micro_batches: list[RolloutBatch], template: RolloutBatch) -> list[RolloutBatch]:
+        """``micro_batches`` padded with loss-free copies of one ``template`` row up to the largest count
+        over ranks: every rank then runs as many forwards and backwards as the others."""
+        missing = self.max(len(micro_batches)) - len(micro_batches)
+        if not missing:
+            return micro_batches
+        empty = template.select([0]).without_loss().to(micro_batches[0].prompt_ids.device if micro_batches else "cpu")
+        return micro_batches + [empty] * missing
+
+
+SINGLE_PROCESS = DataParallel()
+"""One process: rank 0 of 1."""
+
+
+def init_from_environment(timeout_minutes: float = 60.0) -> DataParallel:
+    """Join the process group ``torchrun`` describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, …):
+    gloo for CPU tensors, NCCL for CUDA ones.  Without those variables: one process."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return DataParallel()
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+    return DataParallel(dist.get_rank(), dist.get_world_size())
+
+
+class ShardedEngine:
+    """A rollout engine whose calls are split over the ranks: each generates its share of the prompts
+    (whole groups of identical prompts on one rank, sampled with their batch-wide indices) and every
+    rank gets all the completions, in order.  With one rank it is the engine itself."""
+
+    def __init__(self, engine: RolloutEngine, parallel: DataParallel) -> None:
+        self.engine, self.parallel = engine, parallel
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        shares = split_at_group_boundaries(prompts, self.parallel.world_size)
+        mine = shares[self.parallel.rank]
+        local = self.engine.generate(
+            [prompts[i] for i in mine], dataclasses.replace(params, first_index=params.first_index + mine.start)
+        )
+        return [c for part in self.parallel.gather(local) for c in part]
+
+    def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
+        self.engine.load_weights(state_dict)
+
+    def __getattr__(self, name: str) -> Any:  # sleep(), stop_token_ids, … of the engine it wraps
+        return getattr(self.engine, name)
+
+
+def shard_module(module: torch.nn.Module, parallel: DataParallel) -> None:
+    """Shard ``module`` over the ranks with FSDP2 (``fully_shard``): each transformer block (the classes a
+    Hugging Face model lists in ``_no_split_modules``) is its own unit, ``module`` the root that holds
+    the rest (embeddings, final norm, LM head, value head: tied embeddings stay in one unit).
+
+    Gradients are reduced as a sum, not a mean: every rank's loss already carries the whole mini-batch's
+    denominators, so the sum is the single-process gradient (and gloo's reduce-scatter has averaged
+    wrongly: pytorch issue #162338)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    device_type = next(module.parameters()).device.type
+    mesh = init_device_mesh(device_type, (parallel.world_size,))
+    blocks = {name for sub in module.modules() for name in getattr(sub, "_no_split_modules", None) or ()}
+    for sub in list(module.modules()):
+        if type(sub).__name__ in blocks:
+            fully_shard(sub, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.set_gradient_divide_factor(1.0)
+            sub.set_force_sum_reduction_for_comms(True)
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, Tensor]:
+    """The whole (unsharded) state dict of a module sharded by ``shard_module``, on every rank (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
