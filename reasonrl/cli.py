@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import typing
@@ -127,11 +128,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     resolve(cfg)  # every config problem surfaces before a model loads
     try:
         check_sources(data_spec(cfg))
-        print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
+        main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for the run
+        if main_rank:
+            print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
         summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
     except (DataError, ModelError, DynamicSamplingError, DiskFullError) as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
+    if not main_rank:
+        return 0
+    run_dir = Path(summary["run_dir"])
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     print(f"held-out accuracy: {before:.1%} before -> {after:.1%} after ({(after - before) * 100:+.1f} points)")
     print(f"wall time {summary['wall_seconds'] / 60:.1f} min, peak RSS {summary['peak_rss_gb']:.2f} GB")

@@ -311,6 +311,38 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class DistConfig:
+    """Several processes or machines (docs/distributed.md)."""
+
+    backend: Literal["auto", "none", "torch", "ray"] = "auto"
+    """none: one process.  torch: data-parallel ranks launched by torchrun (`torchrun --nproc-per-node N
+    -m reasonrl train ...`), each holding an FSDP2 shard of the policy and generating its share of the
+    prompts.  ray: one driver with Ray workers for rollout, reward and training (dist.*_workers).
+    auto: torch when launched by torchrun with more than one process, else none."""
+
+    rollout_workers: int = 1
+    """ray: rollout engines, each a Ray actor generating its share of every batch."""
+
+    trainer_workers: int = 1
+    """ray: trainer actors forming one torch.distributed group (FSDP2 inside); the data-parallel size."""
+
+    reward_workers: int = 1
+    """ray: scorer actors the responses are split over."""
+
+    gpus_per_rollout_worker: float = 0.0
+    """ray: GPUs each rollout actor reserves (placement groups pack them); 0 on CPU clusters."""
+
+    gpus_per_trainer_worker: float = 0.0
+    """ray: GPUs each trainer actor reserves; 0 on CPU clusters."""
+
+    address: str | None = None
+    """ray: the cluster to join; None = $RAY_ADDRESS, else a local cluster started for the run."""
+
+    worker_timeout_seconds: float = 1800.0
+    """ray: a worker call that takes longer is reported as a dead worker; torch: the collectives' timeout."""
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run."""
 
@@ -337,3 +369,6 @@ class Config:
 
     run: RunConfig = field(default_factory=RunConfig)
     """Outputs, seeds, cadence."""
+
+    dist: DistConfig = field(default_factory=DistConfig)
+    """Several processes or machines."""

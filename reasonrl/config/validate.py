@@ -5,6 +5,8 @@ Every problem is reported at once, each with the keys involved and a way to fix 
 
 from __future__ import annotations
 
+import os
+
 from reasonrl.config.errors import ConfigError
 from reasonrl.config.schema import Config
 
@@ -103,6 +105,45 @@ def _batch_sizes(cfg: Config) -> list[str]:
     return problems
 
 
+def data_parallel_size(cfg: Config) -> int:
+    """How many data-parallel trainer ranks the run has: dist.trainer_workers with Ray, the torchrun
+    world size (WORLD_SIZE) with torch (or auto under torchrun), else 1."""
+    backend = cfg.dist.backend
+    if backend == "ray":
+        return cfg.dist.trainer_workers
+    if backend in ("torch", "auto"):
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    return 1
+
+
+def _distributed(cfg: Config) -> list[str]:
+    d, r, t = cfg.dist, cfg.rollout, cfg.train
+    problems = [
+        f"dist.{key}={value} must be at least 1"
+        for key, value in (
+            ("rollout_workers", d.rollout_workers),
+            ("trainer_workers", d.trainer_workers),
+            ("reward_workers", d.reward_workers),
+        )
+        if value < 1
+    ]
+    ranks = data_parallel_size(cfg)
+    where = "dist.trainer_workers" if d.backend == "ray" else "the torchrun processes (WORLD_SIZE)"
+    if ranks > 1 and r.rollout_prompts % ranks:
+        problems.append(
+            f"rollout.rollout_prompts={r.rollout_prompts} cannot be split evenly over {ranks} data-parallel ranks "
+            f"({where}); use a multiple of {ranks}, or another number of ranks"
+        )
+    if ranks > 1 and t.minibatch_sequences % ranks:
+        problems.append(
+            f"train.minibatch_sequences={t.minibatch_sequences} cannot be split evenly over {ranks} data-parallel "
+            f"ranks ({where}); use a multiple of {ranks}"
+        )
+    if ranks > 1 and cfg.model.lora_rank:
+        problems.append("model.lora_rank with several data-parallel ranks is not supported yet; train on one process")
+    return problems
+
+
 def _algorithm(cfg: Config) -> list[str]:
     a, r = cfg.algo, cfg.rollout
     problems = []
@@ -194,6 +235,13 @@ def _reward_functions(cfg: Config) -> list[str]:
 
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
-    problems = _ranges(cfg) + _batch_sizes(cfg) + _algorithm(cfg) + _reward_routes(cfg) + _reward_functions(cfg)
+    problems = (
+        _ranges(cfg)
+        + _batch_sizes(cfg)
+        + _algorithm(cfg)
+        + _reward_routes(cfg)
+        + _reward_functions(cfg)
+        + _distributed(cfg)
+    )
     if problems:
         raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))

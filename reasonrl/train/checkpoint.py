@@ -91,6 +91,12 @@ def save_checkpoint(
         if full:
             raise OSError(errno.ENOSPC, "No space left on device", str(tmp)) from exc
         raise
+    return _commit(tmp, target, keep)
+
+
+def _commit(tmp: Path, target: Path, keep: int) -> Path:
+    """Rename a complete ``.tmp`` checkpoint into place, point ``latest`` at it, drop the oldest."""
+    root = target.parent
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     latest_tmp = root / "latest.tmp"
@@ -98,8 +104,75 @@ def save_checkpoint(
     os.replace(latest_tmp, root / "latest")
     for old in sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    log.info("saved the checkpoint of step %d: %s (%s)", step, target, _describe_size(target))
+    log.info("saved the checkpoint of step %d: %s (%s)", int(target.name.split("-")[1]), target, _describe_size(target))
     return target
+
+
+ShardedParts = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
+"""The FSDP2-sharded modules of a data-parallel run with their optimisers, by name (policy, critic)."""
+SHARDS_DIR = "shards"
+
+
+def _sharded_state(parts: ShardedParts) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    state: dict[str, Any] = {}
+    for name, (module, optimizer) in parts.items():
+        state[name], state[f"{name}_optimizer"] = get_state_dict(module, optimizer)
+    return state
+
+
+def save_sharded_checkpoint(
+    run_dir: Path,
+    step: int,
+    parts: ShardedParts,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: dict[str, Any],
+    keep: int,
+    parallel: Any,
+    hf_model: torch.nn.Module,
+    tokenizer: Any = None,
+) -> None:
+    """A data-parallel checkpoint, every rank taking part: each writes its shards of the weights and
+    optimiser states with ``torch.distributed.checkpoint`` into ``shards/``; rank 0 writes the model's
+    config, the tokenizer, ``trainer.pt`` (scheduler, RNG) and ``state.json``, then renames the ``.tmp``
+    directory into place once every rank has finished (atomic, as for one process)."""
+    import torch.distributed.checkpoint as dcp
+
+    root = _checkpoint_dir(run_dir)
+    target, tmp = root / f"step-{step:06d}", root / f"step-{step:06d}.tmp"
+    if parallel.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    parallel.barrier()
+    dcp.save(_sharded_state(parts), checkpoint_id=tmp / SHARDS_DIR)
+    parallel.barrier()
+    if parallel.is_main:
+        save_pretrained_files(hf_model, tokenizer, tmp)
+        torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
+        (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2))
+        _commit(tmp, target, keep)
+    parallel.barrier()
+
+
+def load_sharded_checkpoint(
+    path: Path, parts: ShardedParts, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> dict[str, Any]:
+    """Restore what ``save_sharded_checkpoint`` wrote into freshly sharded modules and their optimisers
+    (every rank; the same world size, or any other: DCP reshards on load); returns ``state.json``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    if not (path / SHARDS_DIR).is_dir():
+        raise RuntimeError(f"{path} was written by a single-process run; resume it without torchrun")
+    state = _sharded_state(parts)
+    dcp.load(state, checkpoint_id=path / SHARDS_DIR)
+    for name, (module, optimizer) in parts.items():
+        set_state_dict(module, optimizer, model_state_dict=state[name], optim_state_dict=state[f"{name}_optimizer"])
+    trainer = torch.load(path / "trainer.pt", weights_only=False)
+    scheduler.load_state_dict(trainer["scheduler"])
+    set_rng_state(trainer["rng"])
+    return json.loads((path / STATE_FILE).read_text())
 
 
 def _disk_full(exc: Exception, root: Path) -> bool:
@@ -141,7 +214,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if not root.is_dir():
         return None
     for stale in root.glob("*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     pointer = root / "latest"
     if pointer.exists() and (root / pointer.read_text().strip() / STATE_FILE).exists():
         return root / pointer.read_text().strip()
@@ -157,6 +230,8 @@ def load_checkpoint(
     critic: tuple[ValueModel, torch.optim.Optimizer] | None = None,
 ) -> dict[str, Any]:
     """Restore weights, optimiser, scheduler and RNG states; returns the saved ``state.json``."""
+    if (path / SHARDS_DIR).is_dir():
+        raise RuntimeError(f"{path} was written by a data-parallel run; resume it under torchrun")
     if has_lora(model):  # the frozen base is the one the run loaded; only the adapter trained
         load_lora_adapter(model, path)
     else:

@@ -47,7 +47,14 @@ from reasonrl.rollout.pool import RolloutPool
 from reasonrl.rollout.scored import sample_and_score
 from reasonrl.timing import timed
 from reasonrl.train.advantages import assign_advantages
-from reasonrl.train.checkpoint import latest_checkpoint, load_checkpoint, load_value_weights, save_checkpoint
+from reasonrl.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_sharded_checkpoint,
+    load_value_weights,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.metrics import (
     MetricsWriter,
@@ -57,7 +64,14 @@ from reasonrl.train.metrics import (
     read_metrics,
     release_free_memory,
 )
-from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, ShardedEngine, full_state_dict, shard_module
+from reasonrl.train.parallel import (
+    SINGLE_PROCESS,
+    DataParallel,
+    ShardedEngine,
+    full_state_dict,
+    join_data_parallel,
+    shard_module,
+)
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import PoolCollector, RolloutCollector, hash_seed
@@ -251,6 +265,14 @@ def setup(
     )
 
 
+def sharded_parts(run: Run) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+    """A data-parallel run's FSDP2 modules with their optimisers, as its checkpoints hold them."""
+    parts = {"policy": (run.updater.policy, run.updater.optimizer)}
+    if run.critic is not None:
+        parts["critic"] = (run.critic.model, run.critic.optimizer)
+    return parts
+
+
 def critic_state(run: Run) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
     """What a checkpoint saves of the critic (None without one)."""
     return (run.critic.model, run.critic.optimizer) if run.critic is not None else None
@@ -261,7 +283,10 @@ def restore(run: Run) -> dict[str, Any]:
     checkpoint = latest_checkpoint(run.run_dir) if run.cfg.run.resume == "auto" else None
     if checkpoint is None:
         return {}
-    state = load_checkpoint(checkpoint, run.model, run.updater.optimizer, run.updater.scheduler, critic_state(run))
+    if run.parallel.active:
+        state = load_sharded_checkpoint(checkpoint, sharded_parts(run), run.updater.scheduler)
+    else:
+        state = load_checkpoint(checkpoint, run.model, run.updater.optimizer, run.updater.scheduler, critic_state(run))
     run.stream.load_state_dict(state["stream"])
     run.kl.coef = state["kl_coef"]
     run.updater.skipped_steps = state["skipped_steps"]
@@ -301,18 +326,21 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
     """
     assert run.critic is not None
     saved = run.run_dir / PRETRAINED_CRITIC
-    if (saved / HEAD_FILE).exists():
+    main = run.parallel.is_main
+    if (saved / HEAD_FILE).exists() and not run.parallel.active:
         load_value_weights(run.critic.model, saved)
         log.info("loaded the pretrained critic from %s", saved)
         return {}
     steps = run.plan.value_pretrain_steps
     timing: dict[str, float] = {}
     with timed(timing, "value_pretrain_seconds"):
-        writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN, trackers=run.trackers)
-        with ProgressDisplay(steps, 0, show_progress, "value pretraining", "rollout, critic update") as progress:
+        writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN, trackers=run.trackers) if main else None
+        show = show_progress and main
+        with ProgressDisplay(steps, 0, show, "value pretraining", "rollout, critic update") as progress:
 
             def record(step: int, metrics: dict[str, float]) -> None:
-                writer.write(step, metrics)
+                if writer is not None:
+                    writer.write(step, metrics)
                 progress.update(step, metrics)
 
             done = pretrain_critic(
@@ -325,17 +353,17 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
                 on_step=record,
                 calibrate_bias=run.cfg.critic.init == "policy",
             )
-        writer.close()
-        records = read_metrics(writer.path)
-        title = "value pretraining (policy frozen)"
-        plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
-        run.critic.model.save(saved)
+        explained = None
+        if writer is not None:
+            writer.close()
+            records = read_metrics(writer.path)
+            title = "value pretraining (policy frozen)"
+            plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
+            explained = records[-1].get("critic/explained_variance") if records else None
+        if not run.parallel.active:  # data-parallel: a restart before the first checkpoint pretrains again
+            run.critic.model.save(saved)
         release_free_memory()
-    return {
-        "value_pretrain_steps": done,
-        "value_pretrain_explained_variance": records[-1].get("critic/explained_variance") if records else None,
-        **timing,
-    }
+    return {"value_pretrain_steps": done, "value_pretrain_explained_variance": explained, **timing}
 
 
 def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
@@ -385,6 +413,19 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
         **({"pool": run.windowed.pool.state_dict()} if run.windowed is not None else {}),
         **extra,
     }
+    if run.parallel.active:
+        save_sharded_checkpoint(
+            run.run_dir,
+            step,
+            sharded_parts(run),
+            run.updater.scheduler,
+            state,
+            run.cfg.run.keep_checkpoints,
+            run.parallel,
+            run.model,
+            run.tokenizer,
+        )
+        return
     save_checkpoint(
         run.run_dir,
         step,
@@ -402,6 +443,15 @@ def export_stage(run: Run) -> Path:
     """The final policy as a Hugging Face directory (``from_pretrained`` loads it; with LoRA the merged
     model, and its adapter in ``final/adapter``)."""
     final = run.run_dir / "final"
+    if run.parallel.active:  # the whole model, gathered from the shards (every rank), saved by rank 0
+        weights = full_state_dict(run.model)
+        if run.parallel.is_main:
+            plain = type(run.model)(run.model.config)
+            plain.load_state_dict(weights)
+            plain.save_pretrained(final)
+            run.tokenizer.save_pretrained(final)
+        run.parallel.barrier()
+        return final
     save_hf_directory(run.model, final)
     run.tokenizer.save_pretrained(final)
     return final
@@ -458,8 +508,13 @@ def fit(
     disk ``DiskFullError``, each with the line that says how to resume.
     """
     custom = custom_objects(engine=engine, verifier=verifier)
+    parallel = join_data_parallel(cfg)
+    run_dir = parallel.broadcast(run_dir)  # rank 0's (a timestamped name can differ between ranks)
+    if not parallel.is_main:  # rank 0 holds the run directory; the others follow its record
+        return _train(cfg, run_dir, parallel.broadcast(None), engine, verifier, False, parallel)
     with claim(run_dir, cfg, preset, overrides, custom) as record:
-        return _train(cfg, run_dir, record, engine, verifier, show_progress)
+        parallel.broadcast(record)
+        return _train(cfg, run_dir, record, engine, verifier, show_progress, parallel)
 
 
 def _train(
@@ -469,21 +524,25 @@ def _train(
     engine: RolloutEngine | None,
     verifier: Verifier | None,
     show_progress: bool,
+    parallel: DataParallel,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     preset, overrides = record.preset, record.overrides
-    run = setup(cfg, run_dir, engine, verifier)
+    run = setup(cfg, run_dir, engine, verifier, parallel)
+    main = parallel.is_main  # rank 0 alone writes metrics, plots, the summary and the export
     try:
         state = restore(run)
         start_step = state.get("step", 0)
-        run.trackers = open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg))
-        writer = MetricsWriter(run_dir, start_step, trackers=run.trackers)
+        if main:
+            run.trackers = open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg))
+        writer = MetricsWriter(run_dir, start_step, trackers=run.trackers) if main else None
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")
         if start_step == 0:
             before = evaluate(run)
             accuracy_before = before["eval/accuracy"]
-            writer.write(0, before)
+            if writer is not None:
+                writer.write(0, before)
         pretraining = state.get("value_pretraining", {})
         if start_step == 0 and run.plan.value_pretrain_steps:
             pretraining = value_pretrain_stage(run, show_progress)
@@ -504,7 +563,8 @@ def _train(
                 metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
                 metrics["perf/peak_rss_gb"] = peak_rss_gb()
                 metrics |= device_memory_metrics(next(run.model.parameters()).device)
-                writer.write(step, metrics)
+                if writer is not None:
+                    writer.write(step, metrics)
                 progress.update(step, metrics)
                 if step % cfg.run.save_every == 0 or step == total:
                     wall = elapsed_before + time.perf_counter() - started
@@ -513,10 +573,12 @@ def _train(
                     checkpoint_stage(run, step, extra)
         after = last_eval or evaluate(run)
         final = export_stage(run)
-        writer.close()
-        plot_metrics(read_metrics(writer.path), run_dir / PLOT_NAME, f"{preset}: {cfg.model.name_or_path}")
+        if writer is not None:
+            writer.close()
+            plot_metrics(read_metrics(writer.path), run_dir / PLOT_NAME, f"{preset}: {cfg.model.name_or_path}")
         summary = {
             "preset": preset,
+            "run_dir": str(run_dir),
             "overrides": list(overrides),
             "model": cfg.model.name_or_path,
             "steps": total,
@@ -529,7 +591,8 @@ def _train(
             "final_model": final.name,
             **pretraining,
         }
-        write_summary(run_dir, summary)
+        if main:
+            write_summary(run_dir, summary)
         return summary
     finally:
         run.pool.close()

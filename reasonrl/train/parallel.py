@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from reasonrl.batch import RolloutBatch
+from reasonrl.config import Config, ConfigError
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.shards import split_at_group_boundaries
 
@@ -131,6 +132,24 @@ def init_from_environment(timeout_minutes: float = 60.0) -> DataParallel:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
     return DataParallel(dist.get_rank(), dist.get_world_size())
+
+
+def join_data_parallel(cfg: Config) -> DataParallel:
+    """The data-parallel group of a run: the one torchrun (or a Ray trainer group) launched this process
+    in, else a single process.  A mismatch between the launch and ``dist.backend`` is a ConfigError."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    backend = cfg.dist.backend
+    if backend == "torch" and "RANK" not in os.environ:
+        raise ConfigError(
+            "dist.backend=torch trains data-parallel processes that torchrun starts: "
+            "torchrun --standalone --nproc-per-node N -m reasonrl train PRESET [KEY=VALUE ...]"
+        )
+    if launched and backend == "none":
+        raise ConfigError(
+            f"this process is one of {os.environ['WORLD_SIZE']} that torchrun started, but dist.backend=none; "
+            "set dist.backend=torch (or auto) to train them data-parallel, or run one process"
+        )
+    return init_from_environment(cfg.dist.worker_timeout_seconds / 60) if launched else SINGLE_PROCESS
 
 
 class ShardedEngine:
