@@ -50,3 +50,8 @@ def fails_on_odd_length(prompts, completions, **kwargs):
     if len(completions[0]) % 2:
         raise RuntimeError("odd length")
     return [0.5]
+
+
+def has_digit(prompts, completions, **kwargs):
+    """TRL shape: 1.0 when a completion contains a digit, else 0.0 (binary: groups can be all-equal)."""
+    return [float(any(ch.isdigit() for ch in c)) for c in completions]
