@@ -29,3 +29,14 @@ def test_algo_imports_nothing_beyond_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     new = [m for m in result.stdout.split() if m != "reasonrl" and m not in sys.stdlib_module_names]
     assert new == [], f"reasonrl.algo imports {new}; the math layer may import torch only"
+
+
+def test_importing_the_trainer_starts_no_process_group_and_loads_no_ray():
+    code = (
+        "import sys\n"
+        "import torch.distributed as dist\n"
+        "import reasonrl, reasonrl.train.loop, reasonrl.train.parallel, reasonrl.cli\n"
+        "print('ray' in sys.modules, dist.is_initialized())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]

@@ -243,3 +243,26 @@ def test_vllm_max_model_len_defaults_to_the_longest_sequence():
     cfg = load_config("dapo", ["rollout.max_prompt_tokens=200", "rollout.max_response_tokens=50"])
     assert vllm_engine_options(cfg)["max_model_len"] == 250
     assert vllm_engine_options(load_config("dapo", ["rollout.vllm.max_model_len=4096"]))["max_model_len"] == 4096
+
+
+def test_groups_that_cannot_be_split_evenly_over_the_ranks_fail_before_anything_loads(monkeypatch):
+    with pytest.raises(ConfigError, match=r"rollout\.rollout_prompts=8 cannot be split evenly over 3 .*dist\.trainer_"):
+        load_config("grpo", ["dist.backend=ray", "dist.trainer_workers=3"])
+    monkeypatch.setenv("WORLD_SIZE", "3")  # what torchrun --nproc-per-node 3 sets
+    with pytest.raises(ConfigError, match=r"use a multiple of 3"):
+        load_config("grpo", [])
+    load_config("grpo", ["rollout.rollout_prompts=6", "train.minibatch_sequences=48"])
+
+
+def test_a_data_parallel_backend_that_does_not_match_the_launch_is_explained(monkeypatch):
+    from reasonrl.train.parallel import join_data_parallel
+
+    for variable in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(ConfigError, match="torchrun --standalone --nproc-per-node N -m reasonrl train"):
+        join_data_parallel(load_config("grpo", ["dist.backend=torch"]))
+    assert join_data_parallel(load_config("grpo", [])).world_size == 1  # auto, no torchrun: one process
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"set dist\.backend=torch"):
+        join_data_parallel(load_config("grpo", ["dist.backend=none"]))
