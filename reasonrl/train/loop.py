@@ -10,40 +10,22 @@ each step: rollout (generate, score, filter, shape; T-PPO: one window of the rol
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from reasonrl.algo.kl import AdaptiveKLController, FixedKLController, kl_estimate
+from reasonrl.algo.kl import kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, ConfigError, Plan, resolve, to_dict
-from reasonrl.config.plan import vllm_engine_options
-from reasonrl.data.loaders import Fields
-from reasonrl.data.prompts import PromptEncoder
-from reasonrl.data.source import DataSpec, TrainingStream, eval_examples
-from reasonrl.models.load import (
-    attention_implementation,
-    compute_dtype,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-)
-from reasonrl.models.lora import adapters_disabled, add_lora, merged_state_dict, save_hf_directory
-from reasonrl.models.optim import trainable_parameters
-from reasonrl.models.value import HEAD_FILE, load_value_model, value_model_from_policy
-from reasonrl.reward.base import Scorer, Verifier
-from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
-from reasonrl.reward.pool import ScoringPool
-from reasonrl.reward.router import build_router
-from reasonrl.rollout import RolloutEngine, SamplingParams, build_engine
-from reasonrl.rollout.pool import RolloutPool
+from reasonrl.config import Config, to_dict
+from reasonrl.data.source import eval_examples
+from reasonrl.models.lora import adapters_disabled, merged_state_dict, save_hf_directory
+from reasonrl.models.value import HEAD_FILE
+from reasonrl.reward.base import Verifier
+from reasonrl.rollout import RolloutEngine, SamplingParams
 from reasonrl.rollout.scored import sample_and_score
 from reasonrl.timing import timed
 from reasonrl.train.advantages import assign_advantages
@@ -55,7 +37,6 @@ from reasonrl.train.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.metrics import (
     MetricsWriter,
     ProgressDisplay,
@@ -64,205 +45,19 @@ from reasonrl.train.metrics import (
     read_metrics,
     release_free_memory,
 )
-from reasonrl.train.parallel import (
-    SINGLE_PROCESS,
-    DataParallel,
-    ShardedEngine,
-    full_state_dict,
-    join_data_parallel,
-    shard_module,
-)
+from reasonrl.train.parallel import DataParallel, RemoteWorkers, full_state_dict, join_data_parallel
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
-from reasonrl.train.rollout import PoolCollector, RolloutCollector, hash_seed
+from reasonrl.train.rollout import hash_seed
 from reasonrl.train.rundir import RunRecord, claim, custom_objects
-from reasonrl.train.step import PolicyUpdater
-from reasonrl.train.trackers import Tracker, TrackerError, check_trackers, open_trackers
+from reasonrl.train.setup import Run, data_spec, setup
+from reasonrl.train.trackers import open_trackers
 from reasonrl.train.value_pretrain import pretrain_critic
 
 log = logging.getLogger(__name__)
 PLOT_NAME = "training_curves.png"
 PRETRAINED_CRITIC = "critic_pretrained"
 VALUE_PRETRAIN = "value_pretrain"  # its metrics file (.jsonl) and plot (.png)
-
-
-@dataclass(kw_only=True)
-class Run:
-    """Everything a run holds while it trains."""
-
-    cfg: Config
-    plan: Plan
-    run_dir: Path
-    model: torch.nn.Module
-    tokenizer: Any
-    engine: RolloutEngine
-    reference: TokenLogprobs | None
-    """The frozen KL reference (None without a KL term, and with LoRA: then the policy's base is the reference)."""
-    pool: Scorer
-    stream: TrainingStream
-    encoder: PromptEncoder
-    collector: RolloutCollector
-    updater: PolicyUpdater
-    kl: FixedKLController | AdaptiveKLController
-    compute_dtype: torch.dtype
-    critic: CriticUpdater | None
-    windowed: PoolCollector | None
-    """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
-    parallel: DataParallel = SINGLE_PROCESS
-    """The data-parallel group this process trains in (one process by default)."""
-    trackers: list[Tracker] = field(default_factory=list)
-    """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
-
-    @property
-    def rollout(self) -> RolloutCollector | PoolCollector:
-        """The training rollouts' stage (value pretraining always uses synchronous ``collector``)."""
-        return self.windowed or self.collector
-
-
-def data_spec(cfg: Config) -> DataSpec:
-    """The data settings of a config."""
-    d = cfg.data
-    return DataSpec(
-        d.dataset,
-        d.eval_dataset,
-        d.arithmetic_digits,
-        d.arithmetic_operations,
-        Fields(d.question_field, d.answer_field),
-        d.task_mix,
-    )
-
-
-def build_critic(
-    cfg: Config, plan: Plan, attention: str | None, dtype: torch.dtype, device: torch.device, parallel: DataParallel
-) -> CriticUpdater:
-    """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, and its
-    optimiser."""
-    if cfg.critic.init == "policy":
-        model = value_model_from_policy(cfg.model.name_or_path, attention, device)
-    else:
-        model = load_value_model(cfg.critic.path, attention).to(device)
-    if cfg.model.gradient_checkpointing:
-        model.backbone.gradient_checkpointing_enable()
-    add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
-    if parallel.active:
-        shard_module(model, parallel)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
-    return CriticUpdater(
-        model,
-        optimizer,
-        value_clip=cfg.algo.value_clip,
-        minibatch_sequences=cfg.train.minibatch_sequences,
-        epochs=cfg.train.epochs_per_rollout,
-        microbatch_tokens=cfg.train.microbatch_tokens,
-        grad_clip=cfg.train.grad_clip,
-        compute_dtype=dtype,
-        parallel=parallel,
-    )
-
-
-def preflight(cfg: Config) -> list[RewardTerm]:
-    """What the user plugs in, checked before any model loads: the trackers' packages, and the terms of
-    ``reward.functions`` (each function imported once); a problem is a ConfigError."""
-    try:
-        check_trackers(cfg.run.loggers)
-        return reward_terms(cfg.reward.functions, cfg.reward.weights)
-    except (RewardFunctionError, TrackerError) as exc:
-        raise ConfigError(str(exc)) from None
-
-
-# --- stages --------------------------------------------------------------------------------------
-
-
-def setup(
-    cfg: Config,
-    run_dir: Path,
-    engine: RolloutEngine | None = None,
-    verifier: Verifier | None = None,
-    parallel: DataParallel = SINGLE_PROCESS,
-) -> Run:
-    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data.
-    Data-parallel: the policy, reference and critic are sharded with FSDP2, and the engine generates
-    this rank's share of each call."""
-    plan = resolve(cfg)
-    terms = preflight(cfg)
-    device = resolve_device(cfg.model.device)
-    attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
-    dtype = compute_dtype(cfg.model.dtype)
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    model = load_model(cfg.model.name_or_path, torch.float32, attention, device)  # fp32 master weights
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    if engine is None:
-        engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
-    if parallel.active:
-        engine = ShardedEngine(engine, parallel)
-    add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
-    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype)
-    separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
-    reference = None
-    if separate_reference:
-        frozen = load_model(cfg.model.name_or_path, dtype, attention, device)
-        reference = TokenLogprobs(frozen, policy.temperature, dtype)
-    if parallel.active:
-        for module in (policy, reference):
-            if module is not None:
-                shard_module(module, parallel)
-    if verifier is not None:  # a user's verifier scores every task
-        pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
-    else:
-        pool = build_router(cfg, dtype, device)
-    if terms:  # the user's reward functions, with the scorer above as their "verifier" term
-        pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
-    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    warmup = plan.warmup_optimizer_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    updater = PolicyUpdater(
-        policy,
-        optimizer,
-        scheduler,
-        cfg.algo,
-        minibatch_sequences=cfg.train.minibatch_sequences,
-        epochs=cfg.train.epochs_per_rollout,
-        microbatch_tokens=cfg.train.microbatch_tokens,
-        grad_clip=cfg.train.grad_clip,
-        loss_agg_constant=plan.loss_agg_constant,
-        parallel=parallel,
-    )
-    a = cfg.algo
-    kl = (
-        AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
-        if a.kl_controller == "adaptive"
-        else (FixedKLController(a.kl_coef))
-    )
-    collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
-    critic = build_critic(cfg, plan, attention, dtype, device, parallel) if plan.uses_critic else None
-    window = cfg.algo.window_tokens
-    rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
-    windowed = PoolCollector(collector, rollout_pool) if rollout_pool is not None else None
-    return Run(
-        cfg=cfg,
-        plan=plan,
-        run_dir=run_dir,
-        model=model,
-        tokenizer=tokenizer,
-        engine=engine,
-        reference=reference,
-        pool=pool,
-        stream=stream,
-        encoder=encoder,
-        collector=collector,
-        updater=updater,
-        kl=kl,
-        compute_dtype=dtype,
-        critic=critic,
-        windowed=windowed,
-        parallel=parallel,
-    )
 
 
 def sharded_parts(run: Run) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
@@ -500,6 +295,7 @@ def fit(
     engine: RolloutEngine | None = None,
     verifier: Verifier | None = None,
     show_progress: bool = True,
+    workers: RemoteWorkers | None = None,
 ) -> dict[str, Any]:
     """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json).
 
@@ -511,10 +307,10 @@ def fit(
     parallel = join_data_parallel(cfg)
     run_dir = parallel.broadcast(run_dir)  # rank 0's (a timestamped name can differ between ranks)
     if not parallel.is_main:  # rank 0 holds the run directory; the others follow its record
-        return _train(cfg, run_dir, parallel.broadcast(None), engine, verifier, False, parallel)
+        return _train(cfg, run_dir, parallel.broadcast(None), engine, verifier, False, parallel, workers)
     with claim(run_dir, cfg, preset, overrides, custom) as record:
         parallel.broadcast(record)
-        return _train(cfg, run_dir, record, engine, verifier, show_progress, parallel)
+        return _train(cfg, run_dir, record, engine, verifier, show_progress, parallel, workers)
 
 
 def _train(
@@ -525,10 +321,11 @@ def _train(
     verifier: Verifier | None,
     show_progress: bool,
     parallel: DataParallel,
+    workers: RemoteWorkers | None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     preset, overrides = record.preset, record.overrides
-    run = setup(cfg, run_dir, engine, verifier, parallel)
+    run = setup(cfg, run_dir, engine, verifier, parallel, workers)
     main = parallel.is_main  # rank 0 alone writes metrics, plots, the summary and the export
     try:
         state = restore(run)

@@ -169,7 +169,11 @@ class ShardedEngine:
         return [c for part in self.parallel.gather(local) for c in part]
 
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
-        self.engine.load_weights(state_dict)
+        """Every rank's own engine loads the weights; an engine the ranks share (remote rollout workers)
+        gets them from rank 0 alone."""
+        if not getattr(self.engine, "shared_by_ranks", False) or self.parallel.is_main:
+            self.engine.load_weights(state_dict)
+        self.parallel.barrier()
 
     def __getattr__(self, name: str) -> Any:  # sleep(), stop_token_ids, … of the engine it wraps
         return getattr(self.engine, name)
@@ -204,3 +208,16 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteWorkers:
+    """Rollout engines and scorers that run elsewhere (Ray actors, ``reasonrl.dist``) and that a trainer
+    rank uses instead of building its own: the config describes them (``dist.*``), so they are not the
+    user's custom objects of a run's record."""
+
+    engine: RolloutEngine
+    """Generates for every rank; set ``shared_by_ranks = True`` on it so that rank 0 alone sends it weights."""
+
+    scorer: Any
+    """A ``reasonrl.reward.base.Scorer``."""

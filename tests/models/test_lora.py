@@ -155,7 +155,7 @@ def test_a_critic_backbone_with_lora_saves_and_reloads(tmp_path):
     from reasonrl.config import resolve
     from reasonrl.models.value import load_value_model
     from reasonrl.train.checkpoint import load_value_weights
-    from reasonrl.train.loop import build_critic
+    from reasonrl.train.setup import build_critic
 
     cfg = load_config("ppo", [*TINY, "model.lora_rank=4"])
     critic = build_critic(cfg, resolve(cfg), None, torch.float32, torch.device("cpu"))
@@ -217,7 +217,7 @@ def comparable(records):
 
 
 def test_a_lora_run_trains_without_a_reference_copy_and_resumes_exactly(straight_run, tmp_path, monkeypatch):
-    import reasonrl.train.loop as loop
+    import reasonrl.train.setup as loop  # where the models load
 
     loaded = []
     real = loop.load_model

@@ -32,7 +32,7 @@ def test_a_run_logs_each_function_and_survives_one_that_fails(tmp_path):
 
 
 def test_a_bad_reward_function_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import reasonrl.train.loop as loop
+    import reasonrl.train.setup as loop  # where the models load
 
     monkeypatch.setattr(loop, "load_tokenizer", lambda *a: pytest.fail("a model loaded"))
     cfg = tiny_config("reward.functions=['tests.reward_functions:nothing_here']")

@@ -17,7 +17,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_asking_for_cuda_without_one_fails_before_anything_loads(tmp_path, monkeypatch, capsys):
-    import reasonrl.train.loop as loop
+    import reasonrl.train.setup as loop  # where the models load
 
     monkeypatch.setattr(loop, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     monkeypatch.setattr(loop, "load_tokenizer", lambda *a, **k: pytest.fail("a tokenizer was loaded"))

@@ -117,7 +117,7 @@ def test_run_directory_contents_and_export(tmp_path):
 
 
 def test_no_reference_model_without_kl(tmp_path, monkeypatch):
-    import reasonrl.train.loop as loop
+    import reasonrl.train.setup as loop  # where the models load
 
     loaded = []
     real = loop.load_model

@@ -123,7 +123,7 @@ def test_other_streams_get_a_prefix_and_their_own_step_axis(tmp_path, trackers, 
 
 
 def test_a_listed_tracker_that_is_not_installed_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import reasonrl.train.loop as loop
+    import reasonrl.train.setup as loop  # where the models load
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # an import that fails
     monkeypatch.setattr(loop, "load_tokenizer", lambda *a: pytest.fail("a model loaded"))
