@@ -28,6 +28,8 @@ from torch import Tensor
 
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError
+from reasonrl.data.examples import Example
+from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.shards import split_at_group_boundaries
 
@@ -210,6 +212,23 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, Tensor]:
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
 
 
+class ShardedScorer:
+    """A scorer whose calls are split over the ranks: each scores its share of the responses (code tests,
+    judges) and every rank gets all the results, in order.  Scorers are deterministic, so the
+    results are those of one process scoring everything."""
+
+    def __init__(self, scorer: Scorer, parallel: DataParallel) -> None:
+        self.scorer, self.parallel = scorer, parallel
+
+    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
+        mine = self.parallel.share(len(responses))
+        local = self.scorer.score_examples([examples[i] for i in mine], [responses[i] for i in mine])
+        return [result for part in self.parallel.gather(local) for result in part]
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
 @dataclasses.dataclass(frozen=True)
 class RemoteWorkers:
     """Rollout engines and scorers that run elsewhere (Ray actors, ``reasonrl.dist``) and that a trainer
@@ -219,5 +238,5 @@ class RemoteWorkers:
     engine: RolloutEngine
     """Generates for every rank; set ``shared_by_ranks = True`` on it so that rank 0 alone sends it weights."""
 
-    scorer: Any
-    """A ``reasonrl.reward.base.Scorer``."""
+    scorer: Scorer
+    """Scores for every rank (each rank sends it its share of the responses)."""

@@ -28,7 +28,14 @@ from reasonrl.reward.router import build_router
 from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.pool import RolloutPool
 from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, RemoteWorkers, ShardedEngine, shard_module
+from reasonrl.train.parallel import (
+    SINGLE_PROCESS,
+    DataParallel,
+    RemoteWorkers,
+    ShardedEngine,
+    ShardedScorer,
+    shard_module,
+)
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.rollout import PoolCollector, RolloutCollector
 from reasonrl.train.step import PolicyUpdater
@@ -183,6 +190,8 @@ def setup(
             if module is not None:
                 shard_module(module, parallel)
     pool = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
+    if parallel.active:
+        pool = ShardedScorer(pool, parallel)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
