@@ -92,7 +92,8 @@ class EngineHost(WorkerHost):
 class RayRolloutEngines:
     """The RolloutEngine protocol over ``workers`` Ray actors, each serving its own engine.
 
-    ``gpus_per_worker`` > 0 reserves a placement group bundle per worker (see ``Placement``);
+    ``gpus_per_worker`` > 0 reserves a placement group bundle per worker (see ``Placement``) with
+    ``cpus_per_worker`` CPUs (None: 1 with GPUs, else 0);
     ``timeout_s`` bounds every wait on the workers (start-up, one generate, one weight load): a
     worker that dies or stays silent longer raises WorkerDiedError naming it.
     """
@@ -103,10 +104,12 @@ class RayRolloutEngines:
         workers: int,
         *,
         gpus_per_worker: float = 0.0,
-        cpus_per_worker: float = 0.0,
+        cpus_per_worker: float | None = None,
         timeout_s: float = 3600.0,
         placement_timeout_s: float = 300.0,
     ) -> None:
+        if cpus_per_worker is None:
+            cpus_per_worker = 1.0 if gpus_per_worker > 0 else 0.0
         if gpus_per_worker == 0 and settings.device == "cuda":
             raise ValueError("rollout workers on cuda need GPUs from Ray: set dist.gpus_per_rollout_worker > 0")
         if gpus_per_worker == 0 and settings.device == "auto":
