@@ -96,7 +96,14 @@ class RayRolloutEngines:
     ``cpus_per_worker`` CPUs (None: 1 with GPUs, else 0);
     ``timeout_s`` bounds every wait on the workers (start-up, one generate, one weight load): a
     worker that dies or stays silent longer raises WorkerDiedError naming it.
+
+    The object pickles (Ray actor handles inside), so trainer ranks running as Ray actors can share
+    it: each sends its own share of the prompts, and rank 0 alone sends weights (``shared_by_ranks``).
+    Only the process that made it closes it.
     """
+
+    shared_by_ranks = True
+    """One set of engines serves every trainer rank: only rank 0 sends it weights."""
 
     def __init__(
         self,
@@ -105,7 +112,7 @@ class RayRolloutEngines:
         *,
         gpus_per_worker: float = 0.0,
         cpus_per_worker: float | None = None,
-        timeout_s: float = 3600.0,
+        timeout_s: float = 1800.0,
         placement_timeout_s: float = 300.0,
     ) -> None:
         if cpus_per_worker is None:

@@ -50,7 +50,8 @@ class RayScorer:
 
     ``factory`` must be picklable (a function, a class, a ``functools.partial``); it runs on the
     worker.  ``timeout_s`` bounds every wait: a worker that dies or stays silent longer raises
-    WorkerDiedError naming it.
+    WorkerDiedError naming it.  The object pickles, so trainer ranks running as Ray actors can share
+    it; only the process that made it closes it.
     """
 
     def __init__(
@@ -60,7 +61,7 @@ class RayScorer:
         *,
         gpus_per_worker: float = 0.0,
         cpus_per_worker: float = 0.0,
-        timeout_s: float = 3600.0,
+        timeout_s: float = 1800.0,
         placement_timeout_s: float = 300.0,
     ) -> None:
         self.timeout_s = timeout_s

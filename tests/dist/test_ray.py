@@ -168,6 +168,22 @@ def test_the_package_and_the_training_loop_import_no_ray():
     assert result.stdout.strip() == "False"
 
 
+def test_trainer_ranks_in_other_processes_can_share_the_engines(engines):
+    """Trainer ranks that run as Ray actors get the engines pickled and each generate their share."""
+
+    @ray.remote(num_cpus=0)
+    def rank_generates(engines, prompts, first_index):
+        return engines.generate(
+            prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3, first_index=first_index)
+        )
+
+    shares = ray.get(
+        [rank_generates.remote(engines, BATCH[:4], 0), rank_generates.remote(engines, BATCH[4:], 4)], timeout=120
+    )
+    assert_same(shares[0] + shares[1], engines.generate(BATCH, PARAMS))
+    assert engines.shared_by_ranks
+
+
 def test_a_killed_rollout_worker_raises_worker_died_naming_it(engines):
     """Last of the module: it kills a worker of the shared ``engines``."""
     dead = engines.workers[1]
