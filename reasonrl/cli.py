@@ -106,6 +106,7 @@ def _resumed_config(run_dir: Path, preset: str | None, overrides: list[str]):
 def _cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.loaders import DataError
     from reasonrl.data.source import check_sources
+    from reasonrl.dist.errors import ClusterError, WorkerDiedError
     from reasonrl.models.load import ModelError
     from reasonrl.train.loop import data_spec, fit
     from reasonrl.train.rollout import DynamicSamplingError
@@ -131,8 +132,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for the run
         if main_rank:
             print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
-        summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
-    except (DataError, ModelError, DynamicSamplingError, DiskFullError) as exc:
+        if cfg.dist.backend == "ray":
+            from reasonrl.dist.training import fit_on_ray
+
+            summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides))
+        else:
+            summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
+    except (DataError, ModelError, DynamicSamplingError, DiskFullError, ClusterError, WorkerDiedError) as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
     if not main_rank:

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -234,8 +235,10 @@ def start_workers(
 
     remote = ray.remote(host)
     workers = []
+    group = uuid.uuid4().hex[:8]
     for index in range(placement.count):
-        actor = remote.options(**placement.actor_options(index)).remote(*arguments)
+        name = f"reasonrl-{placement.role}-{index}-{group}"  # `ray list actors` shows who is who
+        actor = remote.options(name=name, **placement.actor_options(index)).remote(*arguments)
         workers.append(Worker(actor, placement.role, index, placement.count, actor._actor_id.hex()))
     try:
         places = gather([(w, w.actor.where.remote()) for w in workers], timeout_s)

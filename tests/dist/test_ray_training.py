@@ -1,0 +1,71 @@
+"""dist.backend=ray end to end on a local 2-CPU cluster: 2 rollout workers and 1 trainer worker train
+exactly as one process, and a rollout worker killed mid-run stops the run with an error naming it."""
+
+import os
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from reasonrl.config import load_config  # noqa: E402
+from reasonrl.dist import WorkerDiedError, start_ray, stop_ray  # noqa: E402
+from reasonrl.dist.training import fit_on_ray  # noqa: E402
+from reasonrl.train.loop import fit  # noqa: E402
+from reasonrl.train.metrics import read_metrics  # noqa: E402
+from tests.dist.test_torchrun import PRESETS, TINY, assert_same_run  # noqa: E402
+
+pytestmark = pytest.mark.ray
+RAY = ["dist.backend=ray", "dist.rollout_workers=2", "dist.trainer_workers=1", "dist.worker_timeout_seconds=300"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    saved = {key: os.environ.pop(key, None) for key in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    start_ray(None, num_cpus=2, num_gpus=0, object_store_memory=128 << 20)  # fit_on_ray joins it, leaves it up
+    yield
+    stop_ray()
+    for key, value in saved.items():
+        os.environ.pop(key, None)
+        if value is not None:
+            os.environ[key] = value
+
+
+def config(*overrides):
+    return load_config("grpo", [*TINY, *PRESETS["grpo"], *overrides])
+
+
+def test_rollout_and_trainer_workers_train_exactly_as_one_process(cluster, tmp_path):
+    fit(config("train.rollout_steps=3"), tmp_path / "one", preset="grpo", show_progress=False)
+    summary = fit_on_ray(config("train.rollout_steps=3", *RAY), tmp_path / "ray", preset="grpo")
+    assert summary["steps"] == 3
+    assert_same_run(tmp_path / "one", tmp_path / "ray")
+
+
+def test_a_killed_rollout_worker_stops_the_run_naming_it_and_the_checkpoint(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    outcome: dict = {}
+
+    def train():
+        try:
+            fit_on_ray(config("train.rollout_steps=50", "run.save_every=1", *RAY), run_dir, preset="grpo")
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (run_dir / "checkpoints" / "latest").exists():
+        time.sleep(0.2)
+    rollout = [n for n in ray.util.list_named_actors() if n.startswith("reasonrl-rollout-1-")]
+    assert rollout, "no rollout worker to kill"
+    ray.kill(ray.get_actor(rollout[0]))
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the run hung after its rollout worker died"
+    error = outcome.get("error")
+    assert isinstance(error, WorkerDiedError), repr(error)
+    assert "rollout worker 1 of 2" in str(error) and "died" in str(error)
+    assert "the last checkpoint is " + str(run_dir / "checkpoints" / "step-") in str(error)
+    assert len(read_metrics(run_dir / "metrics.jsonl")) < 51
