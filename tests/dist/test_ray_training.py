@@ -37,9 +37,11 @@ def config(*overrides):
     return load_config("grpo", [*TINY, *PRESETS["grpo"], *overrides])
 
 
-def test_rollout_and_trainer_workers_train_exactly_as_one_process(cluster, tmp_path):
+@pytest.mark.parametrize("trainers", [1, 2])
+def test_rollout_and_trainer_workers_train_exactly_as_one_process(cluster, tmp_path, trainers):
     fit(config("train.rollout_steps=3"), tmp_path / "one", preset="grpo", show_progress=False)
-    summary = fit_on_ray(config("train.rollout_steps=3", *RAY), tmp_path / "ray", preset="grpo")
+    ray_run = config("train.rollout_steps=3", *RAY, f"dist.trainer_workers={trainers}")
+    summary = fit_on_ray(ray_run, tmp_path / "ray", preset="grpo")
     assert summary["steps"] == 3
     assert_same_run(tmp_path / "one", tmp_path / "ray")
 
