@@ -2,11 +2,14 @@
 
     python bench/scale.py [--steps 4] [--nproc 2] [--preset dapo] [--out FILE] [key=value ...]
 
-Prints one JSON object.  The preset runs twice on the same short configuration (``OVERRIDES``: 4 prompts ×
-4 samples, 32-token cap, 2 optimiser steps per rollout, 4 held-out prompts, evaluation only after the last
-step; the model is ``model.name_or_path``'s default, SmolLM2-135M-Instruct): once as one process, once as
-``python -m torch.distributed.run --standalone --nproc-per-node N`` (torchrun; gloo on the CPU, every
-rank an FSDP2 shard of the policy, torchrun's one thread per rank).
+Prints one JSON object.  The preset runs three times on the same short configuration (``OVERRIDES``:
+4 prompts × 4 samples, 32-token cap, 2 optimiser steps per rollout, 4 held-out prompts, evaluation only
+after the last step; the model is ``model.name_or_path``'s default, SmolLM2-135M-Instruct), one run after
+the other: one process with torch's default threads (one per core), one process with one thread
+(OMP_NUM_THREADS=1), and ``python -m torch.distributed.run --standalone --nproc-per-node N`` (torchrun;
+gloo on the CPU, every rank an FSDP2 shard of the policy, torchrun's one thread per rank).  The 1-minute
+load average before and after each run is recorded: on a shared machine, threads of one process stall
+when another program takes a core, and one-thread processes do not.
 
 1. Time: medians over steps 2 … steps−1 of each run's metrics.jsonl (perf/step_seconds, perf/generate_seconds,
    perf/logprob_seconds, perf/update_seconds, perf/weight_sync_seconds, rollout/tokens_generated,
@@ -183,6 +186,7 @@ def worker(args: argparse.Namespace) -> None:
     loop.rl_step = profiled_rl_step
     cfg = load_config(args.preset, args.overrides)
     loop.fit(cfg, run_dir, preset=args.preset, show_progress=False)
+    (run_dir / f"threads_rank{rank}.json").write_text(json.dumps(torch.get_num_threads()))
 
 
 # --- the analysis --------------------------------------------------------------------------------
@@ -329,18 +333,17 @@ def estimate(comm: dict) -> dict:
 
 
 def timing(records: list[dict], steps: int) -> dict:
-    """Medians over the steps that are neither the first nor the last."""
+    """Medians over the steps that are neither the first nor the last, and the step and generation
+    seconds of every step."""
     middle = [r for r in records if 1 < r["step"] < steps]
     return {name: statistics.median(r[key] for r in middle) for name, key in TIMING.items()} | {
-        "steps_in_median": [r["step"] for r in middle]
+        "steps_in_median": [r["step"] for r in middle],
+        "every_step_seconds": [round(r["perf/step_seconds"], 2) for r in records],
+        "every_step_generate_seconds": [round(r["perf/generate_seconds"], 2) for r in records],
     }
 
 
 # --- the driver ----------------------------------------------------------------------------------
-
-
-def _processes(n: int) -> str:
-    return f"{n}_process{'es' if n > 1 else ''}"
 
 
 def _cpu_model() -> str:
@@ -348,19 +351,27 @@ def _cpu_model() -> str:
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
 
 
-def launch(nproc: int, run_dir: Path, args: argparse.Namespace, overrides: list[str], log: Path) -> None:
-    """One training run of this script's worker: a plain process, or ``nproc`` torchrun ranks."""
-    profile_step = args.steps if nproc > 1 else -1
+def launch(run: str, run_dir: Path, args: argparse.Namespace, overrides: list[str], log: Path) -> None:
+    """One training run of this script's worker (``run`` is a key of ``runs(args)``)."""
+    nproc, threads = runs(args)[run]
     script = [str(Path(__file__).resolve()), "--worker", str(run_dir), "--preset", args.preset]
-    script += ["--profile-step", str(profile_step), *overrides]
+    script += ["--profile-step", str(args.steps if nproc > 1 else -1), *overrides]
+    env = dict(os.environ) | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
     if nproc == 1:
         command = [sys.executable, *script]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
     with log.open("w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
     if done.returncode:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}); its output:\n{log.read_text()[-4000:]}")
+
+
+def runs(args: argparse.Namespace) -> dict[str, tuple[int, int | None]]:
+    """The runs compared: name -> (processes, OMP_NUM_THREADS; None = torch's default, one per core).
+    torchrun gives each rank one thread; one process with one thread is the same work per thread, and
+    unlike two threads it does not stall when another program takes a core."""
+    return {"1_process": (1, None), "1_process_1_thread": (1, 1), f"{args.nproc}_processes": (args.nproc, None)}
 
 
 def main() -> None:
@@ -378,23 +389,22 @@ def main() -> None:
         return
     if args.steps < 3:
         parser.error("--steps must be at least 3 (the first and the last step are not timed)")
-    import torch
-
     from reasonrl.train.metrics import read_metrics
 
     overrides = [*OVERRIDES, f"train.rollout_steps={args.steps}", *args.overrides]
-    runs, load = {}, {}
+    metrics, load, threads = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for nproc in (1, args.nproc):
-            run_dir = Path(tmp) / f"nproc{nproc}"
+        for run in runs(args):
+            run_dir = Path(tmp) / run
             before = os.getloadavg()[0]
-            launch(nproc, run_dir, args, overrides, Path(tmp) / f"nproc{nproc}.log")
-            load[nproc] = {"load_average_1min_before": before, "load_average_1min_after": os.getloadavg()[0]}
-            runs[nproc] = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0]
-        profiled_dir = Path(tmp) / f"nproc{args.nproc}"
+            launch(run, run_dir, args, overrides, Path(tmp) / f"{run}.log")
+            load[run] = {"load_average_1min_before": before, "load_average_1min_after": os.getloadavg()[0]}
+            metrics[run] = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0]
+            threads[run] = json.loads((run_dir / "threads_rank0.json").read_text())
+        profiled_dir = Path(tmp) / f"{args.nproc}_processes"
         records = [json.loads((profiled_dir / f"comm_rank{r}.json").read_text()) for r in range(args.nproc)]
     comm = communication(records)
-    profiled = runs[args.nproc][-1]
+    profiled = metrics[f"{args.nproc}_processes"][-1]
     comm["profiled_step_seconds"] = {
         "step_seconds (with evaluation and profiler)": profiled["perf/step_seconds"],
         "weight_sync_seconds": profiled["perf/weight_sync_seconds"],
@@ -404,9 +414,11 @@ def main() -> None:
         "preset": args.preset,
         "overrides": overrides,
         "steps": args.steps,
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads_one_process": torch.get_num_threads()},
-        "timing": {_processes(n): timing(runs[n], args.steps) | load[n] for n in runs},
-        "parity": {key: {_processes(n): [r.get(key) for r in runs[n]] for n in runs} for key in PARITY},
+        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count()},
+        "timing": {
+            run: timing(metrics[run], args.steps) | load[run] | {"torch_threads": threads[run]} for run in metrics
+        },
+        "parity": {key: {run: [r.get(key) for r in metrics[run]] for run in metrics} for key in PARITY},
         "communication": comm,
         "estimate": estimate(comm),
     }
