@@ -276,7 +276,8 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     if run.critic is not None:
         with timed(metrics, "perf/critic_update_seconds"):
             metrics |= run.critic.update(batch, seed=seed)
-    run.engine.load_weights(engine_weights(run))
+    with timed(metrics, "perf/weight_sync_seconds"):
+        run.engine.load_weights(engine_weights(run))
     release_free_memory()
     if "policy/kl_ref" in metrics:
         run.kl.update(metrics["policy/kl_ref"], len(batch))
