@@ -17,7 +17,7 @@ from reasonrl.algo.value_loss import explained_variance, value_loss
 from reasonrl.batch import RolloutBatch
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel
-from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
+from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
 from reasonrl.train.step import my_micro_batches, shuffled_minibatches
 
 
@@ -64,7 +64,9 @@ class CriticUpdater:
         mask = minibatch.value_loss_mask
         tokens, seqs = count_for_aggregation(mask)
         sums: dict[str, float] = defaultdict(float)
-        for micro in my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device):
+        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device)
+        for index, micro in enumerate(micros):
+            reduce_gradients_after(self.model, last=index == len(micros) - 1)
             values = self.model(
                 micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask, self.compute_dtype
             )

@@ -205,6 +205,16 @@ def shard_module(module: torch.nn.Module, parallel: DataParallel) -> None:
             sub.set_force_sum_reduction_for_comms(True)
 
 
+def reduce_gradients_after(module: torch.nn.Module, last: bool) -> None:
+    """Gradient accumulation over a mini-batch's micro-batches: a module sharded by ``shard_module``
+    reduces its gradients over the ranks only in the backward of the ``last`` one (one reduce-scatter
+    per mini-batch, not one per micro-batch); a plain module is left alone."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(last)
+
+
 def full_state_dict(module: torch.nn.Module) -> dict[str, Tensor]:
     """The whole (unsharded) state dict of a module sharded by ``shard_module``, on every rank (a collective)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -21,7 +21,7 @@ from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
 from reasonrl.models.optim import apply_gradients
-from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
+from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
 from reasonrl.train.policy import TokenLogprobs
 
 
@@ -70,7 +70,9 @@ class PolicyUpdater:
         tokens, seqs = count_for_aggregation(mask)
         nll_tokens = (mask & minibatch.correct[:, None]).sum()
         sums: dict[str, float] = defaultdict(float)
-        for micro in my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device):
+        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device)
+        for index, micro in enumerate(micros):
+            reduce_gradients_after(self.policy, last=index == len(micros) - 1)
             logprobs, entropy = self.policy(micro)
             micro_mask = micro.policy_loss_mask
             # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch)
