@@ -6,6 +6,7 @@
 
 import importlib.util
 import json
+import os
 
 import pytest
 import torch
@@ -112,6 +113,40 @@ def test_three_grpo_steps_on_the_embedded_model_with_vllm(tmp_path):
         assert r["rollout/tokens_generated"] > 0
         assert 0 < r["rollout/logprob_abs_diff"] < 0.1  # bf16 engine vs autocast trainer, same weights
     assert summary["steps"] == 3
+
+
+@needs_vllm
+def test_two_torchrun_ranks_each_generate_with_their_own_vllm(tmp_path):
+    """Data parallelism with vLLM: each rank runs vLLM in external-launcher mode inside torchrun's world."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    overrides = [
+        "rollout.engine=vllm",
+        "rollout.vllm.enforce_eager=true",
+        "rollout.vllm.cpu_kv_cache_gib=1",
+        "train.rollout_steps=2",
+        "rollout.rollout_prompts=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_response_tokens=16",
+        "train.minibatch_sequences=8",
+        "data.eval_prompts=4",
+        "run.loggers=[]",
+        f"run.output_dir={tmp_path}",
+        "run.name=two",
+    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    command = [*torchrun, "-m", "reasonrl", "train", "grpo", *overrides, "--quiet"]
+    done = subprocess.run(command, cwd=repo, env=env | {"PYTHONPATH": str(repo)}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert r["rollout/tokens_generated"] > 0
+        assert 0 < r["rollout/logprob_abs_diff"] < 0.1  # every rank's engine serves the gathered weights
 
 
 # --- CUDA: weights on the GPU, sleep mode ------------------------------------------------------------
