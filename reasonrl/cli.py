@@ -127,9 +127,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         preset = Path(preset).stem
         run_dir = Path(cfg.run.output_dir) / (cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     resolve(cfg)  # every config problem surfaces before a model loads
+    if cfg.dist.backend == "ray" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            "dist.backend=ray starts its own trainer workers: run `reasonrl train` once, not under torchrun"
+        )
     try:
         check_sources(data_spec(cfg))
-        main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for the run
+        main_rank = _main_rank()
         if main_rank:
             print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
         if cfg.dist.backend == "ray":
@@ -139,7 +143,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         else:
             summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
     except (DataError, ModelError, DynamicSamplingError, DiskFullError, ClusterError, WorkerDiedError) as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        if _main_rank():
+            print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
     if not main_rank:
         return 0
@@ -465,11 +470,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ConfigError as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        if _main_rank():
+            print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # a run says where it stopped and how to resume (TrainingInterrupted)
-        print(f"reasonrl: {str(exc) or 'interrupted'}", file=sys.stderr)
+        if _main_rank():
+            print(f"reasonrl: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
+
+
+def _main_rank() -> bool:
+    """Not one of torchrun's other processes: under torchrun, rank 0 alone speaks for the run."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _configure_logging() -> None:
@@ -483,7 +495,8 @@ def _configure_logging() -> None:
         handlers=[RichHandler(console=CONSOLE, show_time=False, show_path=False)],
         force=True,
     )
-    logging.getLogger("reasonrl").setLevel(logging.INFO)  # notices: resuming, checkpoint sizes
+    # notices (resuming, checkpoint sizes) from rank 0; errors from every rank
+    logging.getLogger("reasonrl").setLevel(logging.INFO if _main_rank() else logging.ERROR)
 
 
 if __name__ == "__main__":

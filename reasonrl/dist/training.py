@@ -9,6 +9,7 @@ naming it and the last checkpoint; running the same command again resumes from i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import socket
@@ -102,6 +103,9 @@ def fit_on_ray(cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str,
     import ray
 
     d = cfg.dist
+    run_dir = run_dir.resolve()  # trainer workers on other nodes start in another working directory
+    if Path(cfg.model.name_or_path).exists():
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=str(Path(cfg.model.name_or_path).resolve())))
     connected_here = not ray.is_initialized()  # a caller's connection (a notebook, a test) stays up
     start_ray(d.address)
     started: list[Any] = []
@@ -118,8 +122,9 @@ def fit_on_ray(cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str,
         started.append(scorer)
         # 2. the trainer group: rank 0 hosts the rendezvous, every rank runs fit() through the shared workers
         placement = Placement("trainer", d.trainer_workers, gpus=d.gpus_per_trainer_worker)
-        trainers = start_workers(TrainerHost, (), placement, d.worker_timeout_seconds)
+        trainers: list = []
         started.append((trainers, placement))
+        trainers += start_workers(TrainerHost, (), placement, d.worker_timeout_seconds)
         first = trainers[0]
         master = gather([(first, first.actor.address.remote())], d.worker_timeout_seconds)[0]
         workers = RemoteWorkers(SharedEngines(engines), SharedScorer(scorer))

@@ -105,7 +105,9 @@ def first_token_fire(
     fire = params.fire
     if fire is None or fire.positions != (0,):
         raise ValueError("this engine applies FIRE to the first token only; use the fast engine for other positions")
-    hot = SamplingParams(1, fire.temperature, 1.0, fire.top_k, params.seed, ignore_stop=params.ignore_stop)
+    hot = dataclasses.replace(
+        params, max_new_tokens=1, temperature=fire.temperature, top_p=1.0, top_k=fire.top_k, fire=None
+    )
     firsts = generate(prompts, hot)
     rest = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - 1, fire=None)
     pending = [i for i, c in enumerate(firsts) if c.finish_reason == "length" and params.max_new_tokens > 1]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
-from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire
+from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire, request_seed
 from reasonrl.rollout.sampling import sampling_logprobs
 
 
@@ -110,7 +110,7 @@ class HFEngine:
         results: list[Completion | None] = [None] * len(prompts)
         with torch.random.fork_rng():
             if params.seed is not None:
-                torch.manual_seed(params.seed)
+                torch.manual_seed(request_seed(params, 0))  # the call's stream: another share, another seed
             for start in range(0, len(order), self.max_batch_sequences):
                 chunk = order[start : start + self.max_batch_sequences]
                 chunk_prompts = [prompts[i] for i in chunk]

@@ -17,6 +17,7 @@ vLLM is imported only when this engine is built.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -234,20 +235,18 @@ class VLLMEngine:
     def _hot_first_tokens(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """One token per prompt from top-k(softmax(z / T)) at a temperature vLLM refuses (FIRE's 30):
         vLLM reports the top-k log-probs at T = 1, and softmax(top-k of log_softmax(z) / T) is the
-        same distribution; the draw uses a generator seeded from ``params.seed``."""
+        same distribution; each prompt draws from its own request seed's generator."""
         if params.top_k is None or params.max_new_tokens != 1:
             raise ValueError(
                 f"the vllm engine samples temperatures above {MAX_VLLM_TEMPERATURE} only for FIRE's first token"
             )
-        cool = SamplingParams(1, 1.0, 1.0, params.top_k, params.seed, ignore_stop=params.ignore_stop)
-        generator = torch.Generator()
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
+        cool = dataclasses.replace(params, temperature=1.0, top_p=1.0)
         stop = frozenset() if params.ignore_stop else self.stop_token_ids
         completions = []
-        for sample in self._run(prompts, cool, logprobs=params.top_k):
+        for i, sample in enumerate(self._run(prompts, cool, logprobs=params.top_k)):
+            generator = torch.Generator()  # the prompt's own stream, as for every other draw
+            seed = request_seed(params, i)
+            generator.manual_seed(seed) if seed is not None else generator.seed()
             top = sorted(sample.logprobs[0].items(), key=lambda item: item[1].logprob, reverse=True)[: params.top_k]
             hot = torch.log_softmax(torch.tensor([lp.logprob for _, lp in top]) / params.temperature, dim=0)
             pick = int(torch.multinomial(hot.exp(), 1, generator=generator))

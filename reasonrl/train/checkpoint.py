@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from reasonrl.models.lora import has_lora, load_lora_adapter, save_lora_model
 from reasonrl.models.value import HEAD_FILE, ValueModel
@@ -122,6 +122,49 @@ def _sharded_state(parts: ShardedParts) -> dict[str, Any]:
     return state
 
 
+def save_gathered_model(
+    module: torch.nn.Module, directory: Path, parallel: Any, tokenizer: Any = None, prefix: str = ""
+) -> dict[str, torch.Tensor]:
+    """A module sharded by FSDP2 as a Hugging Face directory (``from_pretrained`` loads it): its whole
+    weights gathered into rank 0's CPU memory (every rank takes part) and written by rank 0 as
+    ``model.safetensors`` (tied weights once), with the config, generation config and tokenizer.
+    ``prefix``: the keys to keep, without it (``backbone.`` for a critic's language model).  Returns the
+    gathered weights (rank 0; {} on the others)."""
+    from reasonrl.train.parallel import full_state_dict
+
+    weights = full_state_dict(module, rank0_only=True)
+    if parallel.is_main:
+        tied = _tied_names(module)
+        kept = {k.removeprefix(prefix): v.contiguous() for k, v in weights.items() if k.startswith(prefix)}
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {k: v for k, v in kept.items() if prefix + k not in tied},
+            str(directory / "model.safetensors"),
+            {"format": "pt"},
+        )
+        save_pretrained_files(module.get_submodule(prefix.rstrip(".")) if prefix else module, tokenizer, directory)
+    return weights
+
+
+def save_gathered_value_model(value_model: ValueModel, directory: Path, parallel: Any) -> None:
+    """A critic sharded by FSDP2 in ``ValueModel.save``'s layout (``critic.path`` loads it), written by rank 0."""
+    weights = save_gathered_model(value_model, directory, parallel, prefix="backbone.")
+    if parallel.is_main:
+        head = {k.removeprefix("head."): v.contiguous() for k, v in weights.items() if k.startswith("head.")}
+        save_file(head, str(directory / HEAD_FILE))
+
+
+def _tied_names(module: torch.nn.Module) -> set[str]:
+    """The names of parameters that repeat another's (an LM head tied to the embedding)."""
+    seen: set[int] = set()
+    repeats = set()
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            repeats.add(name)
+        seen.add(id(tensor))
+    return repeats
+
+
 def save_sharded_checkpoint(
     run_dir: Path,
     step: int,
@@ -130,13 +173,13 @@ def save_sharded_checkpoint(
     state: dict[str, Any],
     keep: int,
     parallel: Any,
-    hf_model: torch.nn.Module,
     tokenizer: Any = None,
 ) -> None:
     """A data-parallel checkpoint, every rank taking part: each writes its shards of the weights and
-    optimiser states with ``torch.distributed.checkpoint`` into ``shards/``; rank 0 writes the model's
-    config, the tokenizer, ``trainer.pt`` (scheduler, RNG) and ``state.json``, then renames the ``.tmp``
-    directory into place once every rank has finished (atomic, as for one process)."""
+    optimiser states with ``torch.distributed.checkpoint`` into ``shards/`` (what a resume loads); rank 0
+    writes the gathered policy as a Hugging Face directory beside them (as a single-process checkpoint
+    holds it), ``trainer.pt`` (scheduler, RNG) and ``state.json``, then renames the ``.tmp`` directory
+    into place once every rank has finished (atomic, as for one process)."""
     import torch.distributed.checkpoint as dcp
 
     root = _checkpoint_dir(run_dir)
@@ -145,12 +188,21 @@ def save_sharded_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     parallel.barrier()
-    dcp.save(_sharded_state(parts), checkpoint_id=tmp / SHARDS_DIR)
+    try:
+        dcp.save(_sharded_state(parts), checkpoint_id=tmp / SHARDS_DIR)
+        save_gathered_model(parts["policy"][0], tmp, parallel, tokenizer, prefix="model.")  # as one process's
+        if parallel.is_main:
+            torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
+            (tmp / STATE_FILE).write_text(json.dumps({"step": step, "world_size": parallel.world_size, **state}))
+    except BaseException as exc:  # nothing half-written stays; a full disk says so
+        full = parallel.is_main and _disk_full(exc if isinstance(exc, Exception) else Exception(), root)
+        if parallel.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp)) from exc
+        raise
     parallel.barrier()
     if parallel.is_main:
-        save_pretrained_files(hf_model, tokenizer, tmp)
-        torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
-        (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2))
         _commit(tmp, target, keep)
     parallel.barrier()
 

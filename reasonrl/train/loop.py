@@ -9,6 +9,8 @@ each step: rollout (generate, score, filter, shape; T-PPO: one window of the rol
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ import torch
 from reasonrl.algo.kl import kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, to_dict
+from reasonrl.config import Config, ConfigError, to_dict
 from reasonrl.data.source import eval_examples
 from reasonrl.models.lora import adapters_disabled, merged_state_dict, save_hf_directory
 from reasonrl.models.value import HEAD_FILE
@@ -30,11 +32,14 @@ from reasonrl.rollout.scored import sample_and_score
 from reasonrl.timing import timed
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import (
+    STATE_FILE,
     latest_checkpoint,
     load_checkpoint,
     load_sharded_checkpoint,
     load_value_weights,
     save_checkpoint,
+    save_gathered_model,
+    save_gathered_value_model,
     save_sharded_checkpoint,
 )
 from reasonrl.train.metrics import (
@@ -95,7 +100,10 @@ def restore(run: Run) -> dict[str, Any]:
 def engine_weights(run: Run) -> dict[str, torch.Tensor]:
     """The policy's weights as the engine serves them: LoRA merged; data-parallel, gathered from every
     rank's shards (a collective: every rank calls it)."""
-    return full_state_dict(run.model) if run.parallel.active else merged_state_dict(run.model)
+    if not run.parallel.active:
+        return merged_state_dict(run.model)
+    shared = getattr(run.engine, "shared_by_ranks", False)  # remote rollout workers: rank 0 sends them
+    return full_state_dict(run.model, rank0_only=shared)
 
 
 def evaluate(run: Run) -> dict[str, float]:
@@ -155,7 +163,9 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
             title = "value pretraining (policy frozen)"
             plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
             explained = records[-1].get("critic/explained_variance") if records else None
-        if not run.parallel.active:  # data-parallel: a restart before the first checkpoint pretrains again
+        if run.parallel.active:  # gathered by rank 0; a restart before the first checkpoint pretrains again
+            save_gathered_value_model(run.critic.model, saved, run.parallel)
+        else:
             run.critic.model.save(saved)
         release_free_memory()
     return {"value_pretrain_steps": done, "value_pretrain_explained_variance": explained, **timing}
@@ -217,7 +227,6 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
             state,
             run.cfg.run.keep_checkpoints,
             run.parallel,
-            run.model,
             run.tokenizer,
         )
         return
@@ -239,12 +248,7 @@ def export_stage(run: Run) -> Path:
     model, and its adapter in ``final/adapter``)."""
     final = run.run_dir / "final"
     if run.parallel.active:  # the whole model, gathered from the shards (every rank), saved by rank 0
-        weights = full_state_dict(run.model)
-        if run.parallel.is_main:
-            plain = type(run.model)(run.model.config)
-            plain.load_state_dict(weights)
-            plain.save_pretrained(final)
-            run.tokenizer.save_pretrained(final)
+        save_gathered_model(run.updater.policy, final, run.parallel, run.tokenizer, prefix="model.")
         run.parallel.barrier()
         return final
     save_hf_directory(run.model, final)
@@ -307,11 +311,39 @@ def fit(
     custom = custom_objects(engine=engine, verifier=verifier)
     parallel = join_data_parallel(cfg)
     run_dir = parallel.broadcast(run_dir)  # rank 0's (a timestamped name can differ between ranks)
-    if not parallel.is_main:  # rank 0 holds the run directory; the others follow its record
-        return _train(cfg, run_dir, parallel.broadcast(None), engine, verifier, False, parallel, workers)
-    with claim(run_dir, cfg, preset, overrides, custom) as record:
+    if not parallel.is_main:  # rank 0 holds the run directory; the others follow its record, or its refusal
+        record = parallel.broadcast(None)
+        if isinstance(record, Exception):
+            raise record
+        return _train(cfg, run_dir, record, engine, verifier, False, parallel, workers)
+    with contextlib.ExitStack() as held:
+        try:
+            check_resumable(run_dir, parallel)
+            record = held.enter_context(claim(run_dir, cfg, preset, overrides, custom))
+        except Exception as exc:
+            parallel.broadcast(exc)
+            raise
         parallel.broadcast(record)
         return _train(cfg, run_dir, record, engine, verifier, show_progress, parallel, workers)
+
+
+def check_resumable(run_dir: Path, parallel: DataParallel) -> None:
+    """A run's latest checkpoint must be continued by as many processes as wrote it (torchrun's shards
+    or one process's weights); a ConfigError saying how, before anything loads."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    writers = state.get("world_size", 1)
+    if writers > 1 and not parallel.active:
+        raise ConfigError(
+            f"{checkpoint} was written by {writers} data-parallel processes; resume it under torchrun: "
+            f"torchrun --standalone --nproc-per-node {writers} -m reasonrl train --resume {run_dir}"
+        )
+    if writers == 1 and parallel.active:
+        raise ConfigError(
+            f"{checkpoint} was written by one process; resume it without torchrun: reasonrl train --resume {run_dir}"
+        )
 
 
 def _train(

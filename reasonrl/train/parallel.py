@@ -109,14 +109,15 @@ class DataParallel:
         groups = [[mine[i] for i in g] for g in batch.select(mine).micro_batch_rows(token_budget)] if mine else []
         return groups + [[] for _ in range(self.max(len(groups)) - len(groups))]
 
-    def lockstep(self, micro_batches: list[RolloutBatch], template: RolloutBatch) -> list[RolloutBatch]:
-        """``micro_batches`` padded with loss-free copies of one ``template`` row up to the largest count
-        over ranks: every rank then runs as many forwards and backwards as the others."""
+    def lockstep(
+        self, micro_batches: list[RolloutBatch], template: RolloutBatch, device: torch.device
+    ) -> list[RolloutBatch]:
+        """``micro_batches`` padded with loss-free copies of one ``template`` row (on ``device``) up to the
+        largest count over ranks: every rank then runs as many forwards and backwards as the others."""
         missing = self.max(len(micro_batches)) - len(micro_batches)
         if not missing:
             return micro_batches
-        empty = template.select([0]).without_loss().to(micro_batches[0].prompt_ids.device if micro_batches else "cpu")
-        return micro_batches + [empty] * missing
+        return micro_batches + [template.select([0]).without_loss().to(device)] * missing
 
 
 SINGLE_PROCESS = DataParallel()
@@ -215,11 +216,13 @@ def reduce_gradients_after(module: torch.nn.Module, last: bool) -> None:
         module.set_requires_gradient_sync(last)
 
 
-def full_state_dict(module: torch.nn.Module) -> dict[str, Tensor]:
-    """The whole (unsharded) state dict of a module sharded by ``shard_module``, on every rank (a collective)."""
+def full_state_dict(module: torch.nn.Module, rank0_only: bool = False) -> dict[str, Tensor]:
+    """The whole (unsharded) state dict of a module sharded by ``shard_module`` (a collective: every rank
+    calls it): on every rank, or with ``rank0_only`` in rank 0's CPU memory (the others get {})."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    return get_model_state_dict(module, options=options)
 
 
 class ShardedScorer:

@@ -101,6 +101,9 @@ class RunRecord:
         """How a user continues this run."""
         if self.custom:
             return f"fit(cfg, {str(run_dir)!r}, ...) again with the same {' and '.join(self.custom)}"
+        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        if ranks > 1:
+            return f"torchrun --standalone --nproc-per-node {ranks} -m reasonrl train --resume {run_dir}"
         return f"reasonrl train --resume {run_dir}"
 
 

@@ -131,7 +131,7 @@ def my_micro_batches(
     if not parallel.active:
         return minibatch.micro_batches(token_budget, device)
     share = minibatch.select(list(parallel.share(len(minibatch))))
-    return parallel.lockstep(share.micro_batches(token_budget, device) if len(share) else [], minibatch)
+    return parallel.lockstep(share.micro_batches(token_budget, device) if len(share) else [], minibatch, device)
 
 
 def shuffled_minibatches(batch: RolloutBatch, size: int, epochs: int, seed: int) -> Iterator[RolloutBatch]:

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from reasonrl.algo.aggregate import AGGREGATION_MODES
 from reasonrl.models.load import load_model
+from reasonrl.models.value import load_value_model
 from reasonrl.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,8 +100,24 @@ def test_two_ranks_train_exactly_as_one_process(tmp_path, preset):
         assert max(r.get("rollout/generation_passes", 0) for r in records) > 1
     if preset == "ppo":
         assert all("critic/value_loss" in r for r in records[1:])
-    assert not (tmp_path / "two" / "checkpoints" / "step-000003" / "model.safetensors").exists()
-    assert (tmp_path / "two" / "checkpoints" / "step-000003" / "shards" / ".metadata").exists()
+    checkpoint = tmp_path / "two" / "checkpoints" / "step-000003"
+    assert (checkpoint / "shards" / ".metadata").exists()  # what a resume loads: every rank's shards
+    saved = load_model(str(checkpoint)).state_dict()  # and the whole policy, as one process saves it
+    final = load_model(str(tmp_path / "two" / "final")).state_dict()
+    assert all(torch.equal(saved[k], final[k]) for k in final)
+    if preset == "t_ppo":  # the pretrained critic, gathered from the shards, loads as critic.path
+        assert load_value_model(tmp_path / "two" / "critic_pretrained") is not None
+
+
+def test_a_torchrun_run_resumed_by_one_process_is_refused_with_the_command_that_works(tmp_path):
+    overrides = [*PRESETS["grpo"], "train.rollout_steps=1"]
+    train(2, "grpo", tmp_path / "run", *overrides)
+    command = [*train_command(1, "grpo", tmp_path / "run", *overrides[:-1], "train.rollout_steps=2")]
+    done = subprocess.run(command, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "written by 2 data-parallel processes; resume it under torchrun: torchrun --standalone " in done.stderr
+    assert "--nproc-per-node 2 -m reasonrl train --resume" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.fixture(scope="module")
