@@ -49,10 +49,8 @@ def edge_mean(x: Tensor, mask: Tensor, fraction: float, edge: Edge) -> Tensor:
     lengths = mask.sum(1)  # [B]
     count = (lengths.double() * fraction - 1e-9).ceil().clamp(min=1).long()  # [B]; the guard: 0.1 × 30 = 3
     ranks = token_ranks(mask)  # [B, T]
-    if edge == "first":
-        inside = mask & (ranks < count[:, None])
-    else:
-        inside = mask & (ranks >= (lengths - count)[:, None])
+    edge_tokens = ranks < count[:, None] if edge == "first" else ranks >= (lengths - count)[:, None]  # [B, T]
+    inside = mask & edge_tokens
     per_row = masked_mean(x.to(torch.get_default_dtype()), inside, dim=1)  # [B]
     return _mean_over_rows(per_row, lengths > 0)
 
@@ -101,6 +99,4 @@ def bucket_means(x: Tensor, key: Tensor, buckets: int) -> Tensor:
     order = torch.sort(key, stable=True).indices  # [B]
     which = torch.arange(len(order)) * buckets // max(1, len(order))  # [B] bucket of each sorted row
     x = x.to(torch.get_default_dtype())[order]
-    return torch.stack(
-        [x[which == b].mean() if (which == b).any() else torch.tensor(math.nan) for b in range(buckets)]
-    )
+    return torch.stack([x[which == b].mean() if (which == b).any() else torch.tensor(math.nan) for b in range(buckets)])

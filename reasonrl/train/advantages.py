@@ -82,11 +82,11 @@ def value_fit_stats(batch: RolloutBatch, gamma: float) -> dict[str, float]:
     assert batch.values is not None and batch.returns is not None and batch.token_rewards is not None
     fitted = batch.value_loss_mask
     error = (batch.values - reward_to_go(batch.token_rewards, batch.response_mask, gamma)).abs()  # [B, T]
-    by_position = explained_variance_by_position(batch.values, batch.returns, fitted, len(POSITION_BUCKETS))
+    by_position = explained_variance_by_position(batch.values, batch.returns, fitted, len(POSITION_BUCKETS)).tolist()
     return {
         "critic/value_error_first_token": edge_mean(error, fitted, 0.0, "first").item(),
         "critic/value_error_last_token": edge_mean(error, fitted, 0.0, "last").item(),
-        **{f"critic/explained_variance_{name}": ev for name, ev in zip(POSITION_BUCKETS, by_position.tolist())},
+        **{f"critic/explained_variance_{name}": ev for name, ev in zip(POSITION_BUCKETS, by_position, strict=True)},
     }
 
 
