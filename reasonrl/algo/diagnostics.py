@@ -82,7 +82,8 @@ def reward_reach(lam: Tensor, lengths: Tensor, gamma: float) -> Tensor:
 
     GAE's A_0 = Σ_k (γλ)^k δ_k (VAPO eq 3): the outcome reward enters δ_{l−1} only, so it reaches
     token 0 with weight (γλ)^(l−1) — the "reward signal decay" of VC-PPO (0.95^100 ≈ 0.006).  VAPO's
-    length-adaptive λ = 1 − 1/(α·l) (eq 5) keeps it near e^(−1/α) whatever the length.
+    length-adaptive λ = 1 − 1/(α·l) (eq 5) keeps it near e^(−1/α) whatever the length (up to
+    the clamp λ ≤ 0.9999).
     lam, lengths: [B] -> [B]; a one-token row gets 1.
     """
     exponent = (lengths.to(torch.get_default_dtype()) - 1).clamp(min=0)  # [B]
