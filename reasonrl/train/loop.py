@@ -177,7 +177,7 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
         with torch.no_grad():
             for rows in groups:
                 part = batch.select(rows or [0])  # [] = a filler forward, kept in step
-                head_mask = needed[rows or [0], : part.response_mask.shape[1]] & bool(rows)
+                head_mask = needed[rows or [0], : part.response_mask.shape[1]] & bool(rows)  # a filler: no head
                 logprobs, _ = policy(part, head_mask=head_mask)
                 lm_head_tokens += head_tokens(part, head_mask)
                 out[rows, : logprobs.shape[1]] = logprobs.cpu()

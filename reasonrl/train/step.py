@@ -112,7 +112,8 @@ class PolicyUpdater:
         return dict(sums)
 
     def update(self, batch: RolloutBatch, seed: int, kl_coef: float = 0.0) -> dict[str, float]:
-        """All epochs over shuffled mini-batches of ``batch``; returns metrics averaged over mini-batches."""
+        """All epochs over shuffled mini-batches of ``batch``; returns metrics averaged over mini-batches
+        (but ``STEP_TOTALS``, summed)."""
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
