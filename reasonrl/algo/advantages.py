@@ -204,9 +204,22 @@ def reinforce_pp_advantages(
     G_t = Σ_{k≥t} γ^{k−t} r_k (valid tokens only),  A = whiten(G) over all valid tokens.
     Returns (advantages [B, T], returns [B, T]).
     """
-    zeros = torch.zeros_like(token_rewards, dtype=torch.get_default_dtype())
-    returns, _ = gae(token_rewards, zeros, response_mask, gamma, 1.0)  # V ≡ 0, λ = 1: reward-to-go
+    returns = reward_to_go(token_rewards, response_mask, gamma)
     return masked_whiten(returns, response_mask), returns
+
+
+def reward_to_go(
+    token_rewards: Tensor,  # [B, T]
+    response_mask: Tensor,  # [B, T]
+    gamma: float,
+) -> Tensor:
+    """The Monte-Carlo return G_t = Σ_{k≥t} γ^{k−t} r_k over valid tokens: [B, T], 0 where masked.
+
+    GAE with V ≡ 0 and λ = 1; with γ = 1 and an outcome reward R, G_t = R at every token.
+    """
+    zeros = torch.zeros_like(token_rewards, dtype=torch.get_default_dtype())
+    returns, _ = gae(token_rewards, zeros, response_mask, gamma, 1.0)
+    return returns
 
 
 def sequence_to_tokens(per_sequence: Tensor, response_mask: Tensor) -> Tensor:

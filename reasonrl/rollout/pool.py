@@ -64,6 +64,10 @@ class Window:
     new_tokens: list[int]
     """Tokens each of those sequences gained in this window."""
 
+    reprefill_tokens: int = 0
+    """Tokens the engine read again to continue sequences started in earlier windows: their prompt and
+    partial response (no KV cache is kept between windows)."""
+
 
 NewGroup = Callable[[int], list[PoolSequence]]
 """Given the new prompt's group index, returns its G fresh sequences, or [] when no prompt remains."""
@@ -104,6 +108,7 @@ class RolloutPool:
         advanced = self.active
         budgets = [min(self.window_tokens, self.max_response_tokens - len(s.token_ids)) for s in advanced]
         request = dataclasses.replace(params, max_new_tokens=max(budgets, default=1))
+        reprefill = sum(len(s.prompt_ids) + len(s.token_ids) for s in advanced if s.windows)
         completions = engine.generate([s.prompt_ids + s.token_ids for s in advanced], request)
         gained = []
         for sequence, completion, budget in zip(advanced, completions, budgets, strict=True):
@@ -118,7 +123,7 @@ class RolloutPool:
             elif len(sequence.token_ids) >= self.max_response_tokens:
                 sequence.finish_reason = "length"
         self.active = [s for s in advanced if s.running]
-        return Window(advanced, gained)
+        return Window(advanced, gained, reprefill)
 
     def state_dict(self) -> dict[str, Any]:
         """Every in-flight sequence with its tokens and log-probs (for checkpoints)."""
@@ -144,3 +149,9 @@ def slot_utilisation(new_tokens: list[int]) -> tuple[float, float]:
         return 1.0, 0.0
     longest = max(new_tokens)
     return sum(new_tokens) / (len(new_tokens) * longest), 1.0 - min(new_tokens) / longest
+
+
+def idle_slot_steps(new_tokens: list[int]) -> int:
+    """Slot-steps in which a sequence of the call was already done while the call went on, for one
+    generation call as ``slot_utilisation`` models it: len(new_tokens) · max(new_tokens) − Σ new_tokens."""
+    return len(new_tokens) * max(new_tokens, default=0) - sum(new_tokens)

@@ -9,14 +9,20 @@ from reasonrl.algo.advantages import (
     group_advantages,
     length_adaptive_lambda,
     reinforce_pp_advantages,
+    reward_to_go,
     rloo_advantages,
     sequence_to_tokens,
 )
+from reasonrl.algo.diagnostics import bucket_means, edge_mean, explained_variance_by_position, reward_reach
 from reasonrl.algo.kl import kl_estimate, kl_penalized_rewards
 from reasonrl.algo.masked import masked_mean, masked_whiten
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.algo.shaping import terminal_token_rewards
 from reasonrl.batch import RolloutBatch
+
+LAMBDA_BUCKETS = 4  # critic/lambda_policy_q1..q4: by response-length quartile
+EDGE_FRACTION = 0.1  # critic/advantage_first_10pct, critic/advantage_last_10pct
+POSITION_BUCKETS = ("early", "middle", "late")  # critic/explained_variance_<bucket>: thirds of each response
 
 
 def policy_lambda(spec: AlgoSpec, response_mask: torch.Tensor) -> torch.Tensor:
@@ -49,7 +55,39 @@ def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
     stats = {"critic/lambda_policy_mean": lam.mean().item()}
     if spec.lambda_policy_mode == "length_adaptive":
         stats["critic/lambda_clamped_fraction"] = (lam <= 0).float().mean().item()
-    return stats
+        quartiles = bucket_means(lam, batch.response_mask.sum(1), LAMBDA_BUCKETS)  # shortest responses first
+        stats |= {f"critic/lambda_policy_q{i + 1}": value for i, value in enumerate(quartiles.tolist())}
+    return stats | reward_decay_stats(batch, lam, spec.gamma) | value_fit_stats(batch, spec.gamma)
+
+
+def reward_decay_stats(batch: RolloutBatch, lam: torch.Tensor, gamma: float) -> dict[str, float]:
+    """The policy advantages by position, before any whitening (VC-PPO's value-initialisation bias shows as
+    early advantages far from late ones), and the share (γλ)^(l−1) of the outcome reward reaching the first
+    token (reward signal decay), with the λ [B] each response's advantages used."""
+    response = batch.response_mask
+    lengths = response.sum(1)  # [B]
+    reach = reward_reach(lam, lengths, gamma)[lengths > 0]
+    return {
+        "critic/advantage_first_10pct": edge_mean(batch.advantages, response, EDGE_FRACTION, "first").item(),
+        "critic/advantage_last_10pct": edge_mean(batch.advantages, response, EDGE_FRACTION, "last").item(),
+        "policy/reward_reach_first_token": reach.mean().item() if len(reach) else float("nan"),
+    }
+
+
+def value_fit_stats(batch: RolloutBatch, gamma: float) -> dict[str, float]:
+    """How well the rollout-time values V predict this batch, by position, over the value-loss tokens
+    (T-PPO: the finished responses, whose return is known): |V − G| at the first and the last token with G
+    the Monte-Carlo return (the truth, whatever λ_critic), and the explained variance against the critic's
+    targets (``batch.returns``) in each third of the responses."""
+    assert batch.values is not None and batch.returns is not None and batch.token_rewards is not None
+    fitted = batch.value_loss_mask
+    error = (batch.values - reward_to_go(batch.token_rewards, batch.response_mask, gamma)).abs()  # [B, T]
+    by_position = explained_variance_by_position(batch.values, batch.returns, fitted, len(POSITION_BUCKETS)).tolist()
+    return {
+        "critic/value_error_first_token": edge_mean(error, fitted, 0.0, "first").item(),
+        "critic/value_error_last_token": edge_mean(error, fitted, 0.0, "last").item(),
+        **{f"critic/explained_variance_{name}": ev for name, ev in zip(POSITION_BUCKETS, by_position, strict=True)},
+    }
 
 
 def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> dict[str, float]:

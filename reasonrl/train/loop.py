@@ -51,7 +51,7 @@ from reasonrl.train.metrics import (
     release_free_memory,
 )
 from reasonrl.train.parallel import DataParallel, RemoteWorkers, full_state_dict, join_data_parallel
-from reasonrl.train.policy import TokenLogprobs
+from reasonrl.train.policy import TokenLogprobs, head_tokens
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout import hash_seed
 from reasonrl.train.rundir import RunRecord, claim, custom_objects
@@ -172,18 +172,28 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
 
 
 def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
-    """Behaviour (old) log-probs from the trainer's own forward, and reference log-probs if a KL is on."""
-    groups = run.parallel.row_groups(batch, run.cfg.train.microbatch_tokens)  # data-parallel: this rank's rows
+    """Behaviour (old) log-probs from the trainer's own forward, and reference log-probs if a KL is on.
 
-    def forward(policy: TokenLogprobs) -> torch.Tensor:
+    The LM head runs only where they are read (T-PPO's token filtering): old log-probs on every response
+    token but earlier windows' (those keep their stored behaviour log-probs), reference log-probs also on
+    those when the KL is in the reward (every token's reward) or in a loss that trains on them."""
+    groups = run.parallel.row_groups(batch, run.cfg.train.microbatch_tokens)  # data-parallel: this rank's rows
+    fresh = batch.response_mask if batch.stale_mask is None else batch.response_mask & ~batch.stale_mask
+    lm_head_tokens = 0
+
+    def forward(policy: TokenLogprobs, needed: torch.Tensor) -> torch.Tensor:  # needed: [B, T] bool
+        nonlocal lm_head_tokens
         out = torch.zeros(batch.response_mask.shape)
         with torch.no_grad():
             for rows in groups:
-                logprobs, _ = policy(batch.select(rows or [0]))  # [] = a filler forward, kept in step
+                part = batch.select(rows or [0])  # [] = a filler forward, kept in step
+                head_mask = needed[rows or [0], : part.response_mask.shape[1]] & bool(rows)  # a filler: no head
+                logprobs, _ = policy(part, head_mask=head_mask)
+                lm_head_tokens += head_tokens(part, head_mask)
                 out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return run.parallel.sum_(out)
 
-    batch.old_logprobs = forward(run.updater.policy)
+    batch.old_logprobs = forward(run.updater.policy, fresh)
     fire = run.cfg.rollout.fire
     if fire.enabled and fire.logprob == "behaviour":  # the FIRE tokens' true behaviour log-probs
         positions = list(fire.positions)
@@ -198,14 +208,16 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
         "rollout/logprob_max_abs_diff": gap[mask].max().item() if mask.any() else 0.0,
     }
     if run.plan.uses_reference:
+        needed = batch.response_mask if run.cfg.algo.kl_placement == "reward" else fresh | batch.policy_loss_mask
         if run.reference is not None:
-            batch.ref_logprobs = forward(run.reference)
+            batch.ref_logprobs = forward(run.reference, needed)
         else:  # LoRA: the policy with its adapters switched off
             with adapters_disabled(run.model):
-                batch.ref_logprobs = forward(run.updater.policy)
+                batch.ref_logprobs = forward(run.updater.policy, needed)
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, run.cfg.algo.kl_estimator)
         stats["policy/kl_ref"] = masked_mean(kl, mask).item()
         stats["policy/kl_coef"] = float(run.kl.coef)
+    stats["perf/lm_head_tokens_logprob"] = run.parallel.sum_metrics({"tokens": float(lm_head_tokens)})["tokens"]
     return stats
 
 

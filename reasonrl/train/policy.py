@@ -4,6 +4,10 @@ The backbone runs once over prompt + response; the LM head, the log-softmax and 
 the response positions only, ``chunk_tokens`` rows at a time, and each chunk is recomputed in the
 backward pass (activation checkpointing), so at most one chunk of [chunk, V] fp32 logits is alive.
 A plain HF forward+backward on 32 × 200 tokens holds several 1.26 GB copies of the logits.
+
+A ``head_mask`` narrows the head further, to the positions a loss or a metric reads: T-PPO's token
+filtering (arXiv 2506.15050), where the policy loss sees only the latest window's tokens of a
+response whose earlier windows the backbone must still read.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def response_logprobs(
     response_ids: Tensor,  # [B, T] right-padded
     response_mask: Tensor,  # [B, T]
     *,
+    head_mask: Tensor | None = None,  # [B, T] bool
     temperature: float = 1.0,
     compute_dtype: torch.dtype = torch.float32,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
@@ -42,17 +47,22 @@ def response_logprobs(
 
     Log-probs are of softmax(logits / temperature), as the rollout sampled them.  Masked positions
     hold 0.  Gradients flow into the log-probs (and the entropy) when grad mode is on.
+    ``head_mask`` (default: every response token) limits the LM head, the log-softmax and the entropy
+    to those response tokens; the others hold 0 too.  The backbone still runs over the whole sequence.
+    Without a head token the output stays connected to the model, so a backward still runs.
     """
     device = next(model.parameters()).device
     response_hidden = response_hidden_states(
         model.base_model, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype
     )  # [B, T, d]
     mask = response_mask.to(device).bool()
+    if head_mask is not None:
+        mask = mask & head_mask.to(device).bool()
     flat_hidden = response_hidden[mask]  # [N, d]
     flat_targets = response_ids.to(device)[mask]  # [N]
     head = model.get_output_embeddings()
     logprob_chunks, entropy_chunks = [], []
-    for start in range(0, flat_hidden.shape[0], chunk_tokens):
+    for start in range(0, max(1, flat_hidden.shape[0]), chunk_tokens):  # N = 0: one empty chunk
         chunk = (
             flat_hidden[start : start + chunk_tokens],
             head,
@@ -68,9 +78,8 @@ def response_logprobs(
         entropy_chunks.append(ent)
     logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
     entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)
-    if logprob_chunks:
-        logprobs = logprobs.masked_scatter(mask, torch.cat(logprob_chunks))
-        entropy = entropy.masked_scatter(mask, torch.cat(entropy_chunks))
+    logprobs = logprobs.masked_scatter(mask, torch.cat(logprob_chunks))
+    entropy = entropy.masked_scatter(mask, torch.cat(entropy_chunks))
     return logprobs, entropy
 
 
@@ -86,13 +95,22 @@ class TokenLogprobs(torch.nn.Module):
         super().__init__()
         self.model, self.temperature, self.compute_dtype = model, temperature, compute_dtype
 
-    def forward(self, batch) -> tuple[Tensor, Tensor]:  # a RolloutBatch -> (log-probs [B, T], entropy [B, T])
+    def forward(self, batch, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """A RolloutBatch -> (log-probs [B, T], entropy [B, T]), computed at ``head_mask`` [B, T] only
+        (default: every response token) as ``response_logprobs`` does."""
         return response_logprobs(
             self.model,
             batch.prompt_ids,
             batch.prompt_mask,
             batch.response_ids,
             batch.response_mask,
+            head_mask=head_mask,
             temperature=self.temperature,
             compute_dtype=self.compute_dtype,
         )
+
+
+def head_tokens(batch, head_mask: Tensor | None = None) -> int:
+    """Response tokens of a RolloutBatch that a ``TokenLogprobs`` call with ``head_mask`` runs the LM head on."""
+    mask = batch.response_mask.bool()
+    return int((mask if head_mask is None else mask & head_mask.bool()).sum())

@@ -26,7 +26,7 @@ from reasonrl.data.source import TrainingStream
 from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.reward.format import FormatVerifier
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
-from reasonrl.rollout.pool import PoolSequence, RolloutPool, slot_utilisation
+from reasonrl.rollout.pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
 from reasonrl.timing import timed
@@ -274,6 +274,7 @@ class PoolCollector:
             "rollout/running_sequences": float(len(sequences) - len(finished)),
             "rollout/pool_fill": occupied / self.pool.slots,
             "rollout/refilled_sequences": float(refilled),
+            "rollout/reprefill_tokens": float(window.reprefill_tokens),
             "rollout/windows_per_response": (
                 sum(sequences[i].windows for i in finished) / len(finished) if finished else float("nan")
             ),
@@ -352,13 +353,16 @@ def finished_stats(batch: RolloutBatch, finished: torch.Tensor, results: Sequenc
 def fullness_stats(calls: Sequence[Sequence[int]]) -> dict[str, float]:
     """How full the generation batch stayed over some engine calls (tokens per completion, per call):
     ``rollout/slot_utilisation`` (tokens ÷ slot-steps) and ``rollout/underfull_step_fraction``
-    (decode steps with an idle slot ÷ all decode steps), weighted by each call's decode steps."""
+    (decode steps with an idle slot ÷ all decode steps), weighted by each call's decode steps, and
+    ``rollout/idle_slot_steps``, their count of idle slot-steps."""
     steps = [max(c, default=0) for c in calls]
     total = sum(steps)
+    idle = {"rollout/idle_slot_steps": float(sum(idle_slot_steps(list(c)) for c in calls))}
     if not total:
-        return {"rollout/slot_utilisation": 1.0, "rollout/underfull_step_fraction": 0.0}
+        return {"rollout/slot_utilisation": 1.0, "rollout/underfull_step_fraction": 0.0, **idle}
     shares = [slot_utilisation(list(c)) for c in calls]
     return {
+        **idle,
         "rollout/slot_utilisation": sum(s * u for s, (u, _) in zip(steps, shares, strict=True)) / total,
         "rollout/underfull_step_fraction": sum(s * f for s, (_, f) in zip(steps, shares, strict=True)) / total,
     }

@@ -22,7 +22,9 @@ from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
 from reasonrl.models.optim import apply_gradients
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
-from reasonrl.train.policy import TokenLogprobs
+from reasonrl.train.policy import TokenLogprobs, head_tokens
+
+STEP_TOTALS = ("perf/lm_head_tokens_policy",)  # metrics summed over the step's optimiser steps, not averaged
 
 
 class PolicyUpdater:
@@ -73,8 +75,10 @@ class PolicyUpdater:
         micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device)
         for index, micro in enumerate(micros):
             reduce_gradients_after(self.policy, last=index == len(micros) - 1)
-            logprobs, entropy = self.policy(micro)
             micro_mask = micro.policy_loss_mask
+            # the LM head only where the loss reads (T-PPO's token filtering: earlier windows' tokens are out)
+            logprobs, entropy = self.policy(micro, head_mask=micro_mask)
+            sums["perf/lm_head_tokens_policy"] += head_tokens(micro, micro_mask)
             # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch)
             old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             per_token, stats = ppo_clip(
@@ -108,7 +112,8 @@ class PolicyUpdater:
         return dict(sums)
 
     def update(self, batch: RolloutBatch, seed: int, kl_coef: float = 0.0) -> dict[str, float]:
-        """All epochs over shuffled mini-batches of ``batch``; returns metrics averaged over mini-batches."""
+        """All epochs over shuffled mini-batches of ``batch``; returns metrics averaged over mini-batches
+        (but ``STEP_TOTALS``, summed)."""
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
@@ -117,7 +122,7 @@ class PolicyUpdater:
                 totals[key] += value
             steps += 1
         self.model.eval()
-        metrics = {key: value / steps for key, value in totals.items()}
+        metrics = {key: value if key in STEP_TOTALS else value / steps for key, value in totals.items()}
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/skipped_steps"] = float(self.skipped_steps)
         return metrics

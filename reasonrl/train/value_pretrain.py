@@ -16,6 +16,7 @@ import torch
 from reasonrl.algo.advantages import gae
 from reasonrl.algo.shaping import terminal_token_rewards
 from reasonrl.timing import timed
+from reasonrl.train.advantages import value_fit_stats
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.rollout import RolloutCollector, hash_seed
 
@@ -52,6 +53,8 @@ def pretrain_critic(
                     critic.model.head.bias.fill_(returns[batch.value_loss_mask].mean().item())
             batch.values = critic.values(batch)
             _, batch.returns = gae(token_rewards, batch.values, batch.response_mask, gamma, 1.0)  # Monte-Carlo
+            batch.token_rewards = token_rewards
+            metrics |= value_fit_stats(batch, gamma)
             metrics |= critic.update(batch, seed=hash_seed(seed, PRETRAIN_SEED_SALT, step))
         on_step(step, metrics)
         if ev_target is not None and metrics["critic/explained_variance"] >= ev_target:

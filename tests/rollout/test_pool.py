@@ -7,7 +7,7 @@ import pytest
 from reasonrl.data.examples import Example
 from reasonrl.rollout.base import SamplingParams
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.pool import PoolSequence, RolloutPool, slot_utilisation
+from reasonrl.rollout.pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
 
 STOP = 0
 PARAMS = SamplingParams(max_new_tokens=999, temperature=1.0, seed=1)
@@ -84,10 +84,14 @@ def test_a_stop_token_finishes_a_sequence_and_each_token_keeps_its_logprob():
     pool = RolloutPool(slots=1, window_tokens=4, max_response_tokens=20)
     new_group, _ = finite_prompts(count=1, group_size=1)
     pool.refill(new_group)
-    first = pool.advance(engine, PARAMS).sequences[0]
+    window = pool.advance(engine, PARAMS)
+    first = window.sequences[0]
     assert first.running and first.token_ids == [5, 6, 7, 8] and first.window_start == 0
-    second = pool.advance(engine, PARAMS).sequences[0]
+    assert window.reprefill_tokens == 0  # a new sequence: its prompt is read once
+    window = pool.advance(engine, PARAMS)
+    second = window.sequences[0]
     assert calls[1] == [100, 5, 6, 7, 8]  # continuation = prompt + partial response
+    assert window.reprefill_tokens == 5  # ... read again: 1 prompt token + 4 response tokens
     assert second.finish_reason == "stop" and second.token_ids == [5, 6, 7, 8, 9, STOP]
     assert second.window_start == 4 and second.logprobs == [-0.5] * 6
     assert not pool.active
@@ -111,3 +115,4 @@ def test_slot_utilisation_of_a_call():
     assert slot_utilisation([4, 4, 4]) == (1.0, 0.0)
     utilisation, underfull = slot_utilisation([1, 2, 4])
     assert utilisation == pytest.approx(7 / 12) and underfull == pytest.approx(0.75)
+    assert idle_slot_steps([4, 4, 4]) == 0 and idle_slot_steps([1, 2, 4]) == 12 - 7 and idle_slot_steps([]) == 0

@@ -81,3 +81,33 @@ def test_extra_padding_changes_nothing(model):
         lp, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
         lp_padded, _ = response_logprobs(model, *padded)
     torch.testing.assert_close(lp_padded[:, : lp.shape[1]], lp, atol=1e-5, rtol=1e-5)
+
+
+def test_a_head_mask_computes_only_its_tokens_and_changes_nothing_there(model):
+    inputs = batch(3)
+    head_mask = torch.zeros_like(inputs[3])
+    head_mask[0, 3:] = True  # a later window of row 0
+    head_mask[2, :2] = True
+    head_mask[1, 5] = True  # outside row 1's response: ignored
+    calls = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: calls.append(out.shape[0]))
+    with torch.no_grad():
+        full_lp, full_ent = response_logprobs(model, *inputs)
+        lp, ent = response_logprobs(model, *inputs, head_mask=head_mask)
+    hook.remove()
+    assert calls == [int(inputs[3].sum()), 3 + 2]  # the LM head ran on the masked tokens only
+    kept = head_mask & inputs[3]
+    torch.testing.assert_close(lp[kept], full_lp[kept], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent[kept], full_ent[kept], atol=1e-6, rtol=1e-6)
+    assert torch.all(lp[~kept] == 0) and torch.all(ent[~kept] == 0)
+
+
+def test_an_empty_head_mask_still_backpropagates(model):
+    # a data-parallel filler micro-batch: no loss token, but its backward must run like the other ranks'
+    inputs = batch(4)
+    model.zero_grad()
+    lp, ent = response_logprobs(model, *inputs, head_mask=torch.zeros_like(inputs[3]))
+    assert torch.count_nonzero(lp) == 0 and lp.requires_grad
+    (lp.sum() + ent.sum()).backward()
+    assert all(p.grad is not None and torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+    model.zero_grad()

@@ -141,3 +141,4 @@ def test_the_shared_rollout_statistics_hand_computed():
     assert stats["reward/error_fraction"] == 0.25 and stats["rollout/tokens_generated"] == 14.0
     # slot utilisation per call: 6 / (2·4) = 0.75 over 4 decode steps, 8 / (4·3) = 2/3 over 3 steps
     assert stats["rollout/slot_utilisation"] == pytest.approx((4 * 0.75 + 3 * 2 / 3) / 7)
+    assert stats["rollout/idle_slot_steps"] == (2 * 4 - 6) + (4 * 3 - 8)

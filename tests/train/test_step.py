@@ -34,14 +34,14 @@ def rollout_batch(seed=0, rows=8):
     )
 
 
-def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None, device="cpu"):
+def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None, device="cpu", policy_class=TokenLogprobs):
     torch.manual_seed(0)
     model = load_model("tiny-random", device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     spec = spec or AlgoSpec(loss_agg=agg, eps_high=0.28, nll_weight=0.1)
     updater = PolicyUpdater(
-        TokenLogprobs(model, temperature=1.0, compute_dtype=torch.float32),
+        policy_class(model, temperature=1.0, compute_dtype=torch.float32),
         optimizer,
         scheduler,
         spec,
@@ -90,3 +90,26 @@ def test_single_minibatch_update_can_take_old_logprobs_from_its_own_forward():
     without_pass, _, _ = updated_parameters(10_000, "token-mean", batch, lr=0.1)
     for name in with_pass:
         torch.testing.assert_close(without_pass[name], with_pass[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+class EveryTokenLogprobs(TokenLogprobs):
+    """The policy forward without token filtering: the LM head on every response token."""
+
+    def forward(self, batch, head_mask=None):
+        return super().forward(batch)
+
+
+def test_tppo_token_filtering_leaves_the_update_unchanged():
+    # a T-PPO batch: each response's first tokens came from earlier windows and are out of the policy loss
+    batch = rollout_batch(3)
+    starts = torch.tensor([0, 2, 4, 1, 3, 0, 5, 2])
+    batch.stale_mask = batch.response_mask & (torch.arange(batch.response_mask.shape[1])[None] < starts[:, None])
+    batch.policy_loss_mask = batch.response_mask & ~batch.stale_mask
+    spec = AlgoSpec(loss_agg="token-mean", eps_high=0.28, nll_weight=0.1, entropy_coef=0.01)
+    filtered, metrics, _ = updated_parameters(40, "token-mean", batch, spec=spec)
+    every, every_metrics, _ = updated_parameters(40, "token-mean", batch, spec=spec, policy_class=EveryTokenLogprobs)
+    for name in every:
+        torch.testing.assert_close(filtered[name], every[name], atol=1e-6, rtol=0, msg=name)
+    for key in ("loss/total", "policy/entropy", "train/grad_norm"):
+        assert metrics[key] == pytest.approx(every_metrics[key], rel=1e-5), key
+    assert metrics["perf/lm_head_tokens_policy"] == batch.policy_loss_mask.sum() < batch.response_mask.sum()

@@ -3,6 +3,7 @@ responses only, resume in the middle of an unfinished pool, and learning on tiny
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,15 +13,17 @@ from reasonrl.algo.value_loss import value_loss
 from reasonrl.config import load_config, resolve
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
-from reasonrl.models.load import load_tokenizer
+from reasonrl.models.load import load_model, load_tokenizer
 from reasonrl.models.value import load_value_model, value_model_from_policy
 from reasonrl.reward.pool import ScoringPool
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.rollout.pool import RolloutPool
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.loop import data_spec, fit
+from reasonrl.train.loop import data_spec, fit, logprob_stage
 from reasonrl.train.metrics import read_metrics
+from reasonrl.train.parallel import SINGLE_PROCESS
+from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.rollout import PoolCollector, RolloutCollector
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY, undocumented_metrics
@@ -80,6 +83,10 @@ def test_each_generated_token_enters_the_policy_loss_exactly_once_over_many_wind
                 longest_span = max(longest_span, stats["rollout/windows_per_response"])
             # the stale tokens are exactly the response tokens outside the policy loss
             assert torch.equal(batch.stale_mask, batch.response_mask & ~batch.policy_loss_mask)
+            # a continued sequence's prompt and earlier windows are prefilled again
+            continued = batch.stale_mask.any(1)
+            reprefill = batch.prompt_mask.sum(1)[continued].sum() + batch.stale_mask.sum()
+            assert stats["rollout/reprefill_tokens"] == reprefill and (step == 1) == (reprefill == 0)
             assert torch.equal(batch.value_loss_mask, batch.response_mask & ~batch.running[:, None])
     assert finished > 16 and longest_span > 1  # responses finished, some across several windows
     assert set(policy_counts) == seen, "a generated token never reached the policy loss"
@@ -200,3 +207,37 @@ def test_resume_in_the_middle_of_an_unfinished_pool_is_exact(tmp_path):
     ]
     assert metrics[0] == metrics[1]
     assert not undocumented_metrics(tmp_path / "straight" / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("kl_placement", ["none", "reward", "loss"])
+def test_the_old_logprob_pass_runs_the_lm_head_where_its_log_probs_are_read(kl_placement):
+    kl = [] if kl_placement == "none" else [f"algo.kl_placement={kl_placement}", "algo.kl_coef=0.1"]
+    cfg = tppo_config(f"rollout.max_response_tokens={CAP}", *kl)
+    collector, scorer = pool_collector(cfg)
+    with scorer:
+        collector.collect(1)
+        batch, _ = collector.collect(2)
+    assert batch.stale_mask.any()
+    policy = TokenLogprobs(load_model("tiny-random"), 1.0, torch.float32)
+    run = SimpleNamespace(
+        cfg=cfg,
+        plan=resolve(cfg),
+        parallel=SINGLE_PROCESS,
+        updater=SimpleNamespace(policy=policy),
+        reference=policy,  # the same weights: reference log-probs = the policy's
+        kl=SimpleNamespace(coef=0.1),
+    )
+    stats = logprob_stage(run, batch)
+    with torch.no_grad():
+        every, _ = policy(batch)
+    fresh, stale = batch.response_mask & ~batch.stale_mask, batch.stale_mask
+    torch.testing.assert_close(batch.old_logprobs[fresh], every[fresh], atol=1e-6, rtol=1e-6)
+    assert torch.equal(batch.old_logprobs[stale], batch.rollout_logprobs[stale])  # the stored behaviour ones
+    head = int(fresh.sum())
+    if kl_placement == "reward":  # every token's reward carries a KL: the reference runs on all of them
+        torch.testing.assert_close(batch.ref_logprobs[batch.response_mask], every[batch.response_mask])
+        head += int(batch.response_mask.sum())
+    elif kl_placement == "loss":  # the loss reads the window's tokens
+        torch.testing.assert_close(batch.ref_logprobs[fresh], every[fresh])
+        head += int(fresh.sum())
+    assert stats["perf/lm_head_tokens_logprob"] == head
