@@ -379,12 +379,12 @@ def run_result(run_dir: Path, arm: str, seed: int, overrides: list[str], pattern
 # ---------------------------------------------------------------------------------------------- statistics
 
 
-def mean_se(values: list[float | None], keep_values: bool = True) -> dict[str, Any]:
+def mean_se(values: list[float | None]) -> dict[str, Any]:
     """Mean and standard error (sample std / sqrt(n)) over seeds, ignoring missing values; None where undefined."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     mean = statistics.fmean(values) if values else None
     se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return {"mean": mean, "se": se, "n": len(values)} | ({"values": values} if keep_values else {})
+    return {"mean": mean, "se": se, "n": len(values), "values": values}
 
 
 def verdict(d: float | None, se: float | None, n: int, threshold: float) -> str:
@@ -471,7 +471,7 @@ def arm_summaries(config: dict, arms: list[str], runs: dict, seeds: list[int]) -
             },
             "metrics": {
                 key: {
-                    stat: mean_se([r["metrics"][key][stat] for r in done if key in r["metrics"]], keep_values=False)
+                    stat: mean_se([r["metrics"][key][stat] for r in done if key in r["metrics"]])
                     for stat in ("first", "mean", "last")
                 }
                 for key in keys
