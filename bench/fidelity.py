@@ -32,6 +32,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,9 +60,9 @@ def load_harness_config(path: Path) -> tuple[dict[str, Any], str]:
 def selected_arms(config: dict, profile: dict, only: list[str] | None) -> list[str]:
     """The profile's arms (``all`` = every arm), restricted to ``only``; unknown names are an error."""
     arms = list(config["arms"]) if profile["arms"] == "all" else list(profile["arms"])
-    unknown = sorted(set(arms + (only or [])) - set(config["arms"]))
+    unknown = sorted(set(only or []) - set(arms))
     if unknown:
-        raise SystemExit(f"fidelity: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(config['arms'])}")
+        raise SystemExit(f"fidelity: arm(s) {', '.join(unknown)} not in this profile; choose from {', '.join(arms)}")
     return [a for a in arms if not only or a in only]
 
 
@@ -691,6 +692,9 @@ class Harness:
 
     def run(self) -> int:
         self.check_work_dir()
+        # `kill HARNESS` stops the running child too (subprocess.run kills it on the way out); its run
+        # continues from its last checkpoint next time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         for kind, item in self.plan():
             if kind == "rm":
                 self.stage_rm()

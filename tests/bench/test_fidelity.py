@@ -143,6 +143,12 @@ def test_every_arm_of_every_profile_is_a_valid_run(profile, tmp_path):
             assert cfg.rollout.max_response_tokens >= (256 if CONFIG["arms"][arm]["family"] == "value" else 512)
 
 
+def test_arms_outside_the_profile_are_refused():
+    with pytest.raises(SystemExit, match=r"arm\(s\) vapo not in this profile; choose from ppo, t_ppo"):
+        fidelity.selected_arms(CONFIG, CONFIG["profiles"]["smoke"], ["vapo"])
+    assert fidelity.selected_arms(CONFIG, CONFIG["profiles"]["cpu"], ["t_ppo", "ppo"]) == ["ppo", "t_ppo"]
+
+
 def test_the_arms_change_what_their_names_say():
     profile = CONFIG["profiles"]["cpu"]
 
