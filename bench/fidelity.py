@@ -17,9 +17,9 @@ own resume) and re-runs the rest.  After every stage it rewrites OUT/fidelity_PR
 configuration, per-arm final accuracy and mechanism metrics as mean +- standard error over seeds,
 and each target's measurement and verdict) and OUT/fidelity_PROFILE.png.
 
-Profiles: smoke (tiny-random, seconds: the test suite runs it), cpu (the 2-core project machine:
-about 7.5 hours measured under load from other jobs, see docs/benchmarks.md), gpu (one CUDA GPU
-with vLLM).
+Profiles: smoke (tiny-random, under a minute: the test suite runs it), cpu (the 2-core project
+machine: about 5 hours on a quiet machine, the core arms first; docs/benchmarks.md has the timing),
+gpu (one CUDA GPU with vLLM).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def family_config(config: dict, profile: dict, family: str, seed: int):
 
 
 def _generation_parts(cfg):
-    """Tokenizer, engine, prompt encoder and data stream settings of ``cfg``, built as training builds them."""
+    """Tokenizer, engine, prompt encoder, compute dtype and device of ``cfg``, built as training builds them."""
     import torch
 
     from reasonrl.config.plan import vllm_engine_options
