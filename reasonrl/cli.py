@@ -247,6 +247,8 @@ def _cmd_rm_train(args: argparse.Namespace) -> int:
         batch_pairs=args.batch_pairs,
         lr=args.lr,
         eval_pairs=args.eval_pairs,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_response_tokens=args.max_response_tokens,
         seed=args.seed,
     )
     return _print_summary(lambda: run_reward_model_training(settings))
@@ -415,6 +417,15 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train.add_argument("--lr", type=float, default=rm_defaults.lr)
     rm_train.add_argument(
         "--eval-pairs", type=int, default=rm_defaults.eval_pairs, help="held-out pairs scored before and after"
+    )
+    rm_train.add_argument(
+        "--max-prompt-tokens", type=int, default=rm_defaults.max_prompt_tokens, help="bt: prompt tokens read (the last)"
+    )
+    rm_train.add_argument(
+        "--max-response-tokens",
+        type=int,
+        default=rm_defaults.max_response_tokens,
+        help="bt: response tokens read, EOS included (the first); the policy's cap for long answers",
     )
     rm_train.add_argument("--seed", type=int, default=rm_defaults.seed)
     rm_train.set_defaults(handler=_cmd_rm_train)

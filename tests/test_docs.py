@@ -63,11 +63,11 @@ def test_the_claim_parser_reads_the_table_phrases():
         "algo.oversample_factor": 1.0,
         "reward.incorrect_score": -1.0,
     }
-    assert claims("ε = 0.2, λ_critic 1, **α = 5**") == {
+    assert claims("ε = 0.2, λ_critic 1, **α = 0.05**") == {
         "algo.eps_low": 0.2,
         "algo.eps_high": 0.2,
         "algo.lambda_critic": 1.0,
-        "algo.length_alpha": 5.0,
+        "algo.length_alpha": 0.05,
     }
 
 

@@ -127,7 +127,8 @@ def test_eval_and_rm_train_options_default_to_their_settings():
     for name in ("model", "dataset", "k", "temperature", "top_p", "max_new_tokens", "limit", "prompt_template", "seed"):
         assert options[renamed.get(name, name)] == getattr(settings, name), name
     options, rm = vars(parser.parse_args(["rm", "train"])), RewardModelRun()
-    for name in ("kind", "model", "data", "out", "steps", "batch_pairs", "lr", "eval_pairs", "seed"):
+    names = ("kind", "model", "data", "out", "steps", "batch_pairs", "lr", "eval_pairs", "seed")
+    for name in (*names, "max_prompt_tokens", "max_response_tokens"):
         assert options[name] == getattr(rm, name), name
 
 

@@ -29,6 +29,16 @@ def test_rm_train_reports_held_out_accuracy_for_both_kinds(tmp_path, capsys):
         assert (out / "model" / "config.json").exists()
 
 
+def test_rm_train_reads_only_the_first_max_response_tokens(tmp_path, capsys):
+    # chosen and rejected differ only after their first 8 tokens: cut there, the model cannot tell them apart
+    rows = [{"prompt": f"Q{i}", "chosen": f"{i:04d}same good", "rejected": f"{i:04d}same bad!"} for i in range(10)]
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    args = ["rm", "train", "--model", "tiny-random", "--data", str(data), "--out", str(tmp_path / "o"), "--steps", "3"]
+    assert main([*args, "--batch-pairs", "4", "--lr", "1e-2", "--max-response-tokens", "9"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["max_response_tokens"] == 9 and summary["held_out_accuracy"] == 0.5  # ties count 1/2
+
+
 def test_rm_train_on_malformed_data_is_a_clear_error(tmp_path, capsys):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"chosen": "x"}])
     assert main(["rm", "train", "--model", "tiny-random", "--data", str(bad), "--out", str(tmp_path / "o")]) == 1

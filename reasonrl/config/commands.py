@@ -118,5 +118,12 @@ class RewardModelRun:
     eval_pairs: int | None = 200
     """Held-out pairs scored before and after training; None = all of them."""
 
+    max_prompt_tokens: int = 256
+    """bt: prompt tokens the model reads (the most recent ones are kept)."""
+
+    max_response_tokens: int = 128
+    """bt: response tokens the model reads, EOS included (the first ones are kept); set it to the policy's
+    response cap when the model will score, or initialise the critic for, longer answers."""
+
     seed: int = 0
     """Seed of the split, the shuffling and the initialisation."""

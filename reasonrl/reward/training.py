@@ -46,7 +46,12 @@ def run_reward_model_training(settings: RewardModelRun) -> dict:
     started = time.perf_counter()
     dtype = compute_dtype("auto")
     if settings.kind == "bt":
-        rm = RewardModel.from_policy(settings.model, compute_dtype=dtype)
+        rm = RewardModel.from_policy(
+            settings.model,
+            compute_dtype=dtype,
+            max_prompt_tokens=settings.max_prompt_tokens,
+            max_response_tokens=settings.max_response_tokens,
+        )
         before = pair_accuracy(rm, held_out)
 
         def record(metrics: dict) -> None:
@@ -84,6 +89,8 @@ def run_reward_model_training(settings: RewardModelRun) -> dict:
         "held_out_pairs": len(held_out),
         "held_out_accuracy_before": before,
         "held_out_accuracy": after,
+        "max_prompt_tokens": settings.max_prompt_tokens,
+        "max_response_tokens": settings.max_response_tokens,
         "wall_seconds": time.perf_counter() - started,
         "saved": str(saved),
     }

@@ -190,6 +190,12 @@ def test_plan_of_critic_and_kl_presets():
     assert dr.loss_agg_constant == 64.0 and not dr.uses_reference
 
 
+def test_the_run_presets_keep_vapos_alpha():
+    # VAPO eq 5: lambda = 1 - 1/(0.05 l); a scaled alpha is only an ablation (bench/fidelity.yaml, vapo_alpha5)
+    for name in ("vapo", "t_ppo"):
+        assert load_config(name).algo.length_alpha == 0.05, name
+
+
 def test_user_file_extends_a_preset(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("preset: dapo\nalgo:\n  eps_high: 0.3\ntrain.lr: 1e-6\n")
