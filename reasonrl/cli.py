@@ -139,7 +139,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if cfg.dist.backend == "ray":
             from reasonrl.dist.training import fit_on_ray
 
-            summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides))
+            summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
         else:
             summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
     except (DataError, ModelError, DynamicSamplingError, DiskFullError, ClusterError, WorkerDiedError) as exc:

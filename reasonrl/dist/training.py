@@ -95,7 +95,26 @@ class TrainerHost(WorkerHost):
         return fit(cfg, run_dir, preset=preset, overrides=overrides, show_progress=False, workers=workers)
 
 
-def fit_on_ray(cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+def follow_progress(calls: list[Any], metrics: Path, steps: int, show: bool, poll_seconds: float = 2.0) -> None:
+    """The progress bar of a run whose trainers are Ray workers: the steps rank 0 writes to ``metrics``,
+    until one of ``calls`` (the trainers' ``train``) returns or fails."""
+    import ray
+
+    from reasonrl.train.metrics import ProgressDisplay, read_metrics
+
+    shown = 0
+    with ProgressDisplay(steps, 0, enabled=show) as progress:
+        while not ray.wait(calls, num_returns=1, timeout=poll_seconds)[0]:
+            records = read_metrics(metrics)
+            for record in records[shown:]:
+                if record["step"] > 0:
+                    progress.update(record["step"], record)
+            shown = len(records)
+
+
+def fit_on_ray(
+    cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str, ...] = (), show_progress: bool = False
+) -> dict[str, Any]:
     """Train ``cfg`` with Ray workers (``dist.*``); returns trainer rank 0's summary."""
     from reasonrl.train.checkpoint import latest_checkpoint
     from reasonrl.train.parallel import RemoteWorkers
@@ -132,7 +151,9 @@ def fit_on_ray(cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str,
             (w, w.actor.train.remote(cfg, run_dir, preset, overrides, workers, rank, len(trainers), master))
             for rank, w in enumerate(trainers)
         ]
-        # 3. wait for the run; the first worker to die (or to fail) stops it
+        # 3. follow the run (rank 0's metrics.jsonl) until a trainer returns; the first worker to die
+        # (or to fail) stops it
+        follow_progress([ref for _, ref in calls], run_dir / "metrics.jsonl", cfg.train.rollout_steps, show_progress)
         try:
             return gather(calls, RUN_SECONDS)[0]
         except WorkerDiedError as exc:
