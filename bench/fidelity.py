@@ -221,6 +221,18 @@ def _length_stats(lengths: list[int], cap: int) -> dict[str, float]:
     }
 
 
+def race_side(lengths: list[int], seconds: float, tokens: int, utilisation: list[float], cap: int) -> dict[str, Any]:
+    """One side of the rollout race: completed responses, generation time, tokens, calls, slot use, lengths."""
+    return {
+        "completed": len(lengths),
+        "generation_seconds": seconds,
+        "tokens": tokens,
+        "calls": len(utilisation),
+        "slot_utilisation": statistics.fmean(utilisation),
+        "lengths": _length_stats(lengths, cap),
+    }
+
+
 def worker_race(config: dict, profile: dict, work: Path, seed: int) -> dict[str, Any]:
     """Completed responses per second of generation: synchronous calls vs T-PPO's pool, same engine and slots.
 
@@ -264,14 +276,7 @@ def worker_race(config: dict, profile: dict, work: Path, seed: int) -> dict[str,
             lengths += [len(c.token_ids) for c in out]
             tokens += sum(len(c.token_ids) for c in out)
             utilisation.append(slot_utilisation([len(c.token_ids) for c in out])[0])
-        return {
-            "completed": len(lengths),
-            "generation_seconds": seconds,
-            "tokens": tokens,
-            "calls": len(utilisation),
-            "slot_utilisation": statistics.fmean(utilisation),
-            "lengths": _length_stats(lengths, cap),
-        }
+        return race_side(lengths, seconds, tokens, utilisation, cap)
 
     def pool() -> dict[str, Any]:
         stream, rollout_pool = TrainingStream(data_spec(cfg), seed), RolloutPool(slots, window, cap)
@@ -295,15 +300,9 @@ def worker_race(config: dict, profile: dict, work: Path, seed: int) -> dict[str,
             windows += [s.windows for s in finished]
             tokens += sum(advanced.new_tokens)
             utilisation.append(slot_utilisation(advanced.new_tokens)[0])
-        return {
-            "completed": len(lengths),
-            "generation_seconds": seconds,
-            "tokens": tokens,
-            "calls": len(utilisation),
-            "slot_utilisation": statistics.fmean(utilisation),
+        return race_side(lengths, seconds, tokens, utilisation, cap) | {
             "reprefill_tokens": reprefill,
             "windows_per_response": statistics.fmean(windows),
-            "lengths": _length_stats(lengths, cap),
         }
 
     warm = engine.generate(

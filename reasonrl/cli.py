@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-import time
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,8 +23,7 @@ from reasonrl import __version__
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
 from reasonrl.config.commands import EvalSettings, RewardModelRun
 from reasonrl.config.render import render_yaml
-
-DEFAULT_PRESET = "dapo"
+from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
@@ -54,107 +51,6 @@ def _cmd_config_validate(args: argparse.Namespace) -> int:
         f"{plan.optimizer_steps_per_rollout} optimiser steps per rollout step, "
         f"{plan.total_optimizer_steps} in all)"
     )
-    return 0
-
-
-def _latest_run(output_dir: Path, preset: str) -> Path | None:
-    """The newest run directory of ``preset`` under ``output_dir`` that has a checkpoint."""
-    from reasonrl.train.checkpoint import latest_checkpoint
-    from reasonrl.train.rundir import RunRecord
-
-    candidates = []
-    for run_json in output_dir.glob("*/run.json"):
-        record = RunRecord.read(run_json.parent)
-        if record and record.preset == preset and latest_checkpoint(run_json.parent):
-            candidates.append(run_json.parent)
-    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
-
-
-def _preset_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """The positional preset, unless it is the first override (``train --resume DIR k=v``)."""
-    if args.preset and "=" in args.preset:
-        return None, [args.preset, *args.overrides]
-    return args.preset, list(args.overrides)
-
-
-def _resumed_config(run_dir: Path, preset: str | None, overrides: list[str]):
-    """The recorded settings of ``run_dir`` plus ``overrides`` (which ``fit`` checks against
-    ``RESUMABLE_KEYS``), and its preset; refuses a directory the command line cannot continue."""
-    from reasonrl.train.rundir import CONFIG_FILE, RunRecord
-
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise ConfigError(f"{run_dir} is not a reasonrl run directory (no {CONFIG_FILE}); give the directory of a run")
-    record = RunRecord.read(run_dir)
-    if record is None:
-        raise ConfigError(
-            f"{run_dir} has no run.json (it was made by fit() from Python); resume it by calling fit() again "
-            "with its config and run directory"
-        )
-    if record.custom:
-        raise ConfigError(
-            f"{run_dir} was trained from Python with a {' and '.join(record.custom)}, which the command line "
-            f"cannot rebuild; resume it by calling {record.resume_command(run_dir)}"
-        )
-    if preset is not None and Path(preset).stem != record.preset:
-        raise ConfigError(
-            f"{run_dir} is a {record.preset} run, not {Path(preset).stem}; resume it without a preset: "
-            f"reasonrl train --resume {run_dir} [KEY=VALUE ...]"
-        )
-    return load_config(run_dir / CONFIG_FILE, overrides), record.preset
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from reasonrl.data.loaders import DataError
-    from reasonrl.data.source import check_sources
-    from reasonrl.dist.errors import ClusterError, WorkerDiedError
-    from reasonrl.models.load import ModelError
-    from reasonrl.train.loop import data_spec, fit
-    from reasonrl.train.rollout import DynamicSamplingError
-    from reasonrl.train.rundir import DiskFullError
-
-    preset, overrides = _preset_and_overrides(args)
-    run_dir = None
-    if args.resume == "auto":
-        cfg = load_config(preset or DEFAULT_PRESET, overrides)
-        run_dir = _latest_run(Path(cfg.run.output_dir), Path(preset or DEFAULT_PRESET).stem)
-    elif args.resume:
-        run_dir = Path(args.resume)
-    if run_dir is not None:
-        cfg, preset = _resumed_config(run_dir, None if args.resume == "auto" else preset, overrides)
-    else:
-        preset = preset or DEFAULT_PRESET
-        cfg = load_config(preset, overrides)
-        preset = Path(preset).stem
-        run_dir = Path(cfg.run.output_dir) / (cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    resolve(cfg)  # every config problem surfaces before a model loads
-    if cfg.dist.backend == "ray" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(
-            "dist.backend=ray starts its own trainer workers: run `reasonrl train` once, not under torchrun"
-        )
-    try:
-        check_sources(data_spec(cfg))
-        main_rank = _main_rank()
-        if main_rank:
-            print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
-        if cfg.dist.backend == "ray":
-            from reasonrl.dist.training import fit_on_ray
-
-            summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
-        else:
-            summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
-    except (DataError, ModelError, DynamicSamplingError, DiskFullError, ClusterError, WorkerDiedError) as exc:
-        if _main_rank():
-            print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 1
-    if not main_rank:
-        return 0
-    run_dir = Path(summary["run_dir"])
-    before, after = summary["accuracy_before"], summary["accuracy_after"]
-    print(f"held-out accuracy: {before:.1%} before -> {after:.1%} after ({(after - before) * 100:+.1f} points)")
-    print(f"wall time {summary['wall_seconds'] / 60:.1f} min, peak RSS {summary['peak_rss_gb']:.2f} GB")
-    print(f"plot:    {run_dir / summary['plot']}")
-    print(f"summary: {run_dir / 'summary.md'}")
-    print(f"model:   {run_dir / summary['final_model']}")
     return 0
 
 
@@ -304,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue a run from its latest checkpoint: a run directory, or auto (the newest run of the preset)",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
-    train.set_defaults(handler=_cmd_train)
+    train.set_defaults(handler=cmd_train)
 
     evaluate = commands.add_parser("eval", help="evaluate a model on a dataset")
     eval_defaults = EvalSettings()
@@ -481,18 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ConfigError as exc:
-        if _main_rank():
+        if main_rank():
             print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # a run says where it stopped and how to resume (TrainingInterrupted)
-        if _main_rank():
+        if main_rank():
             print(f"reasonrl: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
-
-
-def _main_rank() -> bool:
-    """Not one of torchrun's other processes: under torchrun, rank 0 alone speaks for the run."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _configure_logging() -> None:
@@ -507,7 +398,7 @@ def _configure_logging() -> None:
         force=True,
     )
     # notices (resuming, checkpoint sizes) from rank 0; errors from every rank
-    logging.getLogger("reasonrl").setLevel(logging.INFO if _main_rank() else logging.ERROR)
+    logging.getLogger("reasonrl").setLevel(logging.INFO if main_rank() else logging.ERROR)
 
 
 if __name__ == "__main__":

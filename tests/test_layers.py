@@ -14,7 +14,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "rollout", "reward", "data"),
     ("train",),
     ("dist",),
-    ("eval", "cli", "hub", "__main__"),
+    ("eval", "cli", "train_command", "hub", "__main__"),
 )
 LAYER = {part: level for level, parts in enumerate(LAYERS) for part in parts}
 

@@ -19,8 +19,6 @@ from reasonrl.dist import (  # noqa: E402
     RayRolloutEngines,
     RayScorer,
     WorkerDiedError,
-    start_ray,
-    stop_ray,
 )
 from reasonrl.dist.cluster import WorkerHost, gather, kill_workers, start_workers  # noqa: E402
 from reasonrl.models.load import load_model, load_tokenizer  # noqa: E402
@@ -34,20 +32,6 @@ GROUPS = [[1, 50, 60, 70], [1, 80], [1, 90, 91, 92, 93], [1, 100, 101]]
 BATCH = [prompt for prompt in GROUPS for _ in range(2)]  # 4 groups × 2 copies, copies next to each other
 PARAMS = SamplingParams(max_new_tokens=10, temperature=1.0, seed=3)
 SETTINGS = EngineSettings("tiny-random", engine="fast", dtype="float32", options={"max_batch_sequences": 4})
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A fresh local cluster: never someone's RAY_ADDRESS; no auth token written to ~/.ray."""
-    saved = {key: os.environ.pop(key, None) for key in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    start_ray(None, num_cpus=2, num_gpus=0, object_store_memory=128 << 20)
-    yield
-    stop_ray()
-    for key, value in saved.items():
-        os.environ.pop(key, None)
-        if value is not None:
-            os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """dist.backend=ray end to end on a local 2-CPU cluster: 2 rollout workers and 1 trainer worker train
 exactly as one process, and a rollout worker killed mid-run stops the run with an error naming it."""
 
-import os
 import threading
 import time
 
@@ -10,7 +9,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from reasonrl.config import load_config  # noqa: E402
-from reasonrl.dist import WorkerDiedError, start_ray, stop_ray  # noqa: E402
+from reasonrl.dist import WorkerDiedError  # noqa: E402
 from reasonrl.dist.training import fit_on_ray  # noqa: E402
 from reasonrl.train.loop import fit  # noqa: E402
 from reasonrl.train.metrics import read_metrics  # noqa: E402
@@ -18,19 +17,6 @@ from tests.dist.test_torchrun import PRESETS, TINY, assert_same_run  # noqa: E40
 
 pytestmark = pytest.mark.ray
 RAY = ["dist.backend=ray", "dist.rollout_workers=2", "dist.trainer_workers=1", "dist.worker_timeout_seconds=300"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    saved = {key: os.environ.pop(key, None) for key in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    start_ray(None, num_cpus=2, num_gpus=0, object_store_memory=128 << 20)  # fit_on_ray joins it, leaves it up
-    yield
-    stop_ray()
-    for key, value in saved.items():
-        os.environ.pop(key, None)
-        if value is not None:
-            os.environ[key] = value
 
 
 def config(*overrides):

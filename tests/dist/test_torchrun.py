@@ -18,23 +18,11 @@ from reasonrl.algo.aggregate import AGGREGATION_MODES
 from reasonrl.models.load import load_model
 from reasonrl.models.value import load_value_model
 from reasonrl.train.metrics import read_metrics
+from tests.train.test_loop import TINY as LOOP_TINY
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-TINY = [
-    "model.name_or_path=tiny-random",
-    "model.dtype=float32",
-    "rollout.rollout_prompts=4",
-    "rollout.samples_per_prompt=4",
-    "rollout.max_response_tokens=12",
-    "train.minibatch_sequences=8",
-    "train.microbatch_tokens=512",
-    "data.eval_prompts=8",
-    "reward.workers=1",
-    "algo.kl_placement=none",
-    "run.loggers=[]",
-    "run.eval_every=2",
-]
+TINY = [*LOOP_TINY, "model.dtype=float32", "run.loggers=[]", "run.eval_every=2"]  # fp32: equal to 1e-5
 # binary, so that DAPO meets all-equal groups and refills; ppo: one sample per prompt, the critic learns
 PRESETS = {
     "grpo": ["reward.functions=['tests.reward_functions:digit_share']"],

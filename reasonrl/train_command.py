@@ -1,0 +1,121 @@
+"""``reasonrl train``: which run (a new one, or the latest / a given one resumed), its config, and how it
+trains: in this process, under torchrun (every process runs this command; rank 0 speaks for the run)
+or on Ray (``dist.backend=ray``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from reasonrl.config import ConfigError, load_config, resolve
+
+DEFAULT_PRESET = "dapo"
+
+
+def main_rank() -> bool:
+    """Not one of torchrun's other processes: under torchrun, rank 0 alone speaks for the run."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _latest_run(output_dir: Path, preset: str) -> Path | None:
+    """The newest run directory of ``preset`` under ``output_dir`` that has a checkpoint."""
+    from reasonrl.train.checkpoint import latest_checkpoint
+    from reasonrl.train.rundir import RunRecord
+
+    candidates = []
+    for run_json in output_dir.glob("*/run.json"):
+        record = RunRecord.read(run_json.parent)
+        if record and record.preset == preset and latest_checkpoint(run_json.parent):
+            candidates.append(run_json.parent)
+    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def _preset_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """The positional preset, unless it is the first override (``train --resume DIR k=v``)."""
+    if args.preset and "=" in args.preset:
+        return None, [args.preset, *args.overrides]
+    return args.preset, list(args.overrides)
+
+
+def _resumed_config(run_dir: Path, preset: str | None, overrides: list[str]):
+    """The recorded settings of ``run_dir`` plus ``overrides`` (which ``fit`` checks against
+    ``RESUMABLE_KEYS``), and its preset; refuses a directory the command line cannot continue."""
+    from reasonrl.train.rundir import CONFIG_FILE, RunRecord
+
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise ConfigError(f"{run_dir} is not a reasonrl run directory (no {CONFIG_FILE}); give the directory of a run")
+    record = RunRecord.read(run_dir)
+    if record is None:
+        raise ConfigError(
+            f"{run_dir} has no run.json (it was made by fit() from Python); resume it by calling fit() again "
+            "with its config and run directory"
+        )
+    if record.custom:
+        raise ConfigError(
+            f"{run_dir} was trained from Python with a {' and '.join(record.custom)}, which the command line "
+            f"cannot rebuild; resume it by calling {record.resume_command(run_dir)}"
+        )
+    if preset is not None and Path(preset).stem != record.preset:
+        raise ConfigError(
+            f"{run_dir} is a {record.preset} run, not {Path(preset).stem}; resume it without a preset: "
+            f"reasonrl train --resume {run_dir} [KEY=VALUE ...]"
+        )
+    return load_config(run_dir / CONFIG_FILE, overrides), record.preset
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from reasonrl.data.loaders import DataError
+    from reasonrl.data.source import check_sources
+    from reasonrl.dist.errors import ClusterError, WorkerDiedError
+    from reasonrl.models.load import ModelError
+    from reasonrl.train.loop import data_spec, fit
+    from reasonrl.train.rollout import DynamicSamplingError
+    from reasonrl.train.rundir import DiskFullError
+
+    preset, overrides = _preset_and_overrides(args)
+    run_dir = None
+    if args.resume == "auto":
+        cfg = load_config(preset or DEFAULT_PRESET, overrides)
+        run_dir = _latest_run(Path(cfg.run.output_dir), Path(preset or DEFAULT_PRESET).stem)
+    elif args.resume:
+        run_dir = Path(args.resume)
+    if run_dir is not None:
+        cfg, preset = _resumed_config(run_dir, None if args.resume == "auto" else preset, overrides)
+    else:
+        preset = preset or DEFAULT_PRESET
+        cfg = load_config(preset, overrides)
+        preset = Path(preset).stem
+        run_dir = Path(cfg.run.output_dir) / (cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    resolve(cfg)  # every config problem surfaces before a model loads
+    if cfg.dist.backend == "ray" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            "dist.backend=ray starts its own trainer workers: run `reasonrl train` once, not under torchrun"
+        )
+    try:
+        check_sources(data_spec(cfg))
+        speaks = main_rank()
+        if speaks:
+            print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
+        if cfg.dist.backend == "ray":
+            from reasonrl.dist.training import fit_on_ray
+
+            summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
+        else:
+            summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
+    except (DataError, ModelError, DynamicSamplingError, DiskFullError, ClusterError, WorkerDiedError) as exc:
+        if main_rank():
+            print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    if not speaks:
+        return 0
+    run_dir = Path(summary["run_dir"])
+    before, after = summary["accuracy_before"], summary["accuracy_after"]
+    print(f"held-out accuracy: {before:.1%} before -> {after:.1%} after ({(after - before) * 100:+.1f} points)")
+    print(f"wall time {summary['wall_seconds'] / 60:.1f} min, peak RSS {summary['peak_rss_gb']:.2f} GB")
+    print(f"plot:    {run_dir / summary['plot']}")
+    print(f"summary: {run_dir / 'summary.md'}")
+    print(f"model:   {run_dir / summary['final_model']}")
+    return 0
