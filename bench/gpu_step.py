@@ -3,7 +3,8 @@
     python bench/gpu_step.py [--steps 4] [--response-tokens 512] [--out bench/results/gpu_step.json]
 
 For each preset (``grpo``, ``vapo``) on the embedded model (SmolLM2-135M-Instruct) with the policy on
-CUDA and vLLM generating, colocated in sleep mode (``model.device=cuda rollout.engine=vllm``), and
+CUDA and vLLM generating, colocated in sleep mode (``model.device=cuda rollout.engine=vllm``; ``--engine hf``
+generates with transformers' ``generate`` on the same GPU instead, for a machine without vLLM), and
 answers of up to ``--response-tokens`` tokens (``rollout.max_response_tokens``; the arithmetic task's
 answers stop earlier when the model ends them), it reports the median over the steps after the first
 (vLLM's start-up and CUDA-graph capture land in the first) of:
@@ -59,16 +60,24 @@ def device_description(device: str) -> dict:
     return {"device": f"CPU ({platform.processor() or platform.machine()})", "peak_bf16_flops": None}
 
 
+def default_engine(device: str) -> str:
+    """vLLM on a GPU where it is installed, else transformers' generate; the fast engine on the CPU."""
+    import importlib.util
+
+    if device == "cpu":
+        return "fast"
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
 def run_preset(preset: str, args: argparse.Namespace) -> dict:
     from reasonrl.config import load_config
     from reasonrl.models.load import load_model
     from reasonrl.train.loop import fit
     from reasonrl.train.metrics import read_metrics
 
-    engine = ["rollout.engine=vllm"] if args.device == "cuda" else ["rollout.engine=fast"]
     overrides = [
         f"model.device={args.device}",
-        *engine,
+        f"rollout.engine={args.engine}",
         f"rollout.max_response_tokens={args.response_tokens}",
         f"train.rollout_steps={args.steps}",
         "data.eval_prompts=8",
@@ -90,6 +99,7 @@ def run_preset(preset: str, args: argparse.Namespace) -> dict:
     step_seconds = [r["perf/step_seconds"] - r.get("perf/eval_seconds", 0.0) for r in timed_steps]
     return {
         "preset": preset,
+        "engine": args.engine,
         "overrides": overrides,
         "parameters": parameters,
         "steps_timed": len(timed_steps),
@@ -104,17 +114,29 @@ def run_preset(preset: str, args: argparse.Namespace) -> dict:
     }
 
 
+def write_partial(result: dict, out: Path | None) -> None:
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--response-tokens", type=int, default=512)
     parser.add_argument("--presets", default="grpo,vapo")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument(
+        "--engine",
+        choices=["vllm", "hf", "fast"],
+        default=None,
+        help="rollout engine (default: vllm on cuda where it is installed, else hf; fast on the cpu)",
+    )
     parser.add_argument("--trl-steps", type=int, default=6, help="steps of the TRL comparison (0 = skip it)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for the reasonrl runs")
     args = parser.parse_args()
+    args.engine = args.engine or default_engine(args.device)
     if args.worker:  # one preset per process: each gets a fresh GPU and its own peak memory
         print(json.dumps(run_preset(args.worker, args)))
         return
@@ -128,13 +150,23 @@ def main() -> None:
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         **device_description(args.device),
         "response_tokens": args.response_tokens,
+        "engine": args.engine,
         "presets": {},
     }
-    passthrough = [f"--steps={args.steps}", f"--response-tokens={args.response_tokens}", f"--device={args.device}"]
+    passthrough = [
+        f"--steps={args.steps}",
+        f"--response-tokens={args.response_tokens}",
+        f"--device={args.device}",
+        f"--engine={args.engine}",
+    ]
     for preset in args.presets.split(","):
         command = [sys.executable, __file__, "--worker", preset, *passthrough, *args.overrides]
-        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
-        result["presets"][preset] = json.loads(output.strip().splitlines()[-1])
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        if done.returncode == 0:
+            result["presets"][preset] = json.loads(done.stdout.strip().splitlines()[-1])
+        else:  # keep the other presets' numbers; the worker's error is on stderr above
+            result["presets"][preset] = {"error": f"exit status {done.returncode}"}
+        write_partial(result, args.out)  # a run stopped later keeps what it measured so far
     if args.trl_steps:
         vs_trl = Path(__file__).with_name("vs_trl.py")
         command = [
@@ -143,6 +175,7 @@ def main() -> None:
             f"--steps={args.trl_steps}",
             f"--max-new-tokens={args.response_tokens}",
             f"--device={args.device}",
+            f"--engine={args.engine}",
         ]
         output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
         comparison = json.loads(output[output.index("{") :])

@@ -6,7 +6,9 @@
 
 On ``--device cuda`` both trainers keep the policy on the GPU and generate with vLLM colocated on the
 same card, in sleep mode, with the same memory share (TRL: ``use_vllm``, ``vllm_mode="colocate"``;
-reasonrl: ``model.device=cuda rollout.engine=vllm``).
+reasonrl: ``model.device=cuda rollout.engine=vllm``). ``--engine hf`` makes both generate with transformers'
+``generate`` on the GPU instead (TRL: ``use_vllm=False``; reasonrl: ``rollout.engine=hf``), for a machine
+without vLLM.
 
 Same model (SmolLM2-135M-Instruct, the same converted weights), the same prompts (the first
 steps × prompts problems of the arithmetic task, chat-formatted with the same template), the same
@@ -21,6 +23,7 @@ seconds per step, completion tokens per second, peak RSS, and both reward curves
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -88,7 +91,7 @@ def run_trl(args: argparse.Namespace) -> dict:
                     "vllm_gpu_memory_utilization": VLLM_MEMORY_SHARE,
                     "vllm_max_model_length": MAX_PROMPT_TOKENS + args.max_new_tokens,
                 }
-                if args.device == "cuda"
+                if args.engine == "vllm"
                 else {}
             ),
             beta=0.0,
@@ -128,11 +131,8 @@ def run_reasonrl(args: argparse.Namespace) -> dict:
         f"rollout.max_response_tokens={args.max_new_tokens}",
         f"rollout.max_prompt_tokens={MAX_PROMPT_TOKENS}",
         f"model.device={args.device}",
-        *(
-            ["rollout.engine=vllm", f"rollout.vllm.gpu_memory_utilization={VLLM_MEMORY_SHARE}"]
-            if args.device == "cuda"
-            else []
-        ),
+        f"rollout.engine={args.engine}",
+        *([f"rollout.vllm.gpu_memory_utilization={VLLM_MEMORY_SHARE}"] if args.engine == "vllm" else []),
         f"train.minibatch_sequences={args.prompts * args.completions}",
         f"train.lr={args.lr}",
         f"train.rollout_steps={args.steps}",
@@ -166,15 +166,25 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--engine",
+        choices=["vllm", "hf", "fast"],
+        default=None,
+        help="generation for both trainers on cuda: vllm (colocated) or hf (transformers' generate); "
+        "default vllm where installed, else hf. On the cpu reasonrl uses fast and TRL transformers' generate",
+    )
     parser.add_argument("--worker", choices=["trl", "reasonrl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.engine is None:
+        vllm_installed = importlib.util.find_spec("vllm") is not None
+        args.engine = "fast" if args.device == "cpu" else ("vllm" if vllm_installed else "hf")
     if args.worker:
         print(json.dumps((run_trl if args.worker == "trl" else run_reasonrl)(args)))
         return
     result: dict = {"work": {k: v for k, v in vars(args).items() if k != "worker"}}
     for name in ("reasonrl", "trl"):
-        command = [sys.executable, __file__, "--worker", name, *sys.argv[1:]]
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        command = [sys.executable, __file__, "--worker", name, *sys.argv[1:], f"--engine={args.engine}"]
+        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
         run = json.loads(output.strip().splitlines()[-1])
         median = statistics.median(run["seconds_per_step"])
         result[name] = {
