@@ -108,3 +108,15 @@ def vllm_engine_options(cfg: Config) -> dict[str, Any]:
     if options["max_model_len"] is None:
         options["max_model_len"] = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
     return options
+
+
+MICROBATCH_TOKENS = {"cpu": 768, "cuda": 16384}
+"""train.microbatch_tokens when it is null, per device type (its docstring says why)."""
+
+
+def microbatch_token_budget(cfg: Config, device_type: str) -> int:
+    """train.microbatch_tokens, or the device's default raised to one full sequence when it is null."""
+    if cfg.train.microbatch_tokens is not None:
+        return cfg.train.microbatch_tokens
+    longest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    return max(MICROBATCH_TOKENS.get(device_type, MICROBATCH_TOKENS["cpu"]), longest)

@@ -271,10 +271,13 @@ class TrainConfig:
     minibatch_sequences: int = 32
     """Responses per optimiser step; must divide rollout_prompts × samples_per_prompt."""
 
-    microbatch_tokens: int = 768
+    microbatch_tokens: int | None = None
     """Token budget (rows × padded length) of one forward/backward micro-batch; gradients accumulate
-    over micro-batches.  Activation memory grows about 1 GB per 1k tokens for the 135M model; 768
-    keeps the main job under 6 GB peak RSS (docs/benchmarks.md)."""
+    over micro-batches, so it changes speed and memory, not what is learnt.  null (default): 768 on the
+    CPU (activation memory grows about 1 GB per 1k tokens for the 135M model; 768 keeps the main job
+    under 6 GB peak RSS) and 16384 on a GPU (verl's default token budget per GPU; at 768 tokens a GPU
+    step is bound by kernel launches: docs/benchmarks.md, "One RL step on a GPU"), raised to one full
+    sequence (rollout.max_prompt_tokens + rollout.max_response_tokens) where that is longer."""
 
 
 @dataclass(frozen=True)

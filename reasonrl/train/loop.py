@@ -177,7 +177,7 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
     The LM head runs only where they are read (T-PPO's token filtering): old log-probs on every response
     token but earlier windows' (those keep their stored behaviour log-probs), reference log-probs also on
     those when the KL is in the reward (every token's reward) or in a loss that trains on them."""
-    groups = run.parallel.row_groups(batch, run.cfg.train.microbatch_tokens)  # data-parallel: this rank's rows
+    groups = run.parallel.row_groups(batch, run.microbatch_tokens)  # data-parallel: this rank's rows
     fresh = batch.response_mask if batch.stale_mask is None else batch.response_mask & ~batch.stale_mask
     lm_head_tokens = 0
 

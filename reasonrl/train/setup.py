@@ -13,7 +13,7 @@ import torch
 
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController
 from reasonrl.config import Config, ConfigError, Plan, resolve
-from reasonrl.config.plan import vllm_engine_options
+from reasonrl.config.plan import microbatch_token_budget, vllm_engine_options
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream
@@ -64,6 +64,8 @@ class Run:
     critic: CriticUpdater | None
     windowed: PoolCollector | None
     """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
+    microbatch_tokens: int
+    """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
     parallel: DataParallel = SINGLE_PROCESS
     """The data-parallel group this process trains in (one process by default)."""
     trackers: list[Tracker] = field(default_factory=list)
@@ -114,7 +116,7 @@ def build_critic(
         value_clip=cfg.algo.value_clip,
         minibatch_sequences=cfg.train.minibatch_sequences,
         epochs=cfg.train.epochs_per_rollout,
-        microbatch_tokens=cfg.train.microbatch_tokens,
+        microbatch_tokens=microbatch_token_budget(cfg, device.type),
         grad_clip=cfg.train.grad_clip,
         compute_dtype=dtype,
         parallel=parallel,
@@ -168,6 +170,7 @@ def setup(
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     dtype = compute_dtype(cfg.model.dtype)
+    microbatch_tokens = microbatch_token_budget(cfg, device.type)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     model = load_model(cfg.model.name_or_path, torch.float32, attention, device)  # fp32 master weights
     if cfg.model.gradient_checkpointing:
@@ -204,7 +207,7 @@ def setup(
         cfg.algo,
         minibatch_sequences=cfg.train.minibatch_sequences,
         epochs=cfg.train.epochs_per_rollout,
-        microbatch_tokens=cfg.train.microbatch_tokens,
+        microbatch_tokens=microbatch_tokens,
         grad_clip=cfg.train.grad_clip,
         loss_agg_constant=plan.loss_agg_constant,
         parallel=parallel,
@@ -237,5 +240,6 @@ def setup(
         compute_dtype=dtype,
         critic=critic,
         windowed=windowed,
+        microbatch_tokens=microbatch_tokens,
         parallel=parallel,
     )

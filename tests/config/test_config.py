@@ -272,3 +272,16 @@ def test_a_data_parallel_backend_that_does_not_match_the_launch_is_explained(mon
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"set dist\.backend=torch"):
         join_data_parallel(load_config("grpo", ["dist.backend=none"]))
+
+
+def test_the_micro_batch_budget_defaults_per_device_and_never_below_one_sequence():
+    from reasonrl.config.plan import microbatch_token_budget
+
+    default = load_config("grpo")
+    assert default.train.microbatch_tokens is None
+    assert microbatch_token_budget(default, "cpu") == 768  # the main job's memory on 2 cores
+    assert microbatch_token_budget(default, "cuda") == 16384  # verl's per-GPU token budget
+    long_answers = load_config("grpo", ["rollout.max_prompt_tokens=512", "rollout.max_response_tokens=1024"])
+    assert microbatch_token_budget(long_answers, "cpu") == 1536
+    explicit = load_config("grpo", ["train.microbatch_tokens=1000"])
+    assert microbatch_token_budget(explicit, "cuda") == 1000
