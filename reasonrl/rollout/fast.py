@@ -357,6 +357,7 @@ class FastEngine:
                 slots = active.numel()
                 active = torch.arange(slots)
             cache = self._grow(cache, int(position[active].max()) + 1, span_cap)
+            position[request < 0] = 0  # an idle slot's write lands in its own unused row, never past the cache
             logits = self._decode(next_token, position, cache)
             tokens, logprobs = sample(logits[active], active)
             record(active, tokens, logprobs)

@@ -188,3 +188,17 @@ def test_a_completion_depends_on_its_own_seed_and_index_not_on_the_rest_of_the_b
     torch.testing.assert_close([c.logprobs for c in share], [c.logprobs for c in whole[2:]], atol=1e-5, rtol=0)
     shifted = per_request_engine.generate(PROMPTS[2:], params)  # same prompts at other indices: other streams
     assert [c.token_ids for c in shifted] != [c.token_ids for c in whole[2:]]
+
+
+def test_fast_engine_keeps_decoding_when_an_idle_slot_ended_at_the_cache_edge(tiny):
+    # Two slots end together with their next position at the KV cache's block edge (3 prompt + 30 new
+    # tokens - 1 = 32 = CACHE_BLOCK) and one prompt left: the slot that stays idle must not write past
+    # the cache (a GSM8K run crashed with "index 256 is out of bounds for dimension 1 with size 256").
+    model, tokenizer = tiny
+    engine = build_engine("fast", model, tokenizer, dtype=torch.float32, max_batch_sequences=2)
+    params = SamplingParams(max_new_tokens=30, temperature=1.0, seed=3, ignore_stop=True)
+    prompts = [[1, 40, 41], [1, 50, 51], [1, 60, 61]]
+    completions = engine.generate(prompts, params)
+    assert [len(c.token_ids) for c in completions] == [30, 30, 30]
+    one_slot = build_engine("fast", model, tokenizer, dtype=torch.float32, max_batch_sequences=1)
+    assert [c.token_ids for c in one_slot.generate(prompts, params)] == [c.token_ids for c in completions]
