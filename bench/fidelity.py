@@ -578,6 +578,33 @@ def plot(result: dict[str, Any], path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- harness
 
 
+def _describe(measure: dict) -> str:
+    stat = f"[{measure['stat']}]" if "stat" in measure else ""
+    if measure["kind"] == "within":
+        return f"{measure['arm']}: {measure['metric']}{stat} − {measure['minus']}{stat}"
+    operator = "−" if measure["kind"] == "difference" else "÷"
+    return f"{measure['metric']}{stat}: {measure['a']} {operator} {measure['b']}"
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def markdown_report(result: dict[str, Any]) -> str:
+    """Per paper, a table of its targets: claim, measure, d ± SE over the seeds, per seed, verdict."""
+    done = f"{result['runs_done']} of {result['runs_planned']} runs"
+    lines = [f"`{result['profile']}` profile, {done}, {result['updated']}"]
+    for paper in dict.fromkeys(t["paper"] for t in result["targets"]):
+        lines += ["", f"**{paper}**", "", "| target | claim | measure | d ± SE (n) | per seed | threshold | verdict |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for t in (t for t in result["targets"] if t["paper"] == paper):
+            per_seed = ", ".join(_number(v) for v in t["per_seed"].values())
+            spread = f"{_number(t['d'])} ± {_number(t['se'])} ({t['n']})"
+            row = [t["id"], t["claim"], _describe(t["measure"]), spread, per_seed, f"{t['threshold']:g}", t["verdict"]]
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_name(path.name + ".tmp")
@@ -756,9 +783,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON and PNG go")
     parser.add_argument("--config", type=Path, default=CONFIG, help=argparse.SUPPRESS)
     parser.add_argument("--keep-models", action="store_true", help="keep each run's checkpoints and final model")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print OUT/fidelity_PROFILE.json's targets as tables; runs nothing"
+    )
     parser.add_argument("--worker", choices=("rm", "race"), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown_report(json.loads((args.out / f"fidelity_{args.profile}.json").read_text())), end="")
+        return 0
     harness = Harness(args)
     if args.worker == "rm":
         worker_rm(harness.config, harness.profile, harness.work)

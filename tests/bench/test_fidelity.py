@@ -173,3 +173,37 @@ def test_a_reference_solution_becomes_an_answer_in_the_prompts_format():
     solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"
     assert fidelity.reference_response(solution, "answer_line") == "Natalia sold 48/2 = 24 clips in May.\nAnswer: 72"
     assert fidelity.reference_response(solution, "boxed").endswith("The final answer is \\boxed{72}.")
+
+
+def test_the_markdown_report_has_one_table_per_paper_with_each_target_and_its_verdict():
+    targets = [
+        {
+            "id": "a_beats_b",
+            "paper": "P1",
+            "claim": "A | B",
+            "threshold": 0.0,
+            "verdict": "reproduced",
+            "d": 0.1,
+            "se": 0.02,
+            "n": 3,
+            "per_seed": {"0": 0.1, "1": 0.12, "2": None},
+            "measure": {"kind": "difference", "metric": "final_accuracy", "a": "a", "b": "b"},
+        },
+        {
+            "id": "lam",
+            "paper": "P2",
+            "claim": "c",
+            "threshold": 1.0,
+            "verdict": "not testable",
+            "d": None,
+            "se": None,
+            "n": 0,
+            "per_seed": {"0": None},
+            "measure": {"kind": "within", "arm": "a", "metric": "x", "minus": "y", "stat": "mean"},
+        },
+    ]
+    result = {"profile": "cpu", "runs_done": 2, "runs_planned": 3, "updated": "today", "targets": targets}
+    text = fidelity.markdown_report(result)
+    assert text.count("| target | claim |") == 2 and "**P1**" in text and "**P2**" in text
+    assert "| a_beats_b | A \\| B | final_accuracy: a − b | 0.1 ± 0.02 (3) | 0.1, 0.12, – | 0 | reproduced |" in text
+    assert "| lam | c | a: x[mean] − y[mean] | – ± – (0) | – | 1 | not testable |" in text
