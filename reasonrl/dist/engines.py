@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 
 from reasonrl.dist.cluster import Placement, WorkerHost, gather, kill_workers, start_workers
-from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams, share_params
 from reasonrl.rollout.shards import split_at_group_boundaries
 
 
@@ -139,7 +139,7 @@ class RayRolloutEngines:
                 worker,
                 worker.actor.generate.remote(
                     [list(prompts[i]) for i in share],
-                    dataclasses.replace(params, first_index=params.first_index + share.start),
+                    share_params(params, share.start, share.stop),
                 ),
             )
             for worker, share in zip(self.workers, shares, strict=True)

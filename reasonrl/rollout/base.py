@@ -40,6 +40,10 @@ class SamplingParams:
     ``request_seed(seed, first_index + i)``, so a data-parallel rank generating its share of a batch
     samples exactly what one process generating the whole batch would."""
 
+    request_indices: tuple[int, ...] | None = None
+    """Explicit stream index of each prompt of the call, in place of ``first_index + i``: a multi-turn
+    driver generates a turn for a subset of its conversations, and each keeps its own stream."""
+
     fire: FireParams | None = None
     """FIRE: sample these response positions flaming-hot (fast engine only); None = off."""
 
@@ -69,7 +73,18 @@ REQUEST_SEED_STRIDE = 100_003
 
 def request_seed(params: SamplingParams, index: int) -> int | None:
     """The seed of prompt ``index`` (within the call) of a call sampled with ``params``; None = unseeded."""
-    return None if params.seed is None else params.seed * REQUEST_SEED_STRIDE + params.first_index + index
+    if params.seed is None:
+        return None
+    stream = params.first_index + index if params.request_indices is None else params.request_indices[index]
+    return params.seed * REQUEST_SEED_STRIDE + stream
+
+
+def share_params(params: SamplingParams, start: int, stop: int) -> SamplingParams:
+    """The sampling parameters of prompts ``start:stop`` of a call, generated on their own: each keeps
+    the stream it has in the whole call (how a batch is split among engines without changing a sample)."""
+    if params.request_indices is not None:
+        return dataclasses.replace(params, request_indices=params.request_indices[start:stop])
+    return dataclasses.replace(params, first_index=params.first_index + start)
 
 
 class RolloutEngine(Protocol):

@@ -30,7 +30,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError
 from reasonrl.data.examples import Example
 from reasonrl.reward.base import RewardResult, Scorer
-from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams, share_params
 from reasonrl.rollout.shards import split_at_group_boundaries
 
 
@@ -167,7 +167,7 @@ class ShardedEngine:
         shares = split_at_group_boundaries(prompts, self.parallel.world_size)
         mine = shares[self.parallel.rank]
         local = self.engine.generate(
-            [prompts[i] for i in mine], dataclasses.replace(params, first_index=params.first_index + mine.start)
+            [prompts[i] for i in mine], share_params(params, mine.start, mine.stop)
         )
         return [c for part in self.parallel.gather(local) for c in part]
 

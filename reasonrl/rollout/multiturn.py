@@ -1,0 +1,283 @@
+"""Multi-turn rollouts: conversations whose generated turns alternate with injected ones.
+
+``run_conversations`` generates one turn for every live conversation in one engine call (any engine:
+fast, hf, vllm), then asks the conversation's ``TurnRule`` what comes next: a user message to inject
+(a verify or revise template, a tool's output) with the role of the turn to generate after it, or
+the end.  Injected text is rendered with the tokenizer's chat template; its tokens are fed to the
+model but never trained on (``conversation_tensors`` marks them).  A conversation also ends at a
+limit of generated turns or of response tokens (generated + injected).
+
+PAG's rule (arXiv 2506.10406 §3, "selective revision") is ``PAGRule``: answer, verify the answer,
+and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its Direct MultiTurn baseline
+(always revise, no verify turn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
+from reasonrl.rollout.base import RolloutEngine, SamplingParams
+
+ROLE_INJECTED = -1
+ROLE_POLICY = 0  # an attempt at the answer
+ROLE_VERIFIER = 1  # the policy judging its previous attempt
+
+# The PAG release's prompts (quick_start/qwen1p5b_pag.sh's rollout): verify, then revise after "wrong".
+PAG_VERIFY_PROMPT = (
+    "Check the math solution step-by-step. If you find a mistake: state the wrong step, explain why it's wrong, "
+    "and end your response with 'The answer is wrong'. If all steps are correct, end your response with "
+    "'The answer is correct'."
+)
+PAG_REVISE_PROMPT = (
+    "You indicated that your previous answer was wrong. Please provide the correct solution to the math problem."
+)
+# Direct MultiTurn (PAG's baseline): revise without a verify turn.
+DIRECT_REVISE_PROMPT = "Review your previous solution and provide a correct solution to the math problem."
+
+VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
+
+
+class MultiTurnError(ValueError):
+    """A conversation that cannot be continued, with what to do about it."""
+
+
+def parse_verdict(text: str) -> int:
+    """The verdict at the end of a verify turn (PAG §3): ``VERDICT_CORRECT`` or ``VERDICT_WRONG`` when
+    the text ends with exactly "The answer is correct." / "The answer is wrong." (trailing whitespace
+    allowed), else ``VERDICT_UNPARSED``."""
+    match = VERDICT_PATTERN.search(text)
+    if match is None:
+        return VERDICT_UNPARSED
+    return VERDICT_CORRECT if match.group(1) == "correct" else VERDICT_WRONG
+
+
+@dataclass
+class Segment:
+    """A run of tokens of one conversation: a generated turn, or injected text."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # the engine's, per token; 0 for injected tokens
+    role: int  # ROLE_POLICY / ROLE_VERIFIER for a generated turn, ROLE_INJECTED otherwise
+    text: str  # the generated turn decoded (special tokens skipped), or the injected user message
+    finish_reason: str | None = None  # a generated turn's: "stop" or "length"
+
+    @property
+    def generated(self) -> bool:
+        return self.role != ROLE_INJECTED
+
+
+@dataclass
+class Conversation:
+    """One prompt's conversation: its chat so far, the segments after the prompt, and what comes next."""
+
+    prompt_ids: list[int]  # chat-formatted, ending with the assistant header
+    messages: list[dict[str, str]]  # the chat the prompt rendered (system and user messages)
+    stream: int = 0  # sampling stream index: the same conversation samples the same turns in any batch
+    next_role: int = ROLE_POLICY
+    segments: list[Segment] = field(default_factory=list)
+    done: bool = False
+    end: str = ""  # why it ended: "rule", "turn_limit" or "token_limit"
+
+    @property
+    def response_length(self) -> int:
+        """Tokens after the prompt, generated and injected."""
+        return sum(len(s.token_ids) for s in self.segments)
+
+    def turns(self, role: int | None = None) -> list[Segment]:
+        """The generated turns, in order (only those of ``role`` when given)."""
+        return [s for s in self.segments if s.generated and (role is None or s.role == role)]
+
+    def token_ids(self) -> list[int]:
+        """The prompt and every segment: what the model reads to generate the next turn."""
+        return self.prompt_ids + [t for s in self.segments for t in s.token_ids]
+
+
+@dataclass(frozen=True)
+class Injection:
+    """A user message to append, and the role of the turn generated after it."""
+
+    text: str
+    next_role: int
+
+
+class TurnRule(Protocol):
+    """Decides, after each generated turn, what a conversation does next."""
+
+    def after(self, conversation: Conversation) -> Injection | None:
+        """The message to inject after the conversation's last generated turn, or None to end it."""
+        ...
+
+
+@dataclass(frozen=True)
+class PAGRule:
+    """PAG's selective revision (§3): attempt → verify → (only after "wrong") revise → verify → ...
+
+    At most ``max_attempts`` policy turns, and no verify turn after the last one (the release's
+    default).  An unparsed verdict ends the conversation in training (reward 0, no revision) and counts
+    as "wrong" at evaluation (``revise_unparsed``), as the release does."""
+
+    max_attempts: int = 2
+    revise_unparsed: bool = False
+
+    def after(self, conversation: Conversation) -> Injection | None:
+        last = conversation.turns()[-1]
+        if last.role == ROLE_POLICY:
+            if len(conversation.turns(ROLE_POLICY)) >= self.max_attempts:
+                return None
+            return Injection(PAG_VERIFY_PROMPT, ROLE_VERIFIER)
+        verdict = parse_verdict(last.text)
+        if verdict == VERDICT_WRONG or (verdict == VERDICT_UNPARSED and self.revise_unparsed):
+            return Injection(PAG_REVISE_PROMPT, ROLE_POLICY)
+        return None
+
+
+@dataclass(frozen=True)
+class DirectRevisionRule:
+    """PAG's Direct MultiTurn baseline: revise after every attempt, up to ``max_attempts``, never verify."""
+
+    max_attempts: int = 2
+
+    def after(self, conversation: Conversation) -> Injection | None:
+        if len(conversation.turns(ROLE_POLICY)) >= self.max_attempts:
+            return None
+        return Injection(DIRECT_REVISE_PROMPT, ROLE_POLICY)
+
+
+def injected_ids(tokenizer, conversation: Conversation, user_text: str) -> tuple[list[int], list[dict[str, str]]]:
+    """The tokens that close the last generated turn and open the next one after a user message
+    ``user_text``, rendered by the chat template; and the chat with both messages added.
+
+    The template renders the whole chat twice, with the user message and without it; the difference
+    is the new user turn and the assistant header.  Before it goes whatever the template puts after an
+    assistant message (e.g. "<|im_end|>\\n"), less the stop token the model already generated.
+    """
+    last = conversation.turns()[-1]
+    chat = [*conversation.messages, {"role": "assistant", "content": last.text}]
+    extended = [*chat, {"role": "user", "content": user_text}]
+    if not tokenizer.chat_template:  # plain text models: blank lines between turns
+        return list(tokenizer(f"\n\n{user_text}\n\n", add_special_tokens=False)["input_ids"]), extended
+    closed = tokenizer.apply_chat_template(chat, tokenize=False)
+    opened = tokenizer.apply_chat_template(extended, tokenize=False, add_generation_prompt=True)
+    if not opened.startswith(closed):
+        raise MultiTurnError(
+            "the model's chat template renders earlier turns differently once a turn is added; "
+            "multi-turn rollouts need a template that only appends"
+        )
+    content_end = closed.rfind(last.text) + len(last.text) if last.text else len(closed)
+    after_assistant = closed[content_end:]
+    if last.finish_reason == "stop" and last.token_ids:
+        emitted = tokenizer.decode(last.token_ids[-1:], skip_special_tokens=False)
+        after_assistant = after_assistant.removeprefix(emitted)
+    text = after_assistant + opened[len(closed) :]
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]), extended
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of every conversation's ``turn``-th generated turn (0-based)."""
+    return None if seed is None else seed * 1_000 + turn
+
+
+def run_conversations(
+    engine: RolloutEngine,
+    tokenizer,
+    conversations: Sequence[Conversation],
+    rule: TurnRule,
+    params: SamplingParams,
+    *,
+    max_turns: int,
+    max_response_tokens: int,
+) -> list[Conversation]:
+    """Generate every conversation to its end, one turn of all live conversations per engine call.
+
+    ``params.max_new_tokens`` caps each turn; ``max_response_tokens`` caps a conversation's tokens
+    after its prompt (generated and injected), ``max_turns`` its generated turns.  Conversation i's
+    turn t samples from stream ``conversations[i].stream`` with seed ``turn_seed(params.seed, t)``,
+    whatever else is in the call.
+    """
+    for turn in range(max_turns):
+        live = [c for c in conversations if not c.done]
+        if not live:
+            break
+        # 1. one engine call per remaining-token budget (all equal until a conversation nears the cap)
+        budgets: dict[int, list[Conversation]] = {}
+        for c in live:
+            budgets.setdefault(min(params.max_new_tokens, max_response_tokens - c.response_length), []).append(c)
+        for budget, group in budgets.items():
+            call = dataclasses.replace(
+                params,
+                max_new_tokens=budget,
+                seed=turn_seed(params.seed, turn),
+                request_indices=tuple(c.stream for c in group),
+            )
+            completions = engine.generate([c.token_ids() for c in group], call)
+            texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            for c, completion, text in zip(group, completions, texts, strict=True):
+                c.segments.append(
+                    Segment(completion.token_ids, completion.logprobs, c.next_role, text, completion.finish_reason)
+                )
+        # 2. the rule decides; the injected turn must leave room for at least one generated token
+        for c in live:
+            injection = rule.after(c)
+            if injection is None:
+                c.done, c.end = True, "rule"
+                continue
+            if turn + 1 >= max_turns:
+                c.done, c.end = True, "turn_limit"
+                continue
+            ids, c.messages = injected_ids(tokenizer, c, injection.text)
+            if c.response_length + len(ids) >= max_response_tokens:
+                c.done, c.end = True, "token_limit"
+                continue
+            c.segments.append(Segment(ids, [0.0] * len(ids), ROLE_INJECTED, injection.text))
+            c.next_role = injection.next_role
+    for c in conversations:
+        if not c.done:
+            c.done, c.end = True, "turn_limit"
+    return list(conversations)
+
+
+@dataclass
+class ConversationTensors:
+    """A batch of finished conversations as the trainer's [B, T] response tensors (right-padded)."""
+
+    response_ids: Tensor  # [B, T] long: every token after the prompt, generated and injected
+    response_mask: Tensor  # [B, T] bool: generated tokens only (injected ones are read, never trained)
+    rollout_logprobs: Tensor  # [B, T] float: the engine's, 0 at injected tokens
+    role_ids: Tensor  # [B, T] long: ROLE_POLICY / ROLE_VERIFIER per generated token, ROLE_INJECTED elsewhere
+    turn_ids: Tensor  # [B, T] long: the generated turn's index (0-based), -1 at injected and padding tokens
+    turn_ends: list[list[int]]  # per conversation: the position of each generated turn's last token
+
+
+def conversation_tensors(conversations: Sequence[Conversation], pad_token_id: int) -> ConversationTensors:
+    """Stack finished conversations into right-padded [B, T] tensors."""
+    width = max(1, max(c.response_length for c in conversations))
+    shape = (len(conversations), width)
+    ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    logprobs = torch.zeros(shape)
+    roles = torch.full(shape, ROLE_INJECTED, dtype=torch.long)
+    turns = torch.full(shape, -1, dtype=torch.long)
+    ends: list[list[int]] = []
+    for row, c in enumerate(conversations):
+        position, turn, row_ends = 0, 0, []
+        for s in c.segments:
+            span = slice(position, position + len(s.token_ids))
+            ids[row, span] = torch.tensor(s.token_ids, dtype=torch.long)
+            logprobs[row, span] = torch.tensor(s.logprobs)
+            if s.generated and s.token_ids:
+                mask[row, span] = True
+                roles[row, span] = s.role
+                turns[row, span] = turn
+                row_ends.append(span.stop - 1)
+            turn += s.generated
+            position = span.stop
+        ends.append(row_ends)
+    return ConversationTensors(ids, mask, logprobs, roles, turns, ends)

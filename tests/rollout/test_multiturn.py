@@ -1,0 +1,185 @@
+"""The multi-turn driver: PAG's selective revision, injected turns through the chat template, per-conversation
+sampling streams, limits, and the [B, T] tensors the trainer reads."""
+
+import pytest
+import torch
+
+from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
+from reasonrl.models.load import load_model, load_tokenizer
+from reasonrl.rollout import SamplingParams, build_engine
+from reasonrl.rollout.base import share_params
+from reasonrl.rollout.fake import FakeEngine
+from reasonrl.rollout.multiturn import (
+    DIRECT_REVISE_PROMPT,
+    PAG_REVISE_PROMPT,
+    PAG_VERIFY_PROMPT,
+    ROLE_INJECTED,
+    ROLE_POLICY,
+    ROLE_VERIFIER,
+    Conversation,
+    DirectRevisionRule,
+    PAGRule,
+    conversation_tensors,
+    parse_verdict,
+    run_conversations,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict", "reason"),
+    [
+        ("Step 2 is fine.\nThe answer is correct.", VERDICT_CORRECT, "the exact sentence at the end"),
+        ("Step 1 adds wrongly.\nThe answer is wrong.", VERDICT_WRONG, "the exact sentence at the end"),
+        ("The answer is correct.\n  ", VERDICT_CORRECT, "trailing whitespace is allowed"),
+        ("The answer is correct. But maybe not.", VERDICT_UNPARSED, "the verdict must end the turn"),
+        ("The answer is correct", VERDICT_UNPARSED, "the final period is part of the sentence"),
+        ("the answer is correct.", VERDICT_UNPARSED, "case matters, as in the release's pattern"),
+        ("The answer is right.", VERDICT_UNPARSED, "only correct or wrong"),
+        ("The answer is wrong. The answer is correct.", VERDICT_CORRECT, "the last sentence decides"),
+        ("", VERDICT_UNPARSED, "an empty turn (cut at its first token)"),
+    ],
+)
+def test_parse_verdict(text, verdict, reason):
+    assert parse_verdict(text) == verdict, reason
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("tiny-random")
+
+
+def question(tokenizer, text):
+    messages = [{"role": "user", "content": text}]
+    ids = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))["input_ids"]
+    return Conversation(list(ids), messages)
+
+
+def scripted(tokenizer, verdicts):
+    """Attempts answer "Answer: 5", revisions "Answer: 4"; a verify turn says ``verdicts[question]``."""
+    stop = tokenizer.eos_token_id
+
+    def respond(prompt, rng):
+        text = tokenizer.decode(prompt)
+        last_user = text.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+        first_user = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+        if last_user == PAG_VERIFY_PROMPT:
+            reply = verdicts[first_user]
+        elif last_user in (PAG_REVISE_PROMPT, DIRECT_REVISE_PROMPT):
+            reply = "Answer: 4"
+        else:
+            reply = "Answer: 5"
+        return [*tokenizer(reply, add_special_tokens=False)["input_ids"], stop]
+
+    return FakeEngine(respond, stop_token_ids=[stop])
+
+
+VERDICTS = {"A": "Looks right.\nThe answer is correct.", "B": "Step 1 is off.\nThe answer is wrong.", "C": "Hmm."}
+PARAMS = SamplingParams(max_new_tokens=64, temperature=1.0, seed=0)
+
+
+def roles(conversation):
+    return [s.role for s in conversation.segments]
+
+
+def test_pag_revises_only_after_a_wrong_verdict(tokenizer):
+    engine = scripted(tokenizer, VERDICTS)
+    a, b, c = (question(tokenizer, q) for q in "ABC")
+    run_conversations(engine, tokenizer, [a, b, c], PAGRule(), PARAMS, max_turns=8, max_response_tokens=1000)
+    assert roles(a) == [ROLE_POLICY, ROLE_INJECTED, ROLE_VERIFIER]  # "correct": no second attempt
+    assert roles(b) == [ROLE_POLICY, ROLE_INJECTED, ROLE_VERIFIER, ROLE_INJECTED, ROLE_POLICY]
+    assert [t.text for t in b.turns(ROLE_POLICY)] == ["Answer: 5", "Answer: 4"]
+    assert roles(c) == roles(a)  # unparsed in training: no revision
+    assert {x.end for x in (a, b, c)} == {"rule"}
+    # at evaluation an unparsed verdict counts as wrong
+    c = question(tokenizer, "C")
+    rule = PAGRule(revise_unparsed=True)
+    run_conversations(engine, tokenizer, [c], rule, PARAMS, max_turns=8, max_response_tokens=1000)
+    assert roles(c) == roles(b)
+
+
+def test_pag_stops_at_its_attempt_limit_without_a_last_verify_turn(tokenizer):
+    always_wrong = scripted(tokenizer, {"B": VERDICTS["B"]})
+    b = question(tokenizer, "B")
+    run_conversations(
+        always_wrong, tokenizer, [b], PAGRule(max_attempts=3), PARAMS, max_turns=10, max_response_tokens=1000
+    )
+    assert [s.role for s in b.turns()] == [ROLE_POLICY, ROLE_VERIFIER, ROLE_POLICY, ROLE_VERIFIER, ROLE_POLICY]
+
+
+def test_direct_multiturn_always_revises_and_never_verifies(tokenizer):
+    a = question(tokenizer, "A")
+    rule = DirectRevisionRule(max_attempts=2)
+    run_conversations(
+        scripted(tokenizer, VERDICTS), tokenizer, [a], rule, PARAMS, max_turns=8, max_response_tokens=1000
+    )
+    assert roles(a) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY]
+    assert a.segments[1].text == DIRECT_REVISE_PROMPT
+
+
+def test_the_conversation_is_what_the_chat_template_renders(tokenizer):
+    b = question(tokenizer, "B")
+    run_conversations(
+        scripted(tokenizer, VERDICTS), tokenizer, [b], PAGRule(), PARAMS, max_turns=8, max_response_tokens=1000
+    )
+    rendered = tokenizer.apply_chat_template(b.messages, tokenize=False, add_generation_prompt=True)
+    last = b.segments[-1]
+    assert tokenizer.decode(b.token_ids()[: len(b.token_ids()) - len(last.token_ids)]) == rendered
+    assert [m["role"] for m in b.messages] == ["user", "assistant", "user", "assistant", "user"]
+    assert b.messages[2]["content"] == PAG_VERIFY_PROMPT and b.messages[4]["content"] == PAG_REVISE_PROMPT
+
+
+def test_tensors_mark_injected_tokens_out_of_every_loss_and_place_turn_ends(tokenizer):
+    a, b = question(tokenizer, "A"), question(tokenizer, "B")
+    engine = scripted(tokenizer, VERDICTS)
+    run_conversations(engine, tokenizer, [a, b], PAGRule(), PARAMS, max_turns=8, max_response_tokens=1000)
+    t = conversation_tensors([a, b], pad_token_id=tokenizer.pad_token_id)
+    assert t.response_ids.shape == (2, b.response_length)
+    assert tokenizer.decode(t.response_ids[1].tolist()) == tokenizer.decode(b.token_ids()[len(b.prompt_ids) :])
+    injected = t.role_ids == ROLE_INJECTED
+    assert not (t.response_mask & injected).any()  # an injected token is never a generated one
+    assert int(t.response_mask[1].sum()) == sum(len(s.token_ids) for s in b.turns())
+    assert (t.turn_ids[1][t.response_mask[1]].unique().tolist()) == [0, 1, 2]
+    assert (t.turn_ids[~t.response_mask] == -1).all() and (t.rollout_logprobs[injected] == 0).all()
+    for row, c in enumerate((a, b)):
+        ends = t.turn_ends[row]
+        assert len(ends) == len(c.turns())
+        assert all(t.response_ids[row, e] == tokenizer.eos_token_id for e in ends)  # each turn's stop token
+        assert all(t.role_ids[row, e] == turn.role for e, turn in zip(ends, c.turns(), strict=True))
+    assert not t.response_mask[0, a.response_length :].any()  # padding
+
+
+def test_a_conversation_samples_the_same_turns_alone_or_with_others(tokenizer):
+    engine = build_engine("fast", load_model("tiny-random"), tokenizer, dtype=torch.float32, max_batch_sequences=4)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
+    rule = DirectRevisionRule(max_attempts=3)
+
+    def run(texts, streams):
+        conversations = [question(tokenizer, q) for q in texts]
+        for c, stream in zip(conversations, streams, strict=True):
+            c.stream = stream
+        return run_conversations(engine, tokenizer, conversations, rule, params, max_turns=3, max_response_tokens=200)
+
+    together = run(["p", "q", "r"], [0, 1, 2])
+    alone = run(["q"], [1])
+    assert [s.token_ids for s in alone[0].segments] == [s.token_ids for s in together[1].segments]
+    twins = run(["q", "q"], [0, 1])  # the same prompt on two streams: two samples
+    assert twins[0].turns()[0].token_ids != twins[1].turns()[0].token_ids
+
+
+def test_limits_end_a_conversation_and_say_which(tokenizer):
+    engine = scripted(tokenizer, VERDICTS)
+    b = question(tokenizer, "B")
+    run_conversations(engine, tokenizer, [b], PAGRule(), PARAMS, max_turns=2, max_response_tokens=1000)
+    assert b.end == "turn_limit" and len(b.turns()) == 2
+    b = question(tokenizer, "B")
+    first_turn = len(tokenizer("Answer: 5", add_special_tokens=False)["input_ids"]) + 1
+    run_conversations(engine, tokenizer, [b], PAGRule(), PARAMS, max_turns=8, max_response_tokens=first_turn + 5)
+    assert b.end == "token_limit" and roles(b) == [ROLE_POLICY]  # the verify template does not fit
+    assert b.response_length <= first_turn + 5
+
+
+def test_a_shared_call_keeps_each_prompts_stream():
+    params = SamplingParams(max_new_tokens=4, seed=1, request_indices=(7, 3, 9, 4))
+    assert share_params(params, 1, 3).request_indices == (3, 9)
+    plain = share_params(SamplingParams(max_new_tokens=4, seed=1, first_index=10), 2, 4)
+    assert plain.first_index == 12 and plain.request_indices is None
