@@ -38,6 +38,9 @@ class RolloutBatch:
     returns: Tensor | None = None  # [B, T]
     running: Tensor | None = None  # [B] bool: T-PPO, still generating (no stop token, under the cap)
     stale_mask: Tensor | None = None  # [B, T] bool: T-PPO, tokens generated in earlier windows by older policies
+    turn_rewards: Tensor | None = None  # [B, T] float: multi-turn, each generated turn's reward on its last token
+    role_ids: Tensor | None = None  # [B, T] long: multi-turn, the role of each generated token (rollout.multiturn)
+    turn_ids: Tensor | None = None  # [B, T] long: multi-turn, the generated turn of each token, -1 elsewhere
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -48,9 +48,13 @@ class AlgoSpec:
     """How GAE crosses masked tokens inside a response: skip carries credit through the gap (verl),
     reset makes every segment its own episode (PAG turn-independent GAE)."""
 
-    advantage_norm: Literal["none", "batch_whiten"] = "none"
-    """Advantage normalisation after GAE: none, or batch_whiten (mean 0 / std 1 over all valid
-    tokens of the rollout batch, as verl does for PPO)."""
+    advantage_norm: Literal["none", "batch_whiten", "role_whiten"] = "none"
+    """Advantage normalisation after GAE: none; batch_whiten (mean 0 / std 1 over all valid tokens of
+    the rollout batch, as verl does for PPO); role_whiten (PAG's RoleAdvNorm: the same, separately over
+    the tokens of each multi-turn role, policy attempts and verify turns)."""
+
+    revision_bonus: float = 1.0
+    """Multi-turn (PAG eq 1): α of an attempt's revision bonus, acc_t + α·(acc_t − acc_{t−1}) for t ≥ 2."""
 
     group_norm_by_std: bool = True
     """Group estimators: divide by the group's reward std (GRPO) or not (Dr. GRPO)."""
@@ -242,6 +246,23 @@ _T_PPO = replace(_VAPO, advantage_estimator="egae", nll_weight=0.0, value_pretra
 # abstract, so the objective is the PPO baseline's ([M]; docs/algorithms.md, pairwise_ppo difference 1).
 _PAIRWISE_PPO = _PPO
 
+# PAG (arXiv 2506.10406, §3 and Table 7 [P]; release script [R]): PPO with a critic, γ = λ = 1 with
+# turn-independent GAE (reset at injected turns), RoleAdvNorm, clip 0.2/0.28, no entropy or KL,
+# revision bonus α = 1.  Token-level loss and value clip 0.5: the verl version the release builds on.
+_PAG = AlgoSpec(
+    advantage_estimator="gae",
+    gamma=1.0,
+    lambda_policy=1.0,
+    lambda_critic=1.0,
+    gae_mask_mode="reset",
+    advantage_norm="role_whiten",
+    eps_low=0.2,
+    eps_high=0.28,
+    loss_agg="token-mean",
+    value_clip=0.5,
+    revision_bonus=1.0,
+)
+
 PRESETS: dict[str, AlgoPreset] = {
     "ppo": AlgoPreset(
         _PPO,
@@ -277,6 +298,12 @@ PRESETS: dict[str, AlgoPreset] = {
         _PAIRWISE_PPO,
         "Xu et al. 2025, A Unified Pairwise Framework for RLHF (Pairwise-RL), arXiv:2504.04950",
         "Pairwise-RL: PPO on a pairwise generative judge's debiased win rate against an anchor",
+    ),
+    "pag": AlgoPreset(
+        _PAG,
+        "Jiang et al. 2025, PAG: Multi-Turn Reinforced LLM Self-Correction with Policy as Generative Verifier, "
+        "arXiv:2506.10406",
+        "PAG: answer, self-verify, revise only after 'wrong'; turn-independent GAE, RoleAdvNorm, revision bonus",
     ),
     "t_ppo": AlgoPreset(
         _T_PPO,

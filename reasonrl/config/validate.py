@@ -185,6 +185,25 @@ def _algorithm(cfg: Config) -> list[str]:
         )
     if a.policy_tokens != "window" and a.window_tokens is None:
         problems.append("algo.policy_tokens applies to truncated rollouts only: set algo.window_tokens too")
+    if r.multiturn != "none":
+        clashes = {
+            "algo.window_tokens (T-PPO truncated rollouts)": a.window_tokens is not None,
+            "algo.dynamic_sampling": a.dynamic_sampling,
+            "rollout.fire": r.fire.enabled,
+            "algo.overlong=soft (a per-response length penalty)": a.overlong == "soft",
+        }
+        problems += [
+            f"rollout.multiturn={r.multiturn} cannot be combined with {name}; turn it off"
+            for name, on in clashes.items()
+            if on
+        ]
+        if r.max_attempts < 1 or (r.multiturn == "direct" and r.max_attempts < 2):
+            problems.append(f"rollout.max_attempts={r.max_attempts} must be >= 1 (>= 2 with rollout.multiturn=direct)")
+        if r.max_conversation_tokens is not None and r.max_conversation_tokens < r.max_response_tokens:
+            problems.append(
+                f"rollout.max_conversation_tokens={r.max_conversation_tokens} must be >= "
+                f"rollout.max_response_tokens={r.max_response_tokens}"
+            )
     cache = a.overlong_cache_tokens
     if a.overlong == "soft" and cache is not None and not 1 <= cache < r.max_response_tokens:
         problems.append(

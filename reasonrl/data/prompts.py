@@ -65,12 +65,16 @@ class PromptEncoder:
         self._cache: dict[str, list[int]] = {}
         self.too_long = 0
 
+    def messages(self, example: Example) -> list[dict[str, str]]:
+        """The chat that asks ``example``, as the prompt ids render it."""
+        # the template asks for a parseable final answer: math only (code and chat questions carry their own)
+        template = self.template if example.task_type == "math" else "plain"
+        return prompt_messages(example, template, self.system_prompt)
+
     def __call__(self, example: Example) -> list[int] | None:
         """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
         if example.id not in self._cache:
-            # the template asks for a parseable final answer: math only (code and chat questions carry their own)
-            template = self.template if example.task_type == "math" else "plain"
-            ids = chat_token_ids(self.tokenizer, prompt_messages(example, template, self.system_prompt))
+            ids = chat_token_ids(self.tokenizer, self.messages(example))
             self._cache[example.id] = ids
             if len(ids) > self.max_prompt_tokens:
                 self.too_long += 1

@@ -15,7 +15,7 @@ from reasonrl.algo.advantages import (
 )
 from reasonrl.algo.diagnostics import bucket_means, edge_mean, explained_variance_by_position, reward_reach
 from reasonrl.algo.kl import kl_estimate, kl_penalized_rewards
-from reasonrl.algo.masked import masked_mean, masked_whiten
+from reasonrl.algo.masked import masked_mean, masked_whiten, role_whiten
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.algo.shaping import terminal_token_rewards
 from reasonrl.batch import RolloutBatch
@@ -98,7 +98,10 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> di
     Critic estimators need ``batch.values``.  ``advantage_norm=batch_whiten`` then whitens the
     advantages over the policy-loss tokens of the whole rollout batch (verl).
     """
-    token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
+    if batch.turn_rewards is not None:  # multi-turn: every turn is rewarded on its own last token (PAG eq 1)
+        token_rewards = batch.turn_rewards.clone()
+    else:
+        token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
     if spec.kl_placement == "reward" and kl_coef > 0:
         assert batch.ref_logprobs is not None and batch.old_logprobs is not None
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, spec.kl_estimator)
@@ -120,4 +123,9 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> di
     stats["policy/advantage_mean"] = masked_mean(batch.advantages, batch.policy_loss_mask).item()
     if spec.advantage_norm == "batch_whiten":
         batch.advantages = masked_whiten(batch.advantages, batch.policy_loss_mask)
+    elif spec.advantage_norm == "role_whiten":  # over the whole rollout batch, before mini-batching (PAG ambiguity 4)
+        roles = (
+            batch.role_ids if batch.role_ids is not None else torch.zeros_like(batch.response_mask, dtype=torch.long)
+        )
+        batch.advantages = role_whiten(batch.advantages, roles, batch.policy_loss_mask)  # single-turn: one role
     return stats

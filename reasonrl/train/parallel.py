@@ -166,9 +166,7 @@ class ShardedEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         shares = split_at_group_boundaries(prompts, self.parallel.world_size)
         mine = shares[self.parallel.rank]
-        local = self.engine.generate(
-            [prompts[i] for i in mine], share_params(params, mine.start, mine.stop)
-        )
+        local = self.engine.generate([prompts[i] for i in mine], share_params(params, mine.start, mine.stop))
         return [c for part in self.parallel.gather(local) for c in part]
 
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:

@@ -28,6 +28,7 @@ from reasonrl.reward.router import build_router
 from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.pool import RolloutPool
 from reasonrl.train.critic import CriticUpdater
+from reasonrl.train.multiturn import ConversationCollector
 from reasonrl.train.parallel import (
     SINGLE_PROCESS,
     DataParallel,
@@ -64,6 +65,8 @@ class Run:
     critic: CriticUpdater | None
     windowed: PoolCollector | None
     """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
+    conversations: ConversationCollector | None
+    """Multi-turn rollouts (rollout.multiturn); None = one response per prompt."""
     microbatch_tokens: int
     """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
     parallel: DataParallel = SINGLE_PROCESS
@@ -72,9 +75,9 @@ class Run:
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
 
     @property
-    def rollout(self) -> RolloutCollector | PoolCollector:
+    def rollout(self) -> RolloutCollector | PoolCollector | ConversationCollector:
         """The training rollouts' stage (value pretraining always uses synchronous ``collector``)."""
-        return self.windowed or self.collector
+        return self.windowed or self.conversations or self.collector
 
 
 def data_spec(cfg: Config) -> DataSpec:
@@ -240,6 +243,7 @@ def setup(
         compute_dtype=dtype,
         critic=critic,
         windowed=windowed,
+        conversations=ConversationCollector(collector) if cfg.rollout.multiturn != "none" else None,
         microbatch_tokens=microbatch_tokens,
         parallel=parallel,
     )

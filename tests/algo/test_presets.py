@@ -6,7 +6,7 @@ from reasonrl.algo.presets import PRESETS, AlgoSpec, get_preset
 
 
 def test_every_preset_cites_an_arxiv_paper():
-    assert set(PRESETS) == {"ppo", "grpo", "dr_grpo", "dapo", "vc_ppo", "vapo", "t_ppo", "pairwise_ppo"}
+    assert set(PRESETS) == {"ppo", "grpo", "dr_grpo", "dapo", "vc_ppo", "vapo", "t_ppo", "pairwise_ppo", "pag"}
     for name, preset in PRESETS.items():
         assert isinstance(preset.spec, AlgoSpec)
         assert "arXiv:" in preset.paper, name

@@ -137,7 +137,7 @@ def test_every_run_preset_loads_and_resolves(name):
 
 def test_run_presets_list_description_and_paper():
     presets = {p.name: p for p in list_presets()}
-    assert set(presets) == set(PRESETS)
+    assert set(PRESETS) <= set(presets)  # every algorithm has a run preset; baselines add their own
     for preset in presets.values():
         assert preset.description and "arXiv:" in preset.paper
 

@@ -223,6 +223,7 @@ def test_the_old_logprob_pass_runs_the_lm_head_where_its_log_probs_are_read(kl_p
         cfg=cfg,
         plan=resolve(cfg),
         parallel=SINGLE_PROCESS,
+        microbatch_tokens=768,
         updater=SimpleNamespace(policy=policy),
         reference=policy,  # the same weights: reference log-probs = the policy's
         kl=SimpleNamespace(coef=0.1),

@@ -1,0 +1,147 @@
+"""PAG through the training loop: selective revision, per-turn rewards with the revision bonus, injected tokens
+in no loss, turn-independent advantages and RoleAdvNorm over the whole batch."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from reasonrl.algo.presets import get_preset
+from reasonrl.config import ConfigError, load_config
+from reasonrl.models.load import load_tokenizer
+from reasonrl.rollout.fake import FakeEngine
+from reasonrl.rollout.multiturn import DIRECT_REVISE_PROMPT, PAG_REVISE_PROMPT, PAG_VERIFY_PROMPT, ROLE_POLICY
+from reasonrl.train.advantages import assign_advantages
+from reasonrl.train.loop import fit
+from reasonrl.train.metrics import read_metrics
+from tests.helpers import DigitFraction
+
+PAG_TINY = [
+    "model.name_or_path=tiny-random",
+    "rollout.rollout_prompts=2",
+    "rollout.samples_per_prompt=2",
+    "rollout.max_response_tokens=48",
+    "rollout.max_conversation_tokens=1200",
+    "train.minibatch_sequences=4",
+    "train.microbatch_tokens=4096",
+    "data.eval_prompts=2",
+    "reward.workers=1",
+    "train.rollout_steps=1",
+    "run.eval_every=100",
+]
+
+
+def scripted_engine(verdict: str):
+    """First attempts answer "Answer: 5" (wrong for DigitFraction), revisions "12345" (right); every verify
+    turn ends with ``verdict``."""
+    tokenizer = load_tokenizer("tiny-random")
+    stop = tokenizer.eos_token_id
+
+    def respond(prompt, rng):
+        last_user = tokenizer.decode(prompt).rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+        reply = {
+            PAG_VERIFY_PROMPT: f"Step 1 checked. {verdict}",
+            PAG_REVISE_PROMPT: "12345",
+            DIRECT_REVISE_PROMPT: "12345",
+        }
+        return [*tokenizer(reply.get(last_user, "Answer: 5"), add_special_tokens=False)["input_ids"], stop]
+
+    return FakeEngine(respond, stop_token_ids=[stop])
+
+
+def first_step(run_dir):
+    return next(r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 1)
+
+
+def test_a_wrong_verdict_revises_and_earns_the_revision_bonus(tmp_path):
+    cfg = load_config("pag", PAG_TINY)
+    fit(cfg, tmp_path, engine=scripted_engine("The answer is wrong."), verifier=DigitFraction(), show_progress=False)
+    m = first_step(tmp_path)
+    assert m["multiturn/revision_rate"] == 1.0 and m["multiturn/turns_mean"] == 3.0
+    assert m["multiturn/accuracy_t1"] == 0.0 and m["multiturn/accuracy_final"] == 1.0
+    assert m["multiturn/verifier_accuracy"] == 1.0  # "wrong" about a wrong attempt
+    assert m["reward/mean"] == 3.0  # attempt 1: 0, verify: 1, attempt 2: 1 + α(1 − 0) = 2
+    assert m["reward/accuracy"] == 1.0  # the final attempt's verdict
+
+
+def test_a_correct_verdict_ends_the_conversation(tmp_path):
+    cfg = load_config("pag", PAG_TINY)
+    fit(cfg, tmp_path, engine=scripted_engine("The answer is correct."), verifier=DigitFraction(), show_progress=False)
+    m = first_step(tmp_path)
+    assert m["multiturn/revision_rate"] == 0.0 and m["multiturn/turns_mean"] == 2.0
+    assert m["multiturn/verifier_accuracy"] == 0.0 and m["reward/mean"] == 0.0
+
+
+def test_direct_multiturn_revises_without_verifying(tmp_path):
+    cfg = load_config("direct_multiturn", PAG_TINY)
+    fit(cfg, tmp_path, engine=scripted_engine("unused"), verifier=DigitFraction(), show_progress=False)
+    m = first_step(tmp_path)
+    assert m["multiturn/turns_mean"] == 2.0 and "multiturn/verifier_accuracy" not in m
+    assert m["reward/mean"] == 2.0  # 0, then 1 + (1 − 0)
+
+
+def collected_batch(verdict="The answer is wrong."):
+    from reasonrl.train.setup import setup
+
+    cfg = load_config("pag", PAG_TINY)
+    run = setup(cfg, Path("unused"), scripted_engine(verdict), DigitFraction())
+    return run.rollout.collect(1)[0]
+
+
+@pytest.fixture(scope="module")
+def pag_batch():
+    return collected_batch()
+
+
+def test_injected_tokens_are_in_no_loss_and_turns_do_not_share_credit(pag_batch):
+    batch = pag_batch
+    injected = batch.role_ids < 0
+    assert (
+        injected.any()
+        and not (batch.policy_loss_mask & injected).any()
+        and not (batch.value_loss_mask & injected).any()
+    )
+    spec = get_preset("pag")
+    batch.values = torch.zeros_like(batch.rollout_logprobs)
+    assign_advantages(batch, dataclass_replace(spec, advantage_norm="none"), kl_coef=0.0)
+    # γ = λ = 1 with a zero critic: each turn's advantage is its own reward, on every token of the turn
+    for row in range(len(batch)):
+        for turn in batch.turn_ids[row].unique().tolist():
+            if turn < 0:
+                continue
+            tokens = batch.turn_ids[row] == turn
+            turn_reward = batch.turn_rewards[row][tokens].sum()
+            assert torch.allclose(batch.advantages[row][tokens], turn_reward.expand(int(tokens.sum())))
+    # changing the last turn's reward leaves the earlier turns' advantages as they were
+    before = batch.advantages.clone()
+    last_turn = batch.turn_ids == batch.turn_ids.max(dim=1, keepdim=True).values
+    batch.turn_rewards = batch.turn_rewards + 5.0 * (last_turn & batch.response_mask) * (batch.turn_rewards != 0)
+    assign_advantages(batch, dataclass_replace(spec, advantage_norm="none"), kl_coef=0.0)
+    earlier = (batch.turn_ids >= 0) & ~last_turn
+    assert torch.equal(batch.advantages[earlier], before[earlier])
+
+
+def test_role_adv_norm_whitens_each_role_over_the_whole_batch(pag_batch):
+    batch = pag_batch
+    batch.values = torch.zeros_like(batch.rollout_logprobs)
+    batch.turn_rewards = batch.turn_rewards + torch.rand_like(batch.turn_rewards) * (batch.turn_rewards != 0)
+    assign_advantages(batch, get_preset("pag"), kl_coef=0.0)
+    for role in (0, 1):
+        a = batch.advantages[(batch.role_ids == role) & batch.policy_loss_mask]
+        assert abs(a.mean().item()) < 1e-5 and abs(a.std().item() - 1.0) < 1e-4
+    assert (batch.role_ids[batch.response_mask] == ROLE_POLICY).any()
+
+
+def test_multiturn_refuses_settings_it_cannot_honour():
+    with pytest.raises(ConfigError) as error:
+        load_config("pag", ["algo.dynamic_sampling=true", "rollout.fire.enabled=true", "rollout.max_attempts=0"])
+    message = str(error.value)
+    assert "rollout.multiturn=pag cannot be combined with algo.dynamic_sampling; turn it off" in message
+    assert "rollout.multiturn=pag cannot be combined with rollout.fire; turn it off" in message
+    assert "rollout.max_attempts=0 must be >= 1" in message
+
+
+def dataclass_replace(spec, **changes):
+    import dataclasses
+
+    return dataclasses.replace(spec, **changes)
