@@ -145,3 +145,37 @@ def dataclass_replace(spec, **changes):
     import dataclasses
 
     return dataclasses.replace(spec, **changes)
+
+
+def test_a_resumed_multiturn_run_equals_an_uninterrupted_one(tmp_path):
+    # real sampling (the fast engine on tiny-random), two attempts per conversation: every conversation of a
+    # step is regenerated from the checkpoint's weights and the step's seeds, so a resume samples the same
+    from safetensors.torch import load_file
+
+    from tests.train.test_loop import comparable
+
+    base = [*PAG_TINY[:-2], "rollout.max_response_tokens=12", "run.save_every=1", "train.lr=1e-3", "run.eval_every=100"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    fit(
+        load_config("direct_multiturn", [*base, "train.rollout_steps=2"]),
+        straight,
+        verifier=DigitFraction(),
+        show_progress=False,
+    )
+    fit(
+        load_config("direct_multiturn", [*base, "train.rollout_steps=1"]),
+        split,
+        verifier=DigitFraction(),
+        show_progress=False,
+    )
+    fit(
+        load_config("direct_multiturn", [*base, "train.rollout_steps=2"]),
+        split,
+        verifier=DigitFraction(),
+        show_progress=False,
+    )
+    assert first_step(straight)["multiturn/turns_mean"] == 2.0
+    a = load_file(straight / "checkpoints" / "step-000002" / "model.safetensors")
+    b = load_file(split / "checkpoints" / "step-000002" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert comparable(read_metrics(straight / "metrics.jsonl")) == comparable(read_metrics(split / "metrics.jsonl"))
