@@ -75,6 +75,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         answer_field=args.answer_field,
         samples=args.n,
         system_prompt=args.system_prompt,
+        protocol=args.protocol,
+        max_attempts=args.max_attempts,
     )
     try:
         result = run_eval(settings)
@@ -245,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--fire", action="store_true", help="FIRE: sample the first token flaming-hot")
     evaluate.add_argument("--fire-temperature", type=float, default=eval_defaults.fire.temperature)
     evaluate.add_argument("--fire-top-k", type=int, default=eval_defaults.fire.top_k)
+    evaluate.add_argument(
+        "--protocol", default=eval_defaults.protocol, choices=_choices(EvalSettings, "protocol"),
+        help="pag: also answer, self-verify and revise (PAG), reporting acc@t1, acc@final, verifier_accuracy",
+    )  # fmt: skip
+    evaluate.add_argument("--max-attempts", type=int, default=eval_defaults.max_attempts, help="PAG: answers at most")
     evaluate.add_argument("--output", help="also write the JSON here")
     evaluate.set_defaults(handler=_cmd_eval)
 

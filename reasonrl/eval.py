@@ -9,6 +9,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
+from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_WRONG
 from reasonrl.config.commands import EvalSettings
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
@@ -20,6 +21,14 @@ from reasonrl.reward.code import CodeVerifier
 from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
+from reasonrl.rollout.multiturn import (
+    ROLE_POLICY,
+    ROLE_VERIFIER,
+    Conversation,
+    PAGRule,
+    parse_verdict,
+    run_conversations,
+)
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import sample_and_score
 
@@ -86,6 +95,39 @@ def per_source_metrics(
     }
 
 
+def pag_metrics(attempts_correct: list[list[bool]], verdicts: list[list[int]]) -> dict[str, float]:
+    """PAG's evaluation metrics (arXiv 2506.10406 §4) from each problem's attempts (their truth, in order)
+    and the verdicts of its verify turns (verdict j judges attempt j): acc@t1, acc@final; the verdicts
+    that match the truth of the attempt they judge (an unparsed verdict matches nothing); the fractions
+    of problems turned from incorrect to correct and from correct to incorrect; the fraction revised."""
+    n = max(1, len(attempts_correct))
+    judged = [
+        (v, attempts[j]) for attempts, vs in zip(attempts_correct, verdicts, strict=True) for j, v in enumerate(vs)
+    ]
+    right = sum((v == VERDICT_CORRECT and truth) or (v == VERDICT_WRONG and not truth) for v, truth in judged)
+    return {
+        "acc@t1": sum(a[0] for a in attempts_correct) / n,
+        "acc@final": sum(a[-1] for a in attempts_correct) / n,
+        "verifier_accuracy": right / len(judged) if judged else float("nan"),
+        "delta_i_to_c": sum(not a[0] and a[-1] for a in attempts_correct) / n,
+        "delta_c_to_i": sum(a[0] and not a[-1] for a in attempts_correct) / n,
+        "revision_rate": sum(len(a) > 1 for a in attempts_correct) / n,
+    }
+
+
+def pag_protocol(engine, tokenizer, pool, encoder, examples, params, settings: EvalSettings) -> dict[str, float]:
+    """Greedy PAG conversations (answer, verify, revise after any verdict but "correct"), scored turn by turn."""
+    conversations = [Conversation(encoder(e), encoder.messages(e), stream=i) for i, e in enumerate(examples)]
+    rule = PAGRule(settings.max_attempts, revise_unparsed=True)
+    turns = 2 * settings.max_attempts - 1  # each capped at max_new_tokens: no cap on the whole conversation
+    run_conversations(engine, tokenizer, conversations, rule, params, max_turns=turns)
+    attempts = [(i, a.text) for i, c in enumerate(conversations) for a in c.turns(ROLE_POLICY)]
+    results = iter(pool.score_examples([examples[i] for i, _ in attempts], [text for _, text in attempts]))
+    correct = [[next(results).correct for _ in c.turns(ROLE_POLICY)] for c in conversations]
+    verdicts = [[parse_verdict(t.text) for t in c.turns(ROLE_VERIFIER)] for c in conversations]
+    return pag_metrics(correct, verdicts)
+
+
 def run_eval(settings: EvalSettings) -> dict[str, Any]:
     """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints)."""
     settings.check()
@@ -118,6 +160,11 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
     try:
         greedy = sample_and_score(engine, tokenizer, pool, encoder, examples, greedy_params)
         sampled = sample_and_score(engine, tokenizer, pool, encoder, examples, sampled_params, repeats=samples)
+        pag = (
+            pag_protocol(engine, tokenizer, pool, encoder, examples, greedy_params, settings)
+            if settings.protocol == "pag"
+            else {}
+        )
     finally:
         pool.close()
     groups = [sampled.results[i * samples : (i + 1) * samples] for i in range(len(examples))]
@@ -132,5 +179,6 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
         "greedy_pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
         **sampled_metrics(groups, settings.k),
         "per_source": per_source_metrics(examples, greedy.results, groups, settings.k),
+        **pag,
         "wall_seconds": time.perf_counter() - started,
     }

@@ -150,3 +150,40 @@ def test_eval_command_with_fire(tmp_path, capsys):
     assert main([*args, "--fire-top-k", "4"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["fire"] is True and result["n"] == 2
+
+
+def test_pag_metrics_hand_computed():
+    from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
+    from reasonrl.eval import pag_metrics
+
+    attempts = [
+        [True],  # right, judged correct: no revision
+        [False, True],  # wrong, judged wrong, revised to right
+        [True, False],  # right, judged wrong (a verifier error), revised to wrong
+        [False, False],  # wrong, verdict unparsed (revised at evaluation), still wrong
+    ]
+    verdicts = [[VERDICT_CORRECT], [VERDICT_WRONG], [VERDICT_WRONG], [VERDICT_UNPARSED]]
+    metrics = pag_metrics(attempts, verdicts)
+    assert metrics == {
+        "acc@t1": 0.5,
+        "acc@final": 0.5,
+        "verifier_accuracy": 0.5,  # 2 of 4 verdicts match the truth of the attempt they judge
+        "delta_i_to_c": 0.25,
+        "delta_c_to_i": 0.25,
+        "revision_rate": 0.75,
+    }
+
+
+def test_eval_with_the_pag_protocol_reports_its_metrics_next_to_the_usual_ones(tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3))
+    )
+    args = ["eval", "--model", "tiny-random", "--dataset", str(data), "--max-new-tokens", "4", "--protocol", "pag"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "greedy_pass@1" in result
+    for key in ("acc@t1", "acc@final", "delta_i_to_c", "delta_c_to_i", "revision_rate"):
+        assert 0.0 <= result[key] <= 1.0, key
+    # tiny-random never writes a verdict: each answer is judged "unparsed", so evaluation revises it
+    assert result["revision_rate"] == 1.0 and result["verifier_accuracy"] == 0.0

@@ -69,6 +69,14 @@ class EvalSettings:
     answer_field: str = "answer"
     """Field of a file's rows holding the final answer (dotted for nested fields)."""
 
+    protocol: Literal["single", "pag"] = "single"
+    """single: one answer per prompt; pag: also PAG's protocol (arXiv 2506.10406): the greedy answer,
+    the model's verify turn, and a revision after any verdict but "correct", up to max_attempts
+    (acc@t1, acc@final, verifier_accuracy, delta_i_to_c, delta_c_to_i, revision_rate)."""
+
+    max_attempts: int = 2
+    """PAG protocol: answers per problem at most (the paper evaluates with 2)."""
+
     def check(self) -> None:
         """Refuse settings that cannot be evaluated, before anything loads (ConfigError naming each problem)."""
         from reasonrl.config.errors import ConfigError
@@ -81,6 +89,7 @@ class EvalSettings:
             (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
             (self.temperature > 0, f"--temperature must be > 0 (of the k samples), got {self.temperature}"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
+            (self.max_attempts >= 1, f"--max-attempts must be >= 1, got {self.max_attempts}"),
         ]  # fmt: skip
         problems = [message for ok, message in checks if not ok]
         if problems:

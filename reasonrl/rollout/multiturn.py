@@ -42,6 +42,8 @@ PAG_REVISE_PROMPT = (
 # Direct MultiTurn (PAG's baseline): revise without a verify turn.
 DIRECT_REVISE_PROMPT = "Review your previous solution and provide a correct solution to the math problem."
 
+INJECTED_TURN_TOKENS = 128  # room left per injected turn in the default conversation cap
+
 VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
 
 
@@ -193,15 +195,16 @@ def run_conversations(
     params: SamplingParams,
     *,
     max_turns: int,
-    max_response_tokens: int,
+    max_response_tokens: int | None = None,
 ) -> list[Conversation]:
     """Generate every conversation to its end, one turn of all live conversations per engine call.
 
     ``params.max_new_tokens`` caps each turn; ``max_response_tokens`` caps a conversation's tokens
-    after its prompt (generated and injected), ``max_turns`` its generated turns.  Conversation i's
+    after its prompt (generated and injected; None = no cap), ``max_turns`` its generated turns.  Conversation i's
     turn t samples from stream ``conversations[i].stream`` with seed ``turn_seed(params.seed, t)``,
     whatever else is in the call.
     """
+    cap = max_response_tokens if max_response_tokens is not None else float("inf")
     for turn in range(max_turns):
         live = [c for c in conversations if not c.done]
         if not live:
@@ -209,7 +212,7 @@ def run_conversations(
         # 1. one engine call per remaining-token budget (all equal until a conversation nears the cap)
         budgets: dict[int, list[Conversation]] = {}
         for c in live:
-            budgets.setdefault(min(params.max_new_tokens, max_response_tokens - c.response_length), []).append(c)
+            budgets.setdefault(int(min(params.max_new_tokens, cap - c.response_length)), []).append(c)
         for budget, group in budgets.items():
             call = dataclasses.replace(
                 params,
@@ -233,7 +236,7 @@ def run_conversations(
                 c.done, c.end = True, "turn_limit"
                 continue
             ids, c.messages = injected_ids(tokenizer, c, injection.text)
-            if c.response_length + len(ids) >= max_response_tokens:
+            if c.response_length + len(ids) >= cap:
                 c.done, c.end = True, "token_limit"
                 continue
             c.segments.append(Segment(ids, [0.0] * len(ids), ROLE_INJECTED, injection.text))

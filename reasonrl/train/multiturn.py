@@ -18,6 +18,7 @@ from reasonrl.algo.pag import pag_attempt_rewards, pag_verify_rewards
 from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.data.loaders import DataError
 from reasonrl.rollout.multiturn import (
+    INJECTED_TURN_TOKENS,
     ROLE_POLICY,
     Conversation,
     DirectRevisionRule,
@@ -42,7 +43,7 @@ def turn_rule(protocol: str, max_attempts: int, evaluation: bool = False):
 def conversation_token_cap(max_attempts: int, max_response_tokens: int, cap: int | None) -> int:
     """rollout.max_conversation_tokens, or its default: 2·attempts − 1 turns plus 128 tokens per injected turn."""
     turns = 2 * max_attempts - 1
-    return cap if cap is not None else turns * max_response_tokens + (turns - 1) * 128
+    return cap if cap is not None else turns * max_response_tokens + (turns - 1) * INJECTED_TURN_TOKENS
 
 
 class ConversationCollector:
