@@ -179,3 +179,16 @@ def test_a_resumed_multiturn_run_equals_an_uninterrupted_one(tmp_path):
     b = load_file(split / "checkpoints" / "step-000002" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert comparable(read_metrics(straight / "metrics.jsonl")) == comparable(read_metrics(split / "metrics.jsonl"))
+
+
+def test_every_multiturn_metric_is_documented(tmp_path):
+    from tests.train.test_loop import undocumented_metrics
+
+    fit(
+        load_config("pag", PAG_TINY),
+        tmp_path,
+        engine=scripted_engine("The answer is wrong."),
+        verifier=DigitFraction(),
+        show_progress=False,
+    )
+    assert not undocumented_metrics(tmp_path / "metrics.jsonl")
