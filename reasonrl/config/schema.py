@@ -136,18 +136,28 @@ class RolloutConfig:
     top_k: int | None = None
     """Sample only among the k most likely tokens; None = off."""
 
-    multiturn: Literal["none", "pag", "direct"] = "none"
+    multiturn: Literal["none", "pag", "direct", "tool"] = "none"
     """Multi-turn rollouts (reasonrl/rollout/multiturn.py): none (one response per prompt); pag (PAG,
     arXiv 2506.10406: answer, verify the answer, revise only after "The answer is wrong."); direct
-    (PAG's Direct MultiTurn baseline: revise after every attempt, no verify turn).  Each generated turn
-    is capped by max_response_tokens; injected turns are read, never trained on."""
+    (PAG's Direct MultiTurn baseline: revise after every attempt, no verify turn); tool (a python tool:
+    a turn ending with a fenced python block gets the block's sandboxed output and the policy goes on;
+    the reward is on the final turn).  Each generated turn is capped by max_response_tokens; injected
+    turns (templates, tool outputs) are read, never trained on."""
+
+    max_tool_calls: int = 2
+    """rollout.multiturn=tool: python tool calls per conversation at most."""
+
+    tool_timeout_seconds: float = 3.0
+    """rollout.multiturn=tool: wall-clock limit of one tool call in the sandbox; a call past it returns
+    an error message to the model, never an error to the run."""
 
     max_attempts: int = 2
     """Multi-turn: at most this many policy attempts per conversation (PAG's T_max = 2)."""
 
     max_conversation_tokens: int | None = None
-    """Multi-turn: cap on a conversation's tokens after its prompt, generated and injected; null =
-    (2 · max_attempts − 1) generated turns of max_response_tokens plus 128 per injected turn."""
+    """Multi-turn: cap on a conversation's tokens after its prompt, generated and injected; null = its
+    generated turns (pag, direct: 2 · max_attempts − 1; tool: max_tool_calls + 1) of max_response_tokens
+    plus 128 per injected turn."""
 
     fire: FireConfig = field(default_factory=FireConfig)
     """FIRE first-token sampling."""

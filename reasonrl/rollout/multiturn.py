@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,6 +45,8 @@ DIRECT_REVISE_PROMPT = "Review your previous solution and provide a correct solu
 INJECTED_TURN_TOKENS = 128  # room left per injected turn in the default conversation cap
 
 VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
+PYTHON_CALL = re.compile(r"```python\n(.*?)```\s*\Z", re.DOTALL)  # a fenced python block ending the turn
+TOOL_OUTPUT_CHARS = 1000  # a tool's output is cut to this many characters before it is injected
 
 
 class MultiTurnError(ValueError):
@@ -151,6 +153,30 @@ class DirectRevisionRule:
         if len(conversation.turns(ROLE_POLICY)) >= self.max_attempts:
             return None
         return Injection(DIRECT_REVISE_PROMPT, ROLE_POLICY)
+
+
+def python_call(text: str) -> str | None:
+    """The code of the fenced python block that ends ``text`` (a tool call), or None."""
+    match = PYTHON_CALL.search(text)
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class ToolRule:
+    """A python tool: a turn that ends with a fenced python block gets the block's output (from
+    ``run_python``, which runs it sandboxed; cut to ``TOOL_OUTPUT_CHARS``) as the next user turn, and the
+    policy goes on; at most ``max_tool_calls`` per conversation.  A turn without a call ends it."""
+
+    run_python: Callable[[str], str]
+    max_tool_calls: int = 2
+
+    def after(self, conversation: Conversation) -> Injection | None:
+        code = python_call(conversation.turns()[-1].text)
+        calls = sum(not s.generated for s in conversation.segments)
+        if code is None or calls >= self.max_tool_calls:
+            return None
+        output = self.run_python(code)[:TOOL_OUTPUT_CHARS]
+        return Injection(f"Output:\n```\n{output}\n```", ROLE_POLICY)
 
 
 def injected_ids(tokenizer, conversation: Conversation, user_text: str) -> tuple[list[int], list[dict[str, str]]]:

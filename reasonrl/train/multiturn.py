@@ -23,6 +23,7 @@ from reasonrl.rollout.multiturn import (
     Conversation,
     DirectRevisionRule,
     PAGRule,
+    ToolRule,
     conversation_tensors,
     parse_verdict,
     run_conversations,
@@ -30,20 +31,48 @@ from reasonrl.rollout.multiturn import (
 from reasonrl.timing import timed
 from reasonrl.train.rollout import Generated, RolloutCollector, finished_stats, hash_seed
 
-
-def turn_rule(protocol: str, max_attempts: int, evaluation: bool = False):
-    """The TurnRule of ``rollout.multiturn``."""
-    if protocol == "pag":
-        return PAGRule(max_attempts, revise_unparsed=evaluation)
-    if protocol == "direct":
-        return DirectRevisionRule(max_attempts)
-    raise ValueError(f"no multi-turn rule for rollout.multiturn={protocol!r}")
+TOOL_CHECK = "assert 1 == 1"  # the sandbox runs a program against tests; a tool call has none to pass
 
 
-def conversation_token_cap(max_attempts: int, max_response_tokens: int, cap: int | None) -> int:
-    """rollout.max_conversation_tokens, or its default: 2·attempts − 1 turns plus 128 tokens per injected turn."""
-    turns = 2 * max_attempts - 1
-    return cap if cap is not None else turns * max_response_tokens + (turns - 1) * INJECTED_TURN_TOKENS
+def sandboxed_python(timeout_s: float):
+    """The python tool: run code in the code sandbox (its isolation and limits) and return what it printed,
+    or an error message (a crash, a timeout, a flood of output); never raises."""
+    from reasonrl.reward.sandbox import CodeJob, SandboxLimits, run_job
+
+    limits = SandboxLimits(timeout_s=timeout_s)
+    unbuffered = "import sys as _sys\n_sys.stdout.reconfigure(line_buffering=True)\n"
+
+    def run_python(code: str) -> str:
+        verdict = run_job(CodeJob(unbuffered + code, TOOL_CHECK), limits)
+        if verdict.status == "passed":
+            return verdict.output
+        return f"{verdict.output}\nError: {verdict.detail or verdict.status}".lstrip("\n")
+
+    return run_python
+
+
+def turn_rule(rollout, evaluation: bool = False):
+    """The TurnRule of ``rollout.multiturn`` (a RolloutConfig)."""
+    if rollout.multiturn == "pag":
+        return PAGRule(rollout.max_attempts, revise_unparsed=evaluation)
+    if rollout.multiturn == "direct":
+        return DirectRevisionRule(rollout.max_attempts)
+    if rollout.multiturn == "tool":
+        return ToolRule(sandboxed_python(rollout.tool_timeout_seconds), rollout.max_tool_calls)
+    raise ValueError(f"no multi-turn rule for rollout.multiturn={rollout.multiturn!r}")
+
+
+def generated_turns(rollout) -> int:
+    """Generated turns per conversation at most: attempts and verify turns, or answers around tool calls."""
+    return rollout.max_tool_calls + 1 if rollout.multiturn == "tool" else 2 * rollout.max_attempts - 1
+
+
+def conversation_token_cap(rollout) -> int:
+    """rollout.max_conversation_tokens, or its default: the generated turns plus 128 tokens per injected turn."""
+    turns = generated_turns(rollout)
+    if rollout.max_conversation_tokens is not None:
+        return rollout.max_conversation_tokens
+    return turns * rollout.max_response_tokens + (turns - 1) * INJECTED_TURN_TOKENS
 
 
 class ConversationCollector:
@@ -53,11 +82,8 @@ class ConversationCollector:
     def __init__(self, synchronous: RolloutCollector) -> None:
         self.synchronous, self.alpha = synchronous, synchronous.cfg.algo.revision_bonus
         rollout = synchronous.cfg.rollout
-        self.rule = turn_rule(rollout.multiturn, rollout.max_attempts)
-        self.max_turns = 2 * rollout.max_attempts - 1
-        self.token_cap = conversation_token_cap(
-            rollout.max_attempts, rollout.max_response_tokens, rollout.max_conversation_tokens
-        )
+        self.protocol, self.rule = rollout.multiturn, turn_rule(rollout)
+        self.max_turns, self.token_cap = generated_turns(rollout), conversation_token_cap(rollout)
 
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
         c, generated = self.synchronous, Generated()
@@ -78,20 +104,39 @@ class ConversationCollector:
                 max_turns=self.max_turns, max_response_tokens=self.token_cap,
             )  # fmt: skip
         generated.calls.append([len(t.token_ids) for x in conversations for t in x.turns()])
-        # 3. every attempt through the verifier
-        attempts = [x.turns(ROLE_POLICY) for x in conversations]
-        flat = [(row, a) for row, turns in enumerate(attempts) for a in turns]
+        # 3. the verifier reads every attempt (pag, direct) or the final answer (tool)
+        judged = [x.turns()[-1:] if self.protocol == "tool" else x.turns(ROLE_POLICY) for x in conversations]
+        flat = [(row, a) for row, turns in enumerate(judged) for a in turns]
         with timed(generated.timing, "perf/score_seconds"):
             results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
         generated.results += results
         # 4. per-turn rewards on each turn's last token
         tensors = conversation_tensors(conversations, c.tokenizer.pad_token_id)
-        turn_rewards, stats = self.turn_rewards(conversations, tensors.turn_ends, [r.correct for r in results])
+        if self.protocol == "tool":
+            turn_rewards, stats = self.final_answer_rewards(conversations, tensors.turn_ends, results)
+        else:
+            turn_rewards, stats = self.turn_rewards(conversations, tensors.turn_ends, [r.correct for r in results])
         batch = self.batch(conversations, tensors, turn_rewards, results, flat)
         return batch, {
             **stats,
             **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), results),
             **generated.stats(),
+        }
+
+    def final_answer_rewards(self, conversations, turn_ends, results) -> tuple[torch.Tensor, dict[str, float]]:
+        """[B, T]: the final turn's verifier score, mapped to [reward.incorrect_score, reward.correct_score],
+        on its last token; the turns before (tool calls) get 0."""
+        reward = self.synchronous.cfg.reward
+        width = max(1, max(x.response_length for x in conversations))
+        rewards = torch.zeros(len(conversations), width)
+        for row, result in enumerate(results):
+            rewards[row, turn_ends[row][-1]] = reward.incorrect_score + (
+                reward.correct_score - reward.incorrect_score
+            ) * float(result.score)
+        calls = torch.tensor([float(sum(not s.generated for s in x.segments)) for x in conversations])
+        return rewards, {
+            "multiturn/turns_mean": float(calls.mean()) + 1.0,
+            "multiturn/tool_calls_mean": float(calls.mean()),
         }
 
     def turn_rewards(self, conversations, turn_ends, correct: list[bool]) -> tuple[torch.Tensor, dict[str, float]]:

@@ -183,3 +183,56 @@ def test_a_shared_call_keeps_each_prompts_stream():
     assert share_params(params, 1, 3).request_indices == (3, 9)
     plain = share_params(SamplingParams(max_new_tokens=4, seed=1, first_index=10), 2, 4)
     assert plain.first_index == 12 and plain.request_indices is None
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("Let me compute.\n```python\nprint(2 + 3)\n```", "print(2 + 3)\n"),
+        ("```python\nx = 1\nprint(x)\n```\n  ", "x = 1\nprint(x)\n"),
+        ("```python\nprint(1)\n```\nSo the answer is 1.", None),  # the block must end the turn
+        ("```\nprint(1)\n```", None),  # only python blocks are calls
+        ("Answer: 5", None),
+    ],
+)
+def test_python_call_reads_the_block_that_ends_a_turn(text, code):
+    from reasonrl.rollout.multiturn import python_call
+
+    assert python_call(text) == code
+
+
+def tool_engine(tokenizer, first_reply):
+    stop = tokenizer.eos_token_id
+
+    def respond(prompt, rng):
+        text = tokenizer.decode(prompt)
+        reply = first_reply if text.count("<|im_start|>user") == 1 else "12345"
+        return [*tokenizer(reply, add_special_tokens=False)["input_ids"], stop]
+
+    return FakeEngine(respond, stop_token_ids=[stop])
+
+
+def test_a_tool_call_injects_its_capped_output_and_the_policy_goes_on(tokenizer):
+    from reasonrl.rollout.multiturn import TOOL_OUTPUT_CHARS, ToolRule
+
+    ran = []
+    rule = ToolRule(lambda code: ran.append(code) or "x" * 5000, max_tool_calls=2)
+    c = question(tokenizer, "q")
+    engine = tool_engine(tokenizer, "```python\nprint(1)\n```")
+    run_conversations(engine, tokenizer, [c], rule, PARAMS, max_turns=3, max_response_tokens=10_000)
+    assert ran == ["print(1)\n"] and roles(c) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY]
+    assert c.segments[1].text == f"Output:\n```\n{'x' * TOOL_OUTPUT_CHARS}\n```"
+    assert c.turns()[-1].text == "12345" and c.end == "rule"
+
+
+def test_tool_calls_stop_at_their_limit(tokenizer):
+    from reasonrl.rollout.multiturn import ToolRule
+
+    always_calls = FakeEngine(
+        lambda prompt, rng: [*tokenizer("```python\nprint(1)\n```", add_special_tokens=False)["input_ids"], 2],
+        stop_token_ids=[2],
+    )
+    c = question(tokenizer, "q")
+    rule = ToolRule(lambda code: "1", max_tool_calls=2)
+    run_conversations(always_calls, tokenizer, [c], rule, PARAMS, max_turns=10, max_response_tokens=10_000)
+    assert roles(c) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY]

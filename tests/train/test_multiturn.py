@@ -192,3 +192,37 @@ def test_every_multiturn_metric_is_documented(tmp_path):
         show_progress=False,
     )
     assert not undocumented_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_the_sandboxed_python_tool_returns_output_or_an_error_and_never_raises():
+    from reasonrl.train.multiturn import sandboxed_python
+
+    run = sandboxed_python(timeout_s=1.0)
+    assert run("print(2 + 3)\nprint('done')") == "5\ndone\n"
+    crashed = run("print('before')\nraise ValueError('boom')")
+    assert crashed.startswith("before\n") and "ValueError: boom" in crashed
+    assert "Error:" in run("while True:\n    pass")  # the time limit, as a message to the model
+    assert "Error:" in run("print('x' * 10**7)")  # a flood of output
+
+
+def test_tool_grpo_trains_and_a_tool_call_that_loops_forever_times_out_and_the_run_goes_on(tmp_path):
+    tokenizer = load_tokenizer("tiny-random")
+    stop = tokenizer.eos_token_id
+
+    def respond(prompt, rng):  # every first turn calls a tool that never returns; the next turn answers
+        first = tokenizer.decode(prompt).count("<|im_start|>user") == 1
+        reply = "```python\nwhile True:\n    pass\n```" if first else "12345"
+        return [*tokenizer(reply, add_special_tokens=False)["input_ids"], stop]
+
+    overrides = [
+        *PAG_TINY,
+        "rollout.tool_timeout_seconds=1",
+        "rollout.max_response_tokens=48",
+        "algo.kl_placement=none",
+    ]
+    cfg = load_config("tool_grpo", overrides)
+    fit(cfg, tmp_path, engine=FakeEngine(respond, [stop]), verifier=DigitFraction(), show_progress=False)
+    m = first_step(tmp_path)
+    assert m["multiturn/tool_calls_mean"] == 1.0 and m["multiturn/turns_mean"] == 2.0
+    assert m["perf/generate_seconds"] >= 4 * 1.0  # four conversations, each call ran to its 1 s limit
+    assert m["reward/accuracy"] == 1.0  # and each went on to its final answer, "12345"
