@@ -77,6 +77,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         system_prompt=args.system_prompt,
         protocol=args.protocol,
         max_attempts=args.max_attempts,
+        self_verify_bon=args.self_verify_bon,
     )
     try:
         result = run_eval(settings)
@@ -252,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="pag: also answer, self-verify and revise (PAG), reporting acc@t1, acc@final, verifier_accuracy",
     )  # fmt: skip
     evaluate.add_argument("--max-attempts", type=int, default=eval_defaults.max_attempts, help="PAG: answers at most")
+    evaluate.add_argument(
+        "--self-verify-bon", action="store_true",
+        help="PAG self-verify best-of-k: keep the sampled answer the model's own verdict rates most likely correct",
+    )  # fmt: skip
     evaluate.add_argument("--output", help="also write the JSON here")
     evaluate.set_defaults(handler=_cmd_eval)
 

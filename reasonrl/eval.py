@@ -22,16 +22,30 @@ from reasonrl.reward.math import MathVerifier
 from reasonrl.reward.router import RewardRouter, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.multiturn import (
+    PAG_VERIFY_PROMPT,
+    ROLE_INJECTED,
     ROLE_POLICY,
     ROLE_VERIFIER,
     Conversation,
     PAGRule,
+    Segment,
+    injected_ids,
     parse_verdict,
+    probability_correct,
     run_conversations,
 )
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import sample_and_score
 
+
+class _VerifyOnce:
+    """A TurnRule that ends every conversation after the turn it generates."""
+
+    def after(self, conversation: Conversation) -> None:
+        return None
+
+
+VERIFY_ONCE = _VerifyOnce()
 VERIFIERS = {"math": MathVerifier, "code": CodeVerifier}  # the task types eval scores, and their verifiers
 
 
@@ -128,6 +142,30 @@ def pag_protocol(engine, tokenizer, pool, encoder, examples, params, settings: E
     return pag_metrics(correct, verdicts)
 
 
+def self_verify_best_of_n(engine, tokenizer, encoder, sampled, samples: int, params) -> float:
+    """PAG's self-verify BoN: every sampled answer gets a greedy verify turn; per problem, the answer whose
+    verdict gives "correct" the highest probability (``probability_correct``; ties: the first) is kept.
+    Returns the kept answers' accuracy."""
+    conversations = []
+    for i, (example, completion) in enumerate(zip(sampled.examples, sampled.completions, strict=True)):
+        c = Conversation(encoder(example), encoder.messages(example), stream=i)
+        text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        c.segments.append(
+            Segment(completion.token_ids, completion.logprobs, ROLE_POLICY, text, completion.finish_reason)
+        )
+        ids, c.messages = injected_ids(tokenizer, c, PAG_VERIFY_PROMPT)
+        c.segments.append(Segment(ids, [0.0] * len(ids), ROLE_INJECTED, PAG_VERIFY_PROMPT))
+        c.next_role = ROLE_VERIFIER
+        conversations.append(c)
+    run_conversations(engine, tokenizer, conversations, VERIFY_ONCE, params, max_turns=1)
+    scores = [probability_correct(tokenizer, c.turns()[-1]) for c in conversations]
+    kept = []
+    for start in range(0, len(conversations), samples):
+        best = max(range(start, start + samples), key=lambda i: (scores[i], -i))
+        kept.append(sampled.results[best].correct)
+    return sum(kept) / max(1, len(kept))
+
+
 def run_eval(settings: EvalSettings) -> dict[str, Any]:
     """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints)."""
     settings.check()
@@ -165,6 +203,10 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
             if settings.protocol == "pag"
             else {}
         )
+        if settings.self_verify_bon:
+            pag["self_verify_bon@k"] = self_verify_best_of_n(
+                engine, tokenizer, encoder, sampled, samples, greedy_params
+            )
     finally:
         pool.close()
     groups = [sampled.results[i * samples : (i + 1) * samples] for i in range(len(examples))]

@@ -187,3 +187,14 @@ def test_eval_with_the_pag_protocol_reports_its_metrics_next_to_the_usual_ones(t
         assert 0.0 <= result[key] <= 1.0, key
     # tiny-random never writes a verdict: each answer is judged "unparsed", so evaluation revises it
     assert result["revision_rate"] == 1.0 and result["verifier_accuracy"] == 0.0
+
+
+def test_eval_with_self_verify_best_of_k(tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(2))
+    )
+    args = ["eval", "--model", "tiny-random", "--dataset", str(data), "--max-new-tokens", "4", "--k", "3"]
+    assert main([*args, "--self-verify-bon"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0.0 <= result["self_verify_bon@k"] <= result["pass@k"]  # it keeps one of the k answers

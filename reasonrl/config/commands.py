@@ -77,6 +77,11 @@ class EvalSettings:
     max_attempts: int = 2
     """PAG protocol: answers per problem at most (the paper evaluates with 2)."""
 
+    self_verify_bon: bool = False
+    """PAG's self-verify best-of-N over the k sampled answers: the model verifies each (greedy verify
+    turn) and the answer whose verdict gives "correct" the highest probability is kept:
+    ``self_verify_bon@k``, next to ``maj@k``."""
+
     def check(self) -> None:
         """Refuse settings that cannot be evaluated, before anything loads (ConfigError naming each problem)."""
         from reasonrl.config.errors import ConfigError

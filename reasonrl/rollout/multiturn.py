@@ -15,6 +15,7 @@ and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its Direct M
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,23 @@ def parse_verdict(text: str) -> int:
     if match is None:
         return VERDICT_UNPARSED
     return VERDICT_CORRECT if match.group(1) == "correct" else VERDICT_WRONG
+
+
+def probability_correct(tokenizer, turn: Segment) -> float:
+    """PAG's self-verification score of a verify turn: the probability of "correct" at the token where
+    the verdict is decided (the first token of its last word), from the turn's log-probs; for a "wrong"
+    verdict 1 − the probability of "wrong"; 0 when the verdict is unparsed."""
+    verdict = parse_verdict(turn.text)
+    if verdict == VERDICT_UNPARSED:
+        return 0.0
+    match = VERDICT_PATTERN.search(turn.text)
+    assert match is not None
+    word_start = match.start(1)
+    for i in range(len(turn.token_ids)):  # the token whose text reaches into the verdict word
+        if len(tokenizer.decode(turn.token_ids[: i + 1], skip_special_tokens=True)) > word_start:
+            p = math.exp(turn.logprobs[i])
+            return p if verdict == VERDICT_CORRECT else 1.0 - p
+    return 0.0
 
 
 @dataclass

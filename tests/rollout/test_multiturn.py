@@ -236,3 +236,23 @@ def test_tool_calls_stop_at_their_limit(tokenizer):
     rule = ToolRule(lambda code: "1", max_tool_calls=2)
     run_conversations(always_calls, tokenizer, [c], rule, PARAMS, max_turns=10, max_response_tokens=10_000)
     assert roles(c) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY]
+
+
+def test_the_self_verification_score_reads_the_token_where_the_verdict_is_decided(tokenizer):
+    import math
+
+    from reasonrl.rollout.multiturn import Segment, probability_correct
+
+    def verify_turn(text, word, p):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        start = text.rindex(word)
+        decided = next(i for i in range(len(ids)) if len(tokenizer.decode(ids[: i + 1])) > start)
+        logprobs = [math.log(0.5)] * len(ids)
+        logprobs[decided] = math.log(p)
+        return Segment(ids, logprobs, ROLE_VERIFIER, text, "stop")
+
+    assert probability_correct(
+        tokenizer, verify_turn("Fine.\nThe answer is correct.", "correct", 0.8)
+    ) == pytest.approx(0.8)
+    assert probability_correct(tokenizer, verify_turn("Bad.\nThe answer is wrong.", "wrong", 0.7)) == pytest.approx(0.3)
+    assert probability_correct(tokenizer, verify_turn("Hmm, maybe.", "maybe", 0.9)) == 0.0
