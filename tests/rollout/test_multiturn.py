@@ -1,6 +1,8 @@
 """The multi-turn driver: PAG's selective revision, injected turns through the chat template, per-conversation
 sampling streams, limits, and the [B, T] tensors the trainer reads."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -148,8 +150,23 @@ def test_tensors_mark_injected_tokens_out_of_every_loss_and_place_turn_ends(toke
     assert not t.response_mask[0, a.response_length :].any()  # padding
 
 
-def test_a_conversation_samples_the_same_turns_alone_or_with_others(tokenizer):
-    engine = build_engine("fast", load_model("tiny-random"), tokenizer, dtype=torch.float32, max_batch_sequences=4)
+VLLM = pytest.param(
+    "vllm",
+    marks=[
+        pytest.mark.vllm,
+        pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test-vllm)"),
+    ],
+)
+
+
+@pytest.mark.parametrize("name", ["fast", VLLM])
+def test_a_conversation_samples_the_same_turns_alone_or_with_others(request, tokenizer, name):
+    if name == "vllm":
+        model, tokenizer = request.getfixturevalue("tiny_vllm")
+        options = {"max_model_len": 1024, "enforce_eager": True, "cpu_kv_cache_gib": 1}
+        engine = build_engine("vllm", model, tokenizer, options, dtype=torch.float32, max_batch_sequences=4)
+    else:
+        engine = build_engine("fast", load_model("tiny-random"), tokenizer, dtype=torch.float32, max_batch_sequences=4)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
     rule = DirectRevisionRule(max_attempts=3)
 
