@@ -226,3 +226,40 @@ def test_tool_grpo_trains_and_a_tool_call_that_loops_forever_times_out_and_the_r
     assert m["multiturn/tool_calls_mean"] == 1.0 and m["multiturn/turns_mean"] == 2.0
     assert m["perf/generate_seconds"] >= 4 * 1.0  # four conversations, each call ran to its 1 s limit
     assert m["reward/accuracy"] == 1.0  # and each went on to its final answer, "12345"
+
+
+def test_values_placed_on_injected_tokens_cannot_change_any_gradient(pag_batch):
+    # the PAG batch (injected verify and revise templates), with advantages and old log-probs on every token:
+    # whatever sits on the injected tokens, one SGD step of the policy lands on the same weights
+    import dataclasses
+
+    from tests.train.test_step import updated_parameters
+
+    g = torch.Generator().manual_seed(0)
+    generated = pag_batch.response_mask
+    batch = dataclasses.replace(
+        pag_batch,
+        old_logprobs=torch.where(generated, -2.0 + 0.1 * torch.randn(generated.shape, generator=g), 0.0),
+        advantages=torch.where(generated, torch.randn(generated.shape, generator=g), 0.0),
+    )
+    injected = batch.role_ids < 0
+    poisoned = dataclasses.replace(
+        batch,
+        old_logprobs=torch.where(injected, 50.0, batch.old_logprobs),
+        advantages=torch.where(injected, 1e6, batch.advantages),
+        turn_rewards=torch.where(injected, 1e6, batch.turn_rewards),
+    )
+    clean, _, _ = updated_parameters(4096, "token-mean", batch, lr=0.1)
+    dirty, _, _ = updated_parameters(4096, "token-mean", poisoned, lr=0.1)
+    changed = [name for name in clean if not torch.equal(clean[name], dirty[name])]
+    assert not changed, changed
+    assert any(
+        not torch.equal(p, q)
+        for p, q in zip(
+            clean.values(),
+            updated_parameters(4096, "token-mean", dataclasses.replace(batch, advantages=-batch.advantages), lr=0.1)[
+                0
+            ].values(),
+            strict=True,
+        )
+    )
