@@ -253,13 +253,7 @@ def test_values_placed_on_injected_tokens_cannot_change_any_gradient(pag_batch):
     dirty, _, _ = updated_parameters(4096, "token-mean", poisoned, lr=0.1)
     changed = [name for name in clean if not torch.equal(clean[name], dirty[name])]
     assert not changed, changed
-    assert any(
-        not torch.equal(p, q)
-        for p, q in zip(
-            clean.values(),
-            updated_parameters(4096, "token-mean", dataclasses.replace(batch, advantages=-batch.advantages), lr=0.1)[
-                0
-            ].values(),
-            strict=True,
-        )
+    flipped, _, _ = updated_parameters(
+        4096, "token-mean", dataclasses.replace(batch, advantages=-batch.advantages), lr=0.1
     )
+    assert any(not torch.equal(clean[name], flipped[name]) for name in clean)  # the generated tokens' do move it
