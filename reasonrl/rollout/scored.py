@@ -56,6 +56,9 @@ def sample_and_score(
     with timed(timing, "perf/generate_seconds"):
         completions = engine.generate(prompts, params) if prompts else []
     with timed(timing, "perf/score_seconds"):
-        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+        # (a tokenizer may decode an empty batch to one empty text)
+        texts = (
+            tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True) if completions else []
+        )
         results = pool.score_examples(expanded, texts)
     return Scored(expanded, prompts, completions, results)  # type: ignore[arg-type]

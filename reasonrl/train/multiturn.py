@@ -29,7 +29,7 @@ from reasonrl.rollout.multiturn import (
     run_conversations,
 )
 from reasonrl.timing import timed
-from reasonrl.train.rollout import Generated, RolloutCollector, finished_stats, hash_seed
+from reasonrl.train.rollout import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, finished_stats, hash_seed
 
 TOOL_CHECK = "assert 1 == 1"  # the sandbox runs a program against tests; a tool call has none to pass
 
@@ -88,12 +88,7 @@ class ConversationCollector:
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
         c, generated = self.synchronous, Generated()
         # 1. prompts, G conversations each (stream = row: a conversation samples the same in any batch)
-        examples = [e for e in c.stream.take(c.plan.prompts_per_generation_pass, step) if c.encoder(e) is not None]
-        if not examples:
-            raise DataError(
-                f"every prompt of the step is longer than rollout.max_prompt_tokens={c.encoder.max_prompt_tokens}"
-            )
-        examples = examples[: c.cfg.rollout.rollout_prompts]
+        examples = self.prompts(step)
         rows = [e for e in examples for _ in range(c.group_size)]
         conversations = [Conversation(c.encoder(e), c.encoder.messages(e), stream=i) for i, e in enumerate(rows)]
         # 2. generate turn by turn
@@ -122,6 +117,19 @@ class ConversationCollector:
             **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), results),
             **generated.stats(),
         }
+
+    def prompts(self, step: int) -> list:
+        """``rollout_prompts`` prompts from the stream, over-long ones skipped (at most MAX_SKIPPED_PROMPTS)."""
+        c, wanted = self.synchronous, self.synchronous.cfg.rollout.rollout_prompts
+        examples: list = []
+        for _ in range(MAX_SKIPPED_PROMPTS):
+            examples += [e for e in c.stream.take(wanted - len(examples), step) if c.encoder(e) is not None]
+            if len(examples) == wanted:
+                return examples
+        raise DataError(
+            f"{MAX_SKIPPED_PROMPTS} draws of prompts left the step short of rollout.rollout_prompts={wanted}: "
+            f"nearly every prompt is longer than rollout.max_prompt_tokens={c.encoder.max_prompt_tokens}; raise it"
+        )
 
     def final_answer_rewards(self, conversations, turn_ends, results) -> tuple[torch.Tensor, dict[str, float]]:
         """[B, T]: the final turn's verifier score, mapped to [reward.incorrect_score, reward.correct_score],

@@ -257,3 +257,13 @@ def test_values_placed_on_injected_tokens_cannot_change_any_gradient(pag_batch):
         4096, "token-mean", dataclasses.replace(batch, advantages=-batch.advantages), lr=0.1
     )
     assert any(not torch.equal(clean[name], flipped[name]) for name in clean)  # the generated tokens' do move it
+
+
+def test_a_step_whose_prompts_are_all_too_long_stops_with_the_setting_to_change(tmp_path):
+    from reasonrl.data.loaders import DataError
+
+    cfg = load_config("pag", [*PAG_TINY, "rollout.max_prompt_tokens=8"])
+    with pytest.raises(DataError, match=r"longer than rollout.max_prompt_tokens=8; raise it"):
+        fit(
+            cfg, tmp_path, engine=scripted_engine("The answer is wrong."), verifier=DigitFraction(), show_progress=False
+        )
