@@ -184,8 +184,7 @@ class ConversationCollector:
             "multiturn/accuracy_final": final.mean().item(),
         }
         if verify_mask.any():
-            right = pag_verify_rewards(verdicts, judged, verify_mask)[verify_mask]
-            stats["multiturn/verifier_accuracy"] = right.mean().item()
+            stats["multiturn/verifier_accuracy"] = verify_rewards[verify_mask].mean().item()
             stats["multiturn/verdict_unparsed_fraction"] = (verdicts[verify_mask] < 0).float().mean().item()
         return rewards, stats
 

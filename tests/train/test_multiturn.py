@@ -1,6 +1,7 @@
 """PAG through the training loop: selective revision, per-turn rewards with the revision bonus, injected tokens
 in no loss, turn-independent advantages and RoleAdvNorm over the whole batch."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,7 @@ def test_injected_tokens_are_in_no_loss_and_turns_do_not_share_credit(pag_batch)
     )
     spec = get_preset("pag")
     batch.values = torch.zeros_like(batch.rollout_logprobs)
-    assign_advantages(batch, dataclass_replace(spec, advantage_norm="none"), kl_coef=0.0)
+    assign_advantages(batch, dataclasses.replace(spec, advantage_norm="none"), kl_coef=0.0)
     # γ = λ = 1 with a zero critic: each turn's advantage is its own reward, on every token of the turn
     for row in range(len(batch)):
         for turn in batch.turn_ids[row].unique().tolist():
@@ -116,7 +117,7 @@ def test_injected_tokens_are_in_no_loss_and_turns_do_not_share_credit(pag_batch)
     before = batch.advantages.clone()
     last_turn = batch.turn_ids == batch.turn_ids.max(dim=1, keepdim=True).values
     batch.turn_rewards = batch.turn_rewards + 5.0 * (last_turn & batch.response_mask) * (batch.turn_rewards != 0)
-    assign_advantages(batch, dataclass_replace(spec, advantage_norm="none"), kl_coef=0.0)
+    assign_advantages(batch, dataclasses.replace(spec, advantage_norm="none"), kl_coef=0.0)
     earlier = (batch.turn_ids >= 0) & ~last_turn
     assert torch.equal(batch.advantages[earlier], before[earlier])
 
@@ -139,12 +140,6 @@ def test_multiturn_refuses_settings_it_cannot_honour():
     assert "rollout.multiturn=pag cannot be combined with algo.dynamic_sampling; turn it off" in message
     assert "rollout.multiturn=pag cannot be combined with rollout.fire; turn it off" in message
     assert "rollout.max_attempts=0 must be >= 1" in message
-
-
-def dataclass_replace(spec, **changes):
-    import dataclasses
-
-    return dataclasses.replace(spec, **changes)
 
 
 def test_a_resumed_multiturn_run_equals_an_uninterrupted_one(tmp_path):
@@ -231,8 +226,6 @@ def test_tool_grpo_trains_and_a_tool_call_that_loops_forever_times_out_and_the_r
 def test_values_placed_on_injected_tokens_cannot_change_any_gradient(pag_batch):
     # the PAG batch (injected verify and revise templates), with advantages and old log-probs on every token:
     # whatever sits on the injected tokens, one SGD step of the policy lands on the same weights
-    import dataclasses
-
     from tests.train.test_step import updated_parameters
 
     g = torch.Generator().manual_seed(0)
