@@ -628,7 +628,8 @@ class Harness:
         self.work = args.work or ROOT / "runs" / f"fidelity-{args.profile}"
         self.out = args.out
         self.seeds = list(self.profile["seeds"])
-        self.arms = selected_arms(self.config, self.profile, args.arms)
+        self.arms = selected_arms(self.config, self.profile, args.arms)  # what this invocation runs
+        self.profile_arms = selected_arms(self.config, self.profile, None)  # what the report covers
         self.logs = self.work / "logs"
         self.failed: list[str] = []
 
@@ -736,7 +737,7 @@ class Harness:
     def report(self) -> dict[str, Any]:
         """Aggregate whatever has finished into OUT/fidelity_PROFILE.json and .png."""
         runs = {}
-        for arm in self.arms:
+        for arm in self.profile_arms:  # every finished run, whatever --arms this invocation ran
             for seed in self.seeds:
                 path = self.work / "results" / f"{arm}-seed{seed}.json"
                 if path.exists():
@@ -761,10 +762,10 @@ class Harness:
             "updated": time.strftime("%Y-%m-%d %H:%M:%S"),
             "seeds": self.seeds,
             "runs_done": len(runs),
-            "runs_planned": len(self.arms) * len(self.seeds),
+            "runs_planned": len(self.profile_arms) * len(self.seeds),
             "reward_model": rm,
             "race": race_summary(races),
-            "arms": arm_summaries(self.config, self.arms, runs, self.seeds),
+            "arms": arm_summaries(self.config, self.profile_arms, runs, self.seeds),
             "targets": evaluate_targets(self.config, runs, races, self.seeds),
             "runs": {f"{arm}-seed{seed}": run for (arm, seed), run in runs.items()},
         }

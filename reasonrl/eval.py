@@ -27,6 +27,7 @@ from reasonrl.rollout.multiturn import (
     ROLE_POLICY,
     ROLE_VERIFIER,
     Conversation,
+    Injection,
     PAGRule,
     Segment,
     injected_ids,
@@ -153,7 +154,7 @@ def self_verify_best_of_n(engine, tokenizer, encoder, sampled, samples: int, par
         c.segments.append(
             Segment(completion.token_ids, completion.logprobs, ROLE_POLICY, text, completion.finish_reason)
         )
-        ids, c.messages = injected_ids(tokenizer, c, PAG_VERIFY_PROMPT)
+        ids, c.messages = injected_ids(tokenizer, c, Injection(PAG_VERIFY_PROMPT, ROLE_VERIFIER))
         c.segments.append(Segment(ids, [0.0] * len(ids), ROLE_INJECTED, PAG_VERIFY_PROMPT))
         c.next_role = ROLE_VERIFIER
         conversations.append(c)

@@ -140,9 +140,10 @@ class RolloutConfig:
     """Multi-turn rollouts (reasonrl/rollout/multiturn.py): none (one response per prompt); pag (PAG,
     arXiv 2506.10406: answer, verify the answer, revise only after "The answer is wrong."); direct
     (PAG's Direct MultiTurn baseline: revise after every attempt, no verify turn); tool (a python tool:
-    a turn ending with a fenced python block gets the block's sandboxed output and the policy goes on;
-    the reward is on the final turn).  Each generated turn is capped by max_response_tokens; injected
-    turns (templates, tool outputs) are read, never trained on."""
+    a turn ending with a fenced python block, or the chat template's own <tool_call> where it has one,
+    gets the code's sandboxed output and the policy goes on; the reward is on the final turn).  Each
+    generated turn is capped by max_response_tokens; injected turns (templates, tool outputs) are read,
+    never trained on."""
 
     max_tool_calls: int = 2
     """rollout.multiturn=tool: python tool calls per conversation at most."""

@@ -46,22 +46,35 @@ def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, question: str, template
     return chat_token_ids(tokenizer, [{"role": "user", "content": user_message(question, template)}])
 
 
-def chat_token_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    """A conversation through the chat template, ending with the assistant header (plain text without one)."""
+def chat_token_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], tools: list[dict] | None = None
+) -> list[int]:
+    """A conversation through the chat template (with the function schemas ``tools``, where given), ending
+    with the assistant header (plain text without a template)."""
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
 
 
 class PromptEncoder:
-    """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut."""
+    """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut.  ``tools``:
+    function schemas the chat template renders into every prompt (a tool rollout on a template with a
+    tool-call format)."""
 
-    def __init__(self, tokenizer, template: str, max_prompt_tokens: int, system_prompt: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        template: str,
+        max_prompt_tokens: int,
+        system_prompt: str | None = None,
+        tools: list[dict] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.max_prompt_tokens = max_prompt_tokens
         self.system_prompt = system_prompt
+        self.tools = tools
         self._cache: dict[str, list[int]] = {}
         self.too_long = 0
 
@@ -74,7 +87,7 @@ class PromptEncoder:
     def __call__(self, example: Example) -> list[int] | None:
         """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
         if example.id not in self._cache:
-            ids = chat_token_ids(self.tokenizer, self.messages(example))
+            ids = chat_token_ids(self.tokenizer, self.messages(example), self.tools)
             self._cache[example.id] = ids
             if len(ids) > self.max_prompt_tokens:
                 self.too_long += 1

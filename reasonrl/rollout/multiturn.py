@@ -9,12 +9,14 @@ limit of generated turns or of response tokens (generated + injected).
 
 PAG's rule (arXiv 2506.10406 §3, "selective revision") is ``PAGRule``: answer, verify the answer,
 and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its Direct MultiTurn baseline
-(always revise, no verify turn).
+(always revise, no verify turn).  ``ToolRule`` runs a python tool called with a fenced python block or,
+where the chat template has one, its own tool-call format (``<tool_call>{json}</tool_call>``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -47,6 +49,21 @@ INJECTED_TURN_TOKENS = 128  # room left per injected turn in the default convers
 
 VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
 PYTHON_CALL = re.compile(r"```python\n(.*?)```\s*\Z", re.DOTALL)  # a fenced python block ending the turn
+# a chat template's tool call ending the turn (the Hermes format of Qwen2.5/3, SmolLM3, Hermes models)
+NATIVE_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>\s*\Z", re.DOTALL)
+# the python tool as a function schema, what `apply_chat_template(tools=...)` renders into the prompt
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run a Python program and return what it prints.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The program to run."}},
+            "required": ["code"],
+        },
+    },
+}
 TOOL_OUTPUT_CHARS = 1000  # a tool's output is cut to this many characters before it is injected
 
 
@@ -105,6 +122,7 @@ class Conversation:
     stream: int = 0  # sampling stream index: the same conversation samples the same turns in any batch
     next_role: int = ROLE_POLICY
     segments: list[Segment] = field(default_factory=list)
+    tools: list[dict] | None = None  # the tool schemas the prompt rendered (a template's tool-call format)
     done: bool = False
     end: str = ""  # why it ended: "rule", "turn_limit" or "token_limit"
 
@@ -124,10 +142,11 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Injection:
-    """A user message to append, and the role of the turn generated after it."""
+    """A message to append (a user message, or a tool's output), and the role of the turn generated after it."""
 
     text: str
     next_role: int
+    message_role: str = "user"  # the chat role it is rendered as: "user", or "tool" for a native tool call
 
 
 class TurnRule(Protocol):
@@ -173,45 +192,83 @@ class DirectRevisionRule:
         return Injection(DIRECT_REVISE_PROMPT, ROLE_POLICY)
 
 
-def python_call(text: str) -> str | None:
-    """The code of the fenced python block that ends ``text`` (a tool call), or None."""
-    match = PYTHON_CALL.search(text)
-    return match.group(1) if match else None
+def native_tool_format(tokenizer) -> bool:
+    """Whether the tokenizer's chat template has a tool-call format: it renders ``tools`` and
+    ``<tool_call>`` blocks (Hermes style: Qwen2.5/3, SmolLM3, Hermes models).  SmolLM2's has none."""
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    return "tools" in template and "<tool_call>" in template
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A python tool call that ends a turn: its code, or why the call cannot run."""
+
+    code: str | None
+    native: bool  # the chat template's format (the output goes back as a "tool" message), else a fenced block
+    error: str = ""
+
+
+def python_call(text: str) -> ToolCall | None:
+    """The python tool call that ends ``text``, or None: a fenced python block, or a chat template's
+    ``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``.  A native call that is not
+    that JSON is still a call, whose output is an error message saying what was expected."""
+    fenced = PYTHON_CALL.search(text)
+    if fenced:
+        return ToolCall(fenced.group(1), native=False)
+    native = NATIVE_CALL.search(text)
+    if not native:
+        return None
+    try:
+        call = json.loads(native.group(1))
+        arguments = call["arguments"]
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        code = arguments["code"]
+        if call["name"] != "python" or not isinstance(code, str):
+            raise TypeError
+    except (ValueError, TypeError, KeyError):
+        expected = '{"name": "python", "arguments": {"code": "<program>"}}'
+        return ToolCall(None, native=True, error=f"Error: a tool call must be {expected}")
+    return ToolCall(code, native=True)
 
 
 @dataclass(frozen=True)
 class ToolRule:
-    """A python tool: a turn that ends with a fenced python block gets the block's output (from
-    ``run_python``, which runs it sandboxed; cut to ``TOOL_OUTPUT_CHARS``) as the next user turn, and the
-    policy goes on; at most ``max_tool_calls`` per conversation.  A turn without a call ends it."""
+    """A python tool: a turn that ends with a tool call (``python_call``) gets its output (from
+    ``run_python``, which runs it sandboxed; cut to ``TOOL_OUTPUT_CHARS``) as the next turn, and the policy
+    goes on; at most ``max_tool_calls`` per conversation.  A turn without a call ends it.  A fenced block's
+    output comes back as a user message, a native call's as a "tool" message (what the template expects)."""
 
     run_python: Callable[[str], str]
     max_tool_calls: int = 2
 
     def after(self, conversation: Conversation) -> Injection | None:
-        code = python_call(conversation.turns()[-1].text)
+        call = python_call(conversation.turns()[-1].text)
         calls = sum(not s.generated for s in conversation.segments)
-        if code is None or calls >= self.max_tool_calls:
+        if call is None or calls >= self.max_tool_calls:
             return None
-        output = self.run_python(code)[:TOOL_OUTPUT_CHARS]
+        output = (self.run_python(call.code) if call.code is not None else call.error)[:TOOL_OUTPUT_CHARS]
+        if call.native:
+            return Injection(output, ROLE_POLICY, message_role="tool")
         return Injection(f"Output:\n```\n{output}\n```", ROLE_POLICY)
 
 
-def injected_ids(tokenizer, conversation: Conversation, user_text: str) -> tuple[list[int], list[dict[str, str]]]:
-    """The tokens that close the last generated turn and open the next one after a user message
-    ``user_text``, rendered by the chat template; and the chat with both messages added.
+def injected_ids(tokenizer, conversation: Conversation, injection: Injection) -> tuple[list[int], list[dict[str, str]]]:
+    """The tokens that close the last generated turn and open the next one after ``injection``'s
+    message, rendered by the chat template (with the conversation's tools); and the chat with both
+    messages added.
 
-    The template renders the whole chat twice, with the user message and without it; the difference
-    is the new user turn and the assistant header.  Before it goes whatever the template puts after an
+    The template renders the whole chat twice, with the injected message and without it; the difference
+    is the new turn and the assistant header.  Before it goes whatever the template puts after an
     assistant message (e.g. "<|im_end|>\\n"), less the stop token the model already generated.
     """
     last = conversation.turns()[-1]
     chat = [*conversation.messages, {"role": "assistant", "content": last.text}]
-    extended = [*chat, {"role": "user", "content": user_text}]
+    extended = [*chat, {"role": injection.message_role, "content": injection.text}]
     if not tokenizer.chat_template:  # plain text models: blank lines between turns
-        return list(tokenizer(f"\n\n{user_text}\n\n", add_special_tokens=False)["input_ids"]), extended
-    closed = tokenizer.apply_chat_template(chat, tokenize=False)
-    opened = tokenizer.apply_chat_template(extended, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(f"\n\n{injection.text}\n\n", add_special_tokens=False)["input_ids"]), extended
+    tools = conversation.tools
+    closed = tokenizer.apply_chat_template(chat, tools=tools, tokenize=False)
+    opened = tokenizer.apply_chat_template(extended, tools=tools, tokenize=False, add_generation_prompt=True)
     if not opened.startswith(closed):
         raise MultiTurnError(
             "the model's chat template renders earlier turns differently once a turn is added; "
@@ -279,7 +336,7 @@ def run_conversations(
             if turn + 1 >= max_turns:
                 c.done, c.end = True, "turn_limit"
                 continue
-            ids, c.messages = injected_ids(tokenizer, c, injection.text)
+            ids, c.messages = injected_ids(tokenizer, c, injection)
             if c.response_length + len(ids) >= cap:
                 c.done, c.end = True, "token_limit"
                 continue

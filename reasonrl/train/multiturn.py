@@ -19,12 +19,14 @@ from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.data.loaders import DataError
 from reasonrl.rollout.multiturn import (
     INJECTED_TURN_TOKENS,
+    PYTHON_TOOL,
     ROLE_POLICY,
     Conversation,
     DirectRevisionRule,
     PAGRule,
     ToolRule,
     conversation_tensors,
+    native_tool_format,
     parse_verdict,
     run_conversations,
 )
@@ -62,6 +64,12 @@ def turn_rule(rollout, evaluation: bool = False):
     raise ValueError(f"no multi-turn rule for rollout.multiturn={rollout.multiturn!r}")
 
 
+def prompt_tools(rollout, tokenizer) -> list[dict] | None:
+    """The function schemas every prompt advertises: the python tool, for a tool rollout whose chat
+    template has a tool-call format (else None: the system prompt asks for fenced python blocks)."""
+    return [PYTHON_TOOL] if rollout.multiturn == "tool" and native_tool_format(tokenizer) else None
+
+
 def generated_turns(rollout) -> int:
     """Generated turns per conversation at most: attempts and verify turns, or answers around tool calls."""
     return rollout.max_tool_calls + 1 if rollout.multiturn == "tool" else 2 * rollout.max_attempts - 1
@@ -90,7 +98,10 @@ class ConversationCollector:
         # 1. prompts, G conversations each (stream = row: a conversation samples the same in any batch)
         examples = self.prompts(step)
         rows = [e for e in examples for _ in range(c.group_size)]
-        conversations = [Conversation(c.encoder(e), c.encoder.messages(e), stream=i) for i, e in enumerate(rows)]
+        conversations = [
+            Conversation(c.encoder(e), c.encoder.messages(e), stream=i, tools=c.encoder.tools)
+            for i, e in enumerate(rows)
+        ]
         # 2. generate turn by turn
         params = c.sampling_params(hash_seed(c.cfg.run.seed, step if seed_step is None else seed_step, 1))
         with timed(generated.timing, "perf/generate_seconds"):

@@ -28,7 +28,7 @@ from reasonrl.reward.router import build_router
 from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.pool import RolloutPool
 from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.multiturn import ConversationCollector
+from reasonrl.train.multiturn import ConversationCollector, prompt_tools
 from reasonrl.train.parallel import (
     SINGLE_PROCESS,
     DataParallel,
@@ -199,7 +199,13 @@ def setup(
     if parallel.active:
         pool = ShardedScorer(pool, parallel)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt)
+    encoder = PromptEncoder(
+        tokenizer,
+        cfg.data.prompt_template,
+        cfg.rollout.max_prompt_tokens,
+        cfg.data.system_prompt,
+        tools=prompt_tools(cfg.rollout, tokenizer),
+    )
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     warmup = plan.warmup_optimizer_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)

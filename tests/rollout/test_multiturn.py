@@ -202,20 +202,33 @@ def test_a_shared_call_keeps_each_prompts_stream():
     assert plain.first_index == 12 and plain.request_indices is None
 
 
+NATIVE = '<tool_call>{"name": "python", "arguments": %s}</tool_call>'
+CALL_ERROR = 'Error: a tool call must be {"name": "python", "arguments": {"code": "<program>"}}'
+
+
 @pytest.mark.parametrize(
-    ("text", "code"),
+    ("text", "code", "native", "error"),
     [
-        ("Let me compute.\n```python\nprint(2 + 3)\n```", "print(2 + 3)\n"),
-        ("```python\nx = 1\nprint(x)\n```\n  ", "x = 1\nprint(x)\n"),
-        ("```python\nprint(1)\n```\nSo the answer is 1.", None),  # the block must end the turn
-        ("```\nprint(1)\n```", None),  # only python blocks are calls
-        ("Answer: 5", None),
+        ("Let me compute.\n```python\nprint(2 + 3)\n```", "print(2 + 3)\n", False, ""),
+        ("```python\nx = 1\nprint(x)\n```\n  ", "x = 1\nprint(x)\n", False, ""),
+        ("```python\nprint(1)\n```\nSo the answer is 1.", None, None, None),  # the block must end the turn
+        ("```\nprint(1)\n```", None, None, None),  # only python blocks are calls
+        ("Answer: 5", None, None, None),
+        (NATIVE % '{"code": "print(1)"}', "print(1)", True, ""),  # a chat template's tool call
+        (NATIVE % '"{\\"code\\": \\"print(1)\\"}"', "print(1)", True, ""),  # arguments as a JSON string
+        (NATIVE % '{"code": "print(1)"' + "\n", None, True, CALL_ERROR),  # not JSON: the model is told
+        ('<tool_call>{"name": "shell", "arguments": {"code": "ls"}}</tool_call>', None, True, CALL_ERROR),
+        (NATIVE % '{"program": "print(1)"}', None, True, CALL_ERROR),
+        (NATIVE % '{"code": "print(1)"}' + " and more", None, None, None),  # the call must end the turn
     ],
 )
-def test_python_call_reads_the_block_that_ends_a_turn(text, code):
+def test_python_call_reads_the_call_that_ends_a_turn(text, code, native, error):
     from reasonrl.rollout.multiturn import python_call
 
-    assert python_call(text) == code
+    call = python_call(text)
+    assert (call is None) == (native is None)
+    if call is not None:
+        assert (call.code, call.native, call.error) == (code, native, error)
 
 
 def tool_engine(tokenizer, first_reply):
@@ -273,3 +286,39 @@ def test_the_self_verification_score_reads_the_token_where_the_verdict_is_decide
     ) == pytest.approx(0.8)
     assert probability_correct(tokenizer, verify_turn("Bad.\nThe answer is wrong.", "wrong", 0.7)) == pytest.approx(0.3)
     assert probability_correct(tokenizer, verify_turn("Hmm, maybe.", "maybe", 0.9)) == 0.0
+
+
+# A Hermes-style chat template (the shape of Qwen2.5's and SmolLM3's): tools in a system turn,
+# <tool_call> blocks, tool messages as <tool_response> user turns.
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call functions: <tools>{% for t in tools %}{{ t | tojson }}"
+    '{% endfor %}</tools>, as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\n{% endif %}'
+    "{%- for m in messages %}{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_native_tool_call_runs_and_its_output_comes_back_as_a_tool_message(tokenizer):
+    import copy
+
+    from reasonrl.data.prompts import chat_token_ids
+    from reasonrl.rollout.multiturn import PYTHON_TOOL, ToolRule, native_tool_format
+
+    hermes = copy.deepcopy(tokenizer)
+    hermes.chat_template = HERMES_TEMPLATE
+    assert native_tool_format(hermes) and not native_tool_format(tokenizer)  # tiny-random's ChatML has none
+
+    messages = [{"role": "user", "content": "q"}]
+    c = Conversation(chat_token_ids(hermes, messages, [PYTHON_TOOL]), messages, tools=[PYTHON_TOOL])
+    ran = []
+    rule = ToolRule(lambda code: ran.append(code) or "42\n", max_tool_calls=2)
+    engine = tool_engine(hermes, NATIVE % '{"code": "print(6 * 7)"}')
+    params = SamplingParams(max_new_tokens=256, temperature=1.0, seed=0)  # the call is ~70 byte tokens
+    run_conversations(engine, hermes, [c], rule, params, max_turns=3, max_response_tokens=10_000)
+    assert ran == ["print(6 * 7)"] and roles(c) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY]
+    assert c.messages[-1] == {"role": "tool", "content": "42\n"} and c.turns()[-1].text == "12345"
+    # what the policy read is the template's rendering of the chat, tools and tool response included
+    rendered = hermes.apply_chat_template(c.messages, tools=[PYTHON_TOOL], tokenize=False, add_generation_prompt=True)
+    assert hermes.decode(c.token_ids()[: -len(c.segments[-1].token_ids)]) == rendered
+    assert '"name": "python"' in rendered and "<tool_response>\n42\n\n</tool_response>" in rendered

@@ -260,3 +260,17 @@ def test_a_step_whose_prompts_are_all_too_long_stops_with_the_setting_to_change(
         fit(
             cfg, tmp_path, engine=scripted_engine("The answer is wrong."), verifier=DigitFraction(), show_progress=False
         )
+
+
+def test_tool_prompts_advertise_the_python_tool_only_where_the_chat_template_has_a_tool_call_format():
+    from reasonrl.rollout.multiturn import PYTHON_TOOL
+    from reasonrl.train.multiturn import prompt_tools
+    from tests.rollout.test_multiturn import HERMES_TEMPLATE
+
+    plain = load_tokenizer("tiny-random")
+    hermes = load_tokenizer("tiny-random")
+    hermes.chat_template = HERMES_TEMPLATE
+    tool, pag = load_config("tool_grpo").rollout, load_config("pag").rollout
+    assert prompt_tools(tool, hermes) == [PYTHON_TOOL]
+    assert prompt_tools(tool, plain) is None  # fenced python blocks, as the preset's system prompt asks
+    assert prompt_tools(pag, hermes) is None
