@@ -7,11 +7,13 @@ reasonrl config show PRESET|FILE [k=v]     the fully resolved config and its der
 reasonrl config validate FILE [k=v]        check a config file; exit status 2 if it is invalid
 reasonrl sandbox run SOLUTION --tests TESTS run a solution against assert-style tests in the sandbox (JSON verdict)
 reasonrl push RUN_DIR --repo ID            upload a run's model with a generated model card to the Hugging Face Hub
+reasonrl prm label --dataset mbpp --out F  label program lines by binary search (process rewards for code)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -21,7 +23,8 @@ from pathlib import Path
 
 from reasonrl import __version__
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
-from reasonrl.config.commands import EvalSettings, RewardModelRun
+from reasonrl.config.commands import EvalSettings, PRMLabelRun, RewardModelRun
+from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
 
@@ -177,6 +180,37 @@ def _cmd_data_bon(args: argparse.Namespace) -> int:
 
     options = {"n": args.n, "max_new_tokens": args.max_new_tokens, "overrides": args.overrides}
     return _print_summary(lambda: best_of_n_references(args.prompts, args.reward_model, Path(args.out), **options))
+
+
+def _cmd_prm_label(args: argparse.Namespace) -> int:
+    from reasonrl.reward.prm_label import run_labelling
+
+    settings = _settings_from_args(PRMLabelRun, args)
+    return _print_summary(lambda: run_labelling(settings, progress=not args.quiet))
+
+
+def _add_settings_arguments(parser: argparse.ArgumentParser, settings: type) -> None:
+    """An option per field of a settings dataclass (``--field-name``), with its default, type, ``Literal``
+    choices and the first sentence of its docstring; a tuple field is the positional KEY=VALUE overrides."""
+    docs, hints, defaults = field_docs(settings), typing.get_type_hints(settings), settings()
+    for item in dataclasses.fields(settings):
+        hint, default = hints[item.name], getattr(defaults, item.name)
+        help_text = docs.get(item.name, "").split(". ")[0].replace("%", "%%")
+        if typing.get_origin(hint) is tuple:
+            parser.add_argument(item.name, nargs="*", metavar="KEY=VALUE", help=help_text)
+            continue
+        kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)  # X | None -> X
+        choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+        parser.add_argument(
+            f"--{item.name.replace('_', '-')}", default=default, choices=choices,
+            type=None if choices else kind, help=help_text,
+        )  # fmt: skip
+
+
+def _settings_from_args(settings: type, args: argparse.Namespace):
+    """The settings dataclass ``_add_settings_arguments`` described, filled from the parsed options."""
+    values = {item.name: getattr(args, item.name) for item in dataclasses.fields(settings)}
+    return settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def _choices(settings: type, name: str) -> tuple[str, ...]:
@@ -337,6 +371,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rm_train.add_argument("--seed", type=int, default=rm_defaults.seed)
     rm_train.set_defaults(handler=_cmd_rm_train)
+
+    prm = commands.add_parser("prm", help="process rewards for code (arXiv 2410.17621)")
+    prm_commands = prm.add_subparsers(dest="prm_command", required=True, metavar="ACTION")
+    label = prm_commands.add_parser(
+        "label", help="sample programs and label their lines by binary search over K completions (resumable)"
+    )
+    _add_settings_arguments(label, PRMLabelRun)
+    label.add_argument("--quiet", action="store_true", help="no progress bar")
+    label.set_defaults(handler=_cmd_prm_label)
 
     data = commands.add_parser("data", help="prepare training data")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")

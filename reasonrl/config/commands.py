@@ -141,3 +141,66 @@ class RewardModelRun:
 
     seed: int = 0
     """Seed of the split, the shuffling and the initialisation."""
+
+
+@dataclass(frozen=True)
+class PRMLabelRun:
+    """What ``reasonrl prm label`` runs (arXiv 2410.17621, Algorithm 1: binary-search line labels)."""
+
+    model: str = "smollm2-135m"
+    """The initial policy (a spec as model.name_or_path): it samples the programs and the completions
+    with data_policy=initial."""
+
+    dataset: str = "mbpp"
+    """Code problems with unit tests: a built-in set (mbpp, humaneval) or a jsonl of code tasks."""
+
+    split: str = "train"
+    """The dataset's split (auto: train where there is one, else its only split)."""
+
+    limit: int | None = None
+    """Label the programs of the first N prompts only; None = every prompt."""
+
+    programs_per_prompt: int = 4
+    """n: programs sampled per prompt and policy."""
+
+    completions: int = 20
+    """K: completions sampled from a line prefix to decide whether it is alive (the paper's 20)."""
+
+    max_new_tokens: int = 256
+    """Cap on a program's tokens; a completion gets what the cap leaves after its prefix."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the programs and the completions."""
+
+    data_policy: str = "initial"
+    """Who samples: initial (the model above; no extra run), or an earlier RL run directory whose
+    evenly spaced checkpoints do (the paper's choice: 4 checkpoints of the RL baseline run)."""
+
+    checkpoints: int = 4
+    """data_policy = a run directory: how many of its checkpoints, evenly spaced, ending at the last."""
+
+    out: str = "runs/prm-labels.jsonl"
+    """The labelled programs, one JSON line each; OUT.progress holds the work in flight (resume)."""
+
+    seed: int = 0
+    """Seed of the sampling."""
+
+    overrides: tuple[str, ...] = ()
+    """`reasonrl train`-style KEY=VALUE settings for the engine and the sandbox (rollout.engine,
+    reward.timeout_seconds, reward.workers, ...)."""
+
+    def check(self) -> None:
+        """Refuse settings that cannot label anything (ConfigError naming each problem)."""
+        from reasonrl.config.errors import ConfigError
+
+        checks = [
+            (self.programs_per_prompt >= 1, f"--programs-per-prompt must be >= 1, got {self.programs_per_prompt}"),
+            (self.completions >= 1, f"--completions must be >= 1, got {self.completions}"),
+            (self.max_new_tokens >= 2, f"--max-new-tokens must be >= 2, got {self.max_new_tokens}"),
+            (self.temperature > 0, f"--temperature must be > 0, got {self.temperature}"),
+            (self.checkpoints >= 1, f"--checkpoints must be >= 1, got {self.checkpoints}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+        ]
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))

@@ -1,0 +1,293 @@
+"""`reasonrl prm label`: sample programs and label their lines by binary search (arXiv 2410.17621, Algorithm 1).
+
+For each data policy (the initial policy, or evenly spaced checkpoints of an earlier RL run: the paper's
+choice), ``programs_per_prompt`` programs are sampled per prompt and scored in the sandbox.  A program
+that passes is all-positive.  For a failing one, the lines' binary search (``prm.DeadLineSearch``) asks
+whether a line prefix is alive: K completions of it are sampled from the same policy and run against
+the tests, under the reward pool's sandbox limits and timeouts; alive if any passes.  Every program's
+search advances in lockstep, so one engine call samples the completions of many prefixes.
+
+Resumable: sampled programs and every probe (program, line, alive) are appended to ``OUT.progress`` as
+they happen, and each labelled program to ``OUT``; a killed run started again reads both, skips the
+labelled programs, replays the probes it has, and spends completions only on the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reasonrl.config.commands import PRMLabelRun
+from reasonrl.reward.prm import DeadLineSearch, Line, line_labels, response_lines, token_char_ends
+
+PROMPTS_PER_SAMPLING_CALL = 16  # prompts sampled (× programs_per_prompt) per engine call
+PROBES_PER_CALL = 8  # line prefixes probed (× K completions) per engine call
+
+
+def read_records(path: Path) -> list[dict]:
+    """The JSON lines of an append-only file; a torn last line (a run killed mid-write) is cut off."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _append(path: Path, record: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+
+
+@dataclass
+class Program:
+    """A sampled program and what labelling it has cost so far."""
+
+    key: str  # policy/prompt id/sample index
+    policy: str
+    prompt_index: int
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response: str
+    lines: list[Line]
+    passed: bool
+    probes: dict[int, bool] = field(default_factory=dict)  # line -> alive
+    completions: int = 0
+    sandbox_seconds: float = 0.0
+
+    def record(self) -> dict:
+        return {
+            "kind": "program",
+            "key": self.key,
+            "policy": self.policy,
+            "prompt_index": self.prompt_index,
+            "prompt_token_ids": self.prompt_token_ids,
+            "response_token_ids": self.response_token_ids,
+            "response": self.response,
+            "lines": [line.to_json() for line in self.lines],
+            "passed": self.passed,
+        }
+
+    @staticmethod
+    def from_record(row: dict) -> Program:
+        lines = [Line.from_json(line) for line in row["lines"]]
+        fields = {k: row[k] for k in ("key", "policy", "prompt_index", "prompt_token_ids", "response_token_ids")}
+        return Program(**fields, response=row["response"], lines=lines, passed=row["passed"])
+
+
+class LabelStore:
+    """``OUT`` (labelled programs, one JSON line each) and ``OUT.progress`` (sampled programs and probes)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.progress = out, out.with_name(out.name + ".progress")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.labelled = {row["key"] for row in read_records(out)}
+        self.programs: dict[str, Program] = {}
+        for record in read_records(self.progress):
+            if record["kind"] == "program":
+                self.programs[record["key"]] = Program.from_record(record)
+            else:
+                program = self.programs[record["key"]]
+                program.probes[record["line"]] = record["alive"]
+                program.completions += record["completions"]
+                program.sandbox_seconds += record["sandbox_seconds"]
+
+    def add_program(self, program: Program) -> None:
+        self.programs[program.key] = program
+        _append(self.progress, program.record())
+
+    def add_probe(self, program: Program, line: int, alive: bool, completions: int, sandbox_seconds: float) -> None:
+        program.probes[line] = alive
+        program.completions += completions
+        program.sandbox_seconds += sandbox_seconds
+        _append(self.progress, {"kind": "probe", "key": program.key, "line": line, "alive": alive,
+                                "completions": completions, "sandbox_seconds": sandbox_seconds})  # fmt: skip
+
+    def finish(self, program: Program, first_dead: int | None, completions_per_probe: int) -> None:
+        failing_lines = 0 if program.passed else len(program.lines)
+        row = {
+            "key": program.key,
+            "policy": program.policy,
+            "prompt_index": program.prompt_index,
+            "prompt_token_ids": program.prompt_token_ids,
+            "response_token_ids": program.response_token_ids,
+            "response": program.response,
+            "lines": [line.to_json() for line in program.lines],
+            "labels": line_labels(None if program.passed else first_dead, len(program.lines)),
+            "first_dead_line": None if program.passed else first_dead,
+            "passed": program.passed,
+            "completions": program.completions,
+            "completions_exhaustive": completions_per_probe * failing_lines,
+            "sandbox_seconds": program.sandbox_seconds,
+        }
+        self.labelled.add(program.key)
+        _append(self.out, row)
+
+
+def data_policies(settings: PRMLabelRun) -> list[tuple[str, str]]:
+    """(name, model spec) of each policy that samples programs: ``initial`` (settings.model), or
+    ``settings.checkpoints`` checkpoints evenly spaced over the run directory ``settings.data_policy``."""
+    if settings.data_policy == "initial":
+        return [("initial", settings.model)]
+    root = Path(settings.data_policy) / "checkpoints"
+    saved = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.json").exists())
+    if not saved:
+        raise FileNotFoundError(
+            f"--data-policy {settings.data_policy}: no checkpoints under {root}; give a run directory whose "
+            "run kept its checkpoints (run.keep_checkpoints), or --data-policy initial"
+        )
+    count = min(settings.checkpoints, len(saved))
+    picks = sorted({round((i + 1) * len(saved) / count) - 1 for i in range(count)})
+    return [(saved[i].name, str(saved[i])) for i in picks]
+
+
+def _seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+
+
+def _chunks(items: Sequence, size: int) -> Iterator[Sequence]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def sample_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, store: LabelStore, advance) -> None:
+    """Sample and score ``programs_per_prompt`` programs per prompt that has none in the store yet."""
+    from reasonrl.rollout import SamplingParams
+    from reasonrl.rollout.scored import sample_and_score
+
+    have = {p.prompt_index for p in store.programs.values() if p.policy == name}
+    todo = [(i, e) for i, e in enumerate(examples) if i not in have]
+    advance(len(examples) - len(todo))
+    for chunk in _chunks(todo, PROMPTS_PER_SAMPLING_CALL):
+        params = SamplingParams(
+            settings.max_new_tokens, settings.temperature, seed=_seed(settings.seed, name, chunk[0][0])
+        )
+        scored = sample_and_score(
+            policy.engine, policy.tokenizer, scorer, policy.encoder, [e for _, e in chunk], params,
+            settings.programs_per_prompt,
+        )  # fmt: skip
+        indices = {e.id: i for i, e in chunk}
+        rows = zip(scored.examples, scored.completions, scored.results, strict=True)
+        for row, (example, completion, result) in enumerate(rows):
+            ids = list(completion.token_ids)
+            text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+            sample = row % settings.programs_per_prompt
+            store.add_program(Program(
+                f"{name}/{example.id}/{sample}", name, indices[example.id], list(scored.prompts[row]), ids, text,
+                response_lines(text, token_char_ends(policy.tokenizer, ids)), bool(result.correct),
+            ))  # fmt: skip
+        advance(len(chunk))
+
+
+def probe_prefixes(policy, scorer, examples, probes: Sequence[tuple[Program, int]], settings: PRMLabelRun, seed: int):
+    """Whether each (program, ℓ) prefix is alive: K completions each, sampled in one engine call and run
+    against the program's tests; (alive, sandbox seconds) per probe."""
+    from reasonrl.rollout import SamplingParams
+
+    K = settings.completions
+    prefixes = [program.response_token_ids[: program.lines[line - 1].end_token + 1] for program, line in probes]
+    prompts = [program.prompt_token_ids + prefix for (program, _), prefix in zip(probes, prefixes, strict=True)]
+    budget = max(1, settings.max_new_tokens - min(len(prefix) for prefix in prefixes))
+    completions = policy.engine.generate(
+        [prompt for prompt in prompts for _ in range(K)], SamplingParams(budget, settings.temperature, seed=seed)
+    )
+    texts, rows = [], []
+    for j, ((program, _), prefix) in enumerate(zip(probes, prefixes, strict=True)):
+        for completion in completions[j * K : (j + 1) * K]:
+            ids = prefix + list(completion.token_ids)[: settings.max_new_tokens - len(prefix)]
+            texts.append(policy.tokenizer.decode(ids, skip_special_tokens=True))
+            rows.append(examples[program.prompt_index])
+    results = scorer.score_examples(rows, texts)
+    return [
+        (any(r.correct for r in results[j * K : (j + 1) * K]),
+         sum(float(r.info.get("wall_seconds", 0.0)) for r in results[j * K : (j + 1) * K]))
+        for j in range(len(probes))
+    ]  # fmt: skip
+
+
+def label_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, store: LabelStore, advance) -> None:
+    """Binary-search the first dead line of every unlabelled program of policy ``name``, in lockstep."""
+    searches: dict[str, tuple[Program, DeadLineSearch]] = {}
+    for program in store.programs.values():
+        if program.policy != name or program.key in store.labelled:
+            continue
+        search = DeadLineSearch(0 if program.passed else len(program.lines))  # a passing program: all lines 1
+        while search.query is not None and search.query in program.probes:  # replay a resumed run's probes
+            search.tell(program.probes[search.query])
+        searches[program.key] = (program, search)
+    calls = 0
+    while searches:
+        # 1. programs whose search is over are labelled
+        for key, (program, search) in list(searches.items()):
+            if search.query is None:
+                store.finish(program, search.result, settings.completions)
+                del searches[key]
+                advance(1)
+        # 2. every other program probes the prefix its search asks for, PROBES_PER_CALL per engine call
+        for chunk in _chunks(list(searches.values()), PROBES_PER_CALL):
+            probes = [(program, search.query) for program, search in chunk]
+            seed = _seed(settings.seed, name, "probe", calls, len(store.labelled))
+            calls += 1
+            for (program, search), (alive, seconds) in zip(
+                chunk, probe_prefixes(policy, scorer, examples, probes, settings, seed), strict=True
+            ):
+                store.add_probe(program, search.query, alive, settings.completions, seconds)
+                search.tell(alive)
+
+
+def summarise(store: LabelStore, settings: PRMLabelRun, wall_seconds: float) -> dict:
+    """What the labelling cost and found, over every labelled program in OUT."""
+    rows = read_records(store.out)
+    failing = [r for r in rows if not r["passed"]]
+    spent = sum(r["completions"] for r in rows)
+    exhaustive = sum(r["completions_exhaustive"] for r in rows)
+    labels = [x for r in rows for x in r["labels"]]
+    return {
+        "out": str(store.out),
+        "data_policies": sorted({r["policy"] for r in rows}),
+        "programs": len(rows),
+        "programs_passed": len(rows) - len(failing),
+        "lines": len(labels),
+        "positive_line_fraction": sum(labels) / max(1, len(labels)),
+        "completions_per_probe": settings.completions,
+        "completions_spent": spent,
+        "completions_exhaustive": exhaustive,
+        "completions_spent_over_exhaustive": spent / exhaustive if exhaustive else None,
+        "sandbox_seconds": sum(r["sandbox_seconds"] for r in rows),
+        "wall_seconds": wall_seconds,
+    }
+
+
+def run_labelling(settings: PRMLabelRun, progress: bool = False) -> dict:
+    """Sample and label (or continue labelling) into ``settings.out``; returns the summary."""
+    from reasonrl.config import load_config
+    from reasonrl.data.select import InitialPolicy, progress_bar, prompt_rows
+    from reasonrl.reward.router import build_router
+
+    settings.check()
+    started = time.perf_counter()
+    store = LabelStore(Path(settings.out))
+    policies = data_policies(settings)
+    for name, spec in policies:
+        cfg = load_config(None, [f"model.name_or_path={spec}", *settings.overrides])
+        examples = prompt_rows(cfg, settings.dataset, settings.split, settings.limit)
+        if any(e.task_type != "code" for e in examples):
+            raise ValueError(f"{settings.dataset} is not a code dataset: prm label needs programs with unit tests")
+        policy = InitialPolicy.load(cfg)
+        scorer = build_router(policy.cfg, policy.dtype)
+        try:
+            with progress_bar(f"{name}: sampling", len(examples), progress) as advance:
+                sample_programs(policy, scorer, examples, name, settings, store, advance)
+            mine = [p for p in store.programs.values() if p.policy == name]
+            with progress_bar(f"{name}: labelling", len(mine), progress) as advance:
+                advance(sum(p.key in store.labelled for p in mine))
+                label_programs(policy, scorer, examples, name, settings, store, advance)
+        finally:
+            scorer.close()
+    return summarise(store, settings, time.perf_counter() - started)
