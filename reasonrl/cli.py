@@ -342,17 +342,21 @@ def build_parser() -> argparse.ArgumentParser:
     rm = commands.add_parser("rm", help="reward models")
     rm_commands = rm.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
     rm_train = rm_commands.add_parser(
-        "train", help="train a Bradley-Terry scorer or a pairwise judge on preference pairs; report held-out accuracy"
+        "train",
+        help="train a Bradley-Terry scorer or a pairwise judge on preference pairs, or a PRM on line labels; "
+        "report held-out accuracy",
     )
     rm_defaults = RewardModelRun()
     rm_train.add_argument(
         "--kind",
         default=rm_defaults.kind,
         choices=_choices(RewardModelRun, "kind"),
-        help="scalar BT or generative judge",
+        help="scalar BT, generative judge, or process reward model (line labels of `prm label`)",
     )
     rm_train.add_argument("--model", default=rm_defaults.model, help="model to start from")
-    rm_train.add_argument("--data", default=rm_defaults.data, help="hh-rlhf-harmless, or a jsonl of pairs")
+    rm_train.add_argument(
+        "--data", default=rm_defaults.data, help="hh-rlhf-harmless, or a jsonl of pairs; prm: the labels of `prm label`"
+    )
     rm_train.add_argument("--out", default=rm_defaults.out, help="output directory (model/, summary.json)")
     rm_train.add_argument("--steps", type=int, default=rm_defaults.steps)
     rm_train.add_argument("--batch-pairs", type=int, default=rm_defaults.batch_pairs)

@@ -105,14 +105,16 @@ class EvalSettings:
 class RewardModelRun:
     """What ``reasonrl rm train`` runs."""
 
-    kind: Literal["bt", "pairwise"] = "bt"
-    """bt: a scalar Bradley-Terry model (the critic's layout); pairwise: a generative judge (a causal LM)."""
+    kind: Literal["bt", "pairwise", "prm"] = "bt"
+    """bt: a scalar Bradley-Terry model (the critic's layout); pairwise: a generative judge (a causal LM);
+    prm: a process reward model (the critic's layout) regressed onto the line labels of `prm label`."""
 
     model: str = "smollm2-135m"
     """The model to start from (a spec as model.name_or_path)."""
 
     data: str = "hh-rlhf-harmless"
-    """Preference pairs: a built-in set or a .jsonl / .jsonl.gz file."""
+    """Preference pairs: a built-in set or a .jsonl / .jsonl.gz file; kind prm: the labels.jsonl of
+    `reasonrl prm label`."""
 
     out: str = "runs/reward-model"
     """Where the trained model (model/), metrics.jsonl and summary.json go."""
@@ -121,23 +123,25 @@ class RewardModelRun:
     """Optimiser steps."""
 
     batch_pairs: int = 8
-    """Pairs per optimiser step (a pairwise judge sees each in both orders)."""
+    """Pairs per optimiser step (a pairwise judge sees each in both orders); kind prm: programs per step."""
 
     lr: float = 1e-5
     """Learning rate (a BT model's zero-initialised head uses 100×)."""
 
     held_out: float = 0.2
-    """Fraction of the pairs kept out of training for the accuracy measurement."""
+    """Fraction of the pairs kept out of training for the accuracy measurement; kind prm: of the prompts,
+    with all their programs."""
 
     eval_pairs: int | None = 200
     """Held-out pairs scored before and after training; None = all of them."""
 
     max_prompt_tokens: int = 256
-    """bt: prompt tokens the model reads (the most recent ones are kept)."""
+    """bt, prm: prompt tokens the model reads (the most recent ones are kept)."""
 
     max_response_tokens: int = 128
-    """bt: response tokens the model reads, EOS included (the first ones are kept); set it to the policy's
-    response cap when the model will score, or initialise the critic for, longer answers."""
+    """bt, prm: response tokens the model reads, EOS included (the first ones are kept; a PRM drops the
+    lines beyond); set it to the policy's response cap when the model will score, or initialise the
+    critic for, longer answers."""
 
     seed: int = 0
     """Seed of the split, the shuffling and the initialisation."""

@@ -20,6 +20,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 
 @dataclass(frozen=True)
 class Line:
@@ -122,3 +125,127 @@ def line_labels(first_dead: int | None, n_lines: int) -> list[int]:
     """1 for each line before the first dead line, 0 from it on (all 1 when no line is dead)."""
     alive = n_lines if first_dead is None else first_dead - 1
     return [1] * alive + [0] * (n_lines - alive)
+
+
+# ---------------------------------------------------------------------------------------------- the PRM
+# The critic's layout (a backbone + scalar head) regressed onto the line labels (the paper's "simple
+# regression loss"): its output at a state estimates the probability that the program can still pass.
+# The score of a line prefix is read where the critic reads V(s_t) for the token after the line's end
+# token, so a PRM is directly a critic of the same convention (``critic.init=prm`` maps it affinely).
+
+
+@dataclass(frozen=True)
+class LabelledProgram:
+    """One labelled program as the PRM reads it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]  # the program's tokens (cut to the response budget) + one EOS
+    positions: list[int]  # per kept line: the response position whose state is the line prefix (end token + 1)
+    labels: list[int]  # per kept line: 1 alive, 0 dead
+    group: int  # the prompt (programs of one prompt stay on one side of the held-out split)
+
+
+def labelled_programs(rows: Sequence[dict], eos_token_id: int, max_prompt_tokens: int, max_response_tokens: int):
+    """``prm label`` rows as LabelledPrograms: the prompt's last ``max_prompt_tokens`` tokens, the response's
+    first ``max_response_tokens`` − 1 and an EOS; lines whose end falls beyond are dropped."""
+    programs = []
+    for row in rows:
+        response = [*row["response_token_ids"][: max_response_tokens - 1]]
+        if response and response[-1] == eos_token_id:
+            response = response[:-1]
+        kept = [
+            (Line.from_json(line).end_token + 1, int(label))
+            for line, label in zip(row["lines"], row["labels"], strict=True)
+            if Line.from_json(line).end_token < len(response)
+        ]
+        if kept:
+            programs.append(LabelledProgram(
+                row["prompt_token_ids"][-max_prompt_tokens:], [*response, eos_token_id],
+                [p for p, _ in kept], [y for _, y in kept], int(row["prompt_index"]),
+            ))  # fmt: skip
+    return programs
+
+
+def prm_line_scores(model, programs: Sequence[LabelledProgram], compute_dtype: torch.dtype) -> Tensor:
+    """The PRM's scores at every labelled line of ``programs``, concatenated in order [N lines];
+    differentiable when grad mode is on."""
+    from reasonrl.batch import pad_rows
+
+    prompts, responses = [p.prompt_ids for p in programs], [p.response_ids for p in programs]
+    p_width, r_width = max(map(len, prompts)), max(map(len, responses))
+    values = model(
+        pad_rows(prompts, p_width, True, torch.long),
+        pad_rows([[1] * len(p) for p in prompts], p_width, True, torch.bool),
+        pad_rows(responses, r_width, False, torch.long),
+        pad_rows([[1] * len(r) for r in responses], r_width, False, torch.bool),
+        compute_dtype,
+    )  # [B, T]
+    return torch.cat([values[i, p.positions] for i, p in enumerate(programs)])
+
+
+def binary_auc(scores: Sequence[float], labels: Sequence[int]) -> float | None:
+    """The area under the ROC curve (the probability a positive outscores a negative, ties ½); None
+    without both classes."""
+    positives = [s for s, y in zip(scores, labels, strict=True) if y]
+    negatives = [s for s, y in zip(scores, labels, strict=True) if not y]
+    if not positives or not negatives:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    return wins / (len(positives) * len(negatives))
+
+
+def prm_metrics(model, programs: Sequence[LabelledProgram], compute_dtype: torch.dtype, batch: int = 8) -> dict:
+    """Line-level accuracy (score > ½ agrees with the label), AUC and squared error over ``programs``."""
+    scores: list[float] = []
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(programs), batch):
+            scores += prm_line_scores(model, programs[start : start + batch], compute_dtype).tolist()
+    labels = [y for p in programs for y in p.labels]
+    n = max(1, len(labels))
+    return {
+        "lines": len(labels),
+        "positive_fraction": sum(labels) / n,
+        "line_accuracy": sum((s > 0.5) == bool(y) for s, y in zip(scores, labels, strict=True)) / n,
+        "auc": binary_auc(scores, labels),
+        "mse": sum((s - y) ** 2 for s, y in zip(scores, labels, strict=True)) / n,
+    }
+
+
+def train_prm(
+    model,
+    programs: Sequence[LabelledProgram],
+    *,
+    steps: int,
+    batch_programs: int = 8,
+    lr: float = 1e-5,
+    head_lr: float = 1e-3,
+    compute_dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    on_step=None,
+) -> list[dict[str, float]]:
+    """Minimise the mean squared error between the PRM's line scores and the labels for ``steps``
+    optimiser steps (the head gets its own, larger learning rate); returns per-step metrics."""
+    import random
+
+    from reasonrl.models.optim import apply_gradients
+
+    head = list(model.head.parameters())
+    backbone = [p for n, p in model.named_parameters() if not n.startswith("head.")]
+    optimizer = torch.optim.AdamW([{"params": backbone, "lr": lr}, {"params": head, "lr": head_lr}], weight_decay=0.0)
+    rng, order, history = random.Random(seed), [], []
+    model.train()
+    for step in range(1, steps + 1):
+        if len(order) < batch_programs:
+            order += rng.sample(range(len(programs)), len(programs))
+        batch, order = [programs[i] for i in order[:batch_programs]], order[batch_programs:]
+        scores = prm_line_scores(model, batch, compute_dtype)
+        labels = torch.tensor([y for p in batch for y in p.labels], dtype=scores.dtype)
+        loss = torch.nn.functional.mse_loss(scores, labels)
+        loss.backward()
+        record = {"step": step, "loss": loss.item(), "grad_norm": apply_gradients(model, optimizer, 1.0)}
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+    model.eval()
+    return history

@@ -1,7 +1,8 @@
-"""`reasonrl rm train`: a Bradley-Terry scorer or a pairwise generative judge from preference pairs.
+"""`reasonrl rm train`: a Bradley-Terry scorer or a pairwise generative judge from preference pairs, or a
+process reward model from the line labels of `reasonrl prm label`.
 
-Both kinds split the pairs (seeded), measure held-out pairwise accuracy before and after training,
-save the model, and write ``metrics.jsonl`` and ``summary.json``.  Accuracy of a BT model: the
+Every kind splits its data (seeded), measures held-out accuracy before and after training, saves the
+model, and writes ``metrics.jsonl`` and ``summary.json``.  Accuracy of a BT model: the
 chosen response scores higher; of a pairwise judge: its position-debiased P(chosen ≻ rejected)
 is above ½ (ties count ½ in both, so an untrained model sits at chance).
 """
@@ -9,12 +10,14 @@ is above ½ (ties count ½ in both, so an untrained model sits at chance).
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
 
 import torch
 
 from reasonrl.config.commands import RewardModelRun
+from reasonrl.data.loaders import DataError
 from reasonrl.data.preferences import conversation_text
 from reasonrl.reward.bt import (
     PreferencePair,
@@ -32,18 +35,85 @@ def _judge_accuracy(judge, pairs: list[PreferencePair]) -> float:
     return ((wins > 0.5).float() + 0.5 * (wins == 0.5).float()).mean().item()
 
 
+def split_groups(programs: list, held_out: float, seed: int) -> tuple[list, list]:
+    """(train, held out): a seeded ``held_out`` share of the prompts (at least one, when there are two)
+    goes to the held-out side with all of its programs."""
+    groups = sorted({p.group for p in programs})
+    random.Random(seed).shuffle(groups)
+    count = min(len(groups) - 1, max(1, round(held_out * len(groups)))) if len(groups) > 1 else 0
+    kept_out = set(groups[:count])
+    return [p for p in programs if p.group not in kept_out], [p for p in programs if p.group in kept_out]
+
+
+def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
+    """The PRM (kind prm): line-level accuracy, AUC and squared error on held-out prompts' lines, before
+    and after regressing the critic's layout onto the labels; the model saved under ``out/model``."""
+    from reasonrl.models.load import compute_dtype, load_tokenizer
+    from reasonrl.models.value import value_model_from_policy
+    from reasonrl.reward.prm import labelled_programs, prm_metrics, train_prm
+    from reasonrl.reward.prm_label import read_records
+
+    tokenizer = load_tokenizer(settings.model)
+    rows = read_records(Path(settings.data))
+    programs = labelled_programs(rows, tokenizer.eos_token_id, settings.max_prompt_tokens, settings.max_response_tokens)
+    if not programs:
+        raise DataError(f"{settings.data} holds no labelled lines: give the --out file of `reasonrl prm label`")
+    train, held_out = split_groups(programs, settings.held_out, settings.seed)
+    dtype = compute_dtype("auto")
+    model = value_model_from_policy(settings.model)
+    before = prm_metrics(model, held_out, dtype)
+    train_prm(
+        model, train, steps=settings.steps, batch_programs=settings.batch_pairs, lr=settings.lr,
+        head_lr=100 * settings.lr, compute_dtype=dtype, seed=settings.seed, on_step=record,
+    )  # fmt: skip
+    after = prm_metrics(model, held_out, dtype)
+    saved = model.save(out / "model")
+    tokenizer.save_pretrained(saved)
+    return {
+        "train_programs": len(train),
+        "held_out_programs": len(held_out),
+        "held_out_before": before,
+        "held_out_after": after,
+        "held_out_accuracy_before": before["line_accuracy"],
+        "held_out_accuracy": after["line_accuracy"],
+        "saved": str(saved),
+    }
+
+
 def run_reward_model_training(settings: RewardModelRun) -> dict:
     """Split, measure held-out accuracy, train, measure again, save; returns (and writes) the summary."""
-    from reasonrl.models.load import compute_dtype
-
     torch.manual_seed(settings.seed)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    train, held_out = split_pairs(load_preference_pairs(settings.data), settings.held_out, settings.seed)
-    held_out = held_out[: settings.eval_pairs] if settings.eval_pairs else held_out
     metrics_path = out / "metrics.jsonl"
     metrics_path.write_text("")
+
+    def record(metrics: dict) -> None:
+        with metrics_path.open("a") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+
     started = time.perf_counter()
+    train_kind = run_prm_training if settings.kind == "prm" else run_preference_training
+    summary = {
+        "kind": settings.kind,
+        "model": settings.model,
+        "data": settings.data,
+        **train_kind(settings, out, record),
+        "max_prompt_tokens": settings.max_prompt_tokens,
+        "max_response_tokens": settings.max_response_tokens,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict:
+    """A Bradley-Terry model (kind bt) or a pairwise judge (kind pairwise): held-out pairwise accuracy
+    before and after training on the pairs; the model saved under ``out/model``."""
+    from reasonrl.models.load import compute_dtype
+
+    train, held_out = split_pairs(load_preference_pairs(settings.data), settings.held_out, settings.seed)
+    held_out = held_out[: settings.eval_pairs] if settings.eval_pairs else held_out
     dtype = compute_dtype("auto")
     if settings.kind == "bt":
         rm = RewardModel.from_policy(
@@ -53,11 +123,6 @@ def run_reward_model_training(settings: RewardModelRun) -> dict:
             max_response_tokens=settings.max_response_tokens,
         )
         before = pair_accuracy(rm, held_out)
-
-        def record(metrics: dict) -> None:
-            with metrics_path.open("a") as handle:
-                handle.write(json.dumps(metrics) + "\n")
-
         train_bradley_terry(
             rm, train, steps=settings.steps, batch_pairs=settings.batch_pairs, lr=settings.lr,
             head_lr=100 * settings.lr, seed=settings.seed, on_step=record,
@@ -75,24 +140,17 @@ def run_reward_model_training(settings: RewardModelRun) -> dict:
         losses = train_pairwise_judge(
             judge, triples, steps=settings.steps, batch_pairs=settings.batch_pairs, lr=settings.lr, seed=settings.seed
         )
-        metrics_path.write_text("".join(json.dumps({"step": i + 1, "loss": x}) + "\n" for i, x in enumerate(losses)))
+        for i, loss in enumerate(losses):
+            record({"step": i + 1, "loss": loss})
         after = _judge_accuracy(judge, held_out)
         saved = out / "model"
         judge.model.save_pretrained(saved)
         tokenizer.save_pretrained(saved)
-    summary = {
-        "kind": settings.kind,
-        "model": settings.model,
-        "data": settings.data,
+    return {
         "train_pairs_seen": settings.steps * settings.batch_pairs,
         "train_pairs_available": len(train),
         "held_out_pairs": len(held_out),
         "held_out_accuracy_before": before,
         "held_out_accuracy": after,
-        "max_prompt_tokens": settings.max_prompt_tokens,
-        "max_response_tokens": settings.max_response_tokens,
-        "wall_seconds": time.perf_counter() - started,
         "saved": str(saved),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary

@@ -171,3 +171,72 @@ def test_prm_label_runs_end_to_end_on_a_real_model_and_reports_its_cost(tmp_path
     assert len(rows) == 4 and all(len(r["labels"]) == len(r["lines"]) for r in rows)
     assert main(argv) == 0  # a finished run started again labels nothing more
     assert len(read_records(out)) == 4
+
+
+# --- the PRM ---------------------------------------------------------------------------------------------
+
+
+def test_auc_is_the_chance_a_positive_outscores_a_negative():
+    from reasonrl.reward.prm import binary_auc
+
+    assert binary_auc([0.9, 0.8, 0.1], [1, 1, 0]) == 1.0
+    assert binary_auc([0.1, 0.9], [1, 0]) == 0.0
+    assert binary_auc([0.5, 0.5, 0.2, 0.7], [1, 0, 0, 1]) == (1 + 1 + 0.5 + 1) / 4  # a tie counts 1/2
+    assert binary_auc([0.3, 0.4], [1, 1]) is None
+
+
+def synthetic_rows(tokenizer, count, seed):
+    """Programs of 4 lines; from the line that says `bad`, if any, every line is dead."""
+    rng, rows = random.Random(seed), []
+    for i in range(count):
+        bad = rng.choice([None, 1, 2, 3, 4])
+        texts = [("x = bad\n" if n == bad else f"y{n} = {rng.randint(0, 9)}\n") for n in range(1, 5)]
+        ids = tokenizer("".join(texts), add_special_tokens=False)["input_ids"]
+        lines = response_lines("".join(texts), token_char_ends(tokenizer, ids))
+        prompt = tokenizer(f"<|im_start|>user\nprogram {i}<|im_end|>\n", add_special_tokens=False)["input_ids"]
+        rows.append({"prompt_index": i, "prompt_token_ids": prompt, "response_token_ids": ids,
+                     "lines": [line.to_json() for line in lines], "labels": line_labels(bad, 4)})  # fmt: skip
+    return rows
+
+
+def test_prm_training_learns_line_labels_it_was_not_shown(tokenizer):
+    import torch
+
+    from reasonrl.models.value import value_model_from_policy
+    from reasonrl.reward.prm import labelled_programs, prm_metrics, train_prm
+
+    torch.manual_seed(0)
+    train = labelled_programs(synthetic_rows(tokenizer, 48, 0), tokenizer.eos_token_id, 64, 64)
+    held_out = labelled_programs(synthetic_rows(tokenizer, 24, 1), tokenizer.eos_token_id, 64, 64)
+    model = value_model_from_policy("tiny-random")
+    before = prm_metrics(model, held_out, torch.float32)
+    history = train_prm(model, train, steps=60, batch_programs=8, lr=1e-3, head_lr=1e-2)
+    after = prm_metrics(model, held_out, torch.float32)
+    assert sum(h["loss"] for h in history[-10:]) < sum(h["loss"] for h in history[:10])
+    assert after["mse"] < before["mse"] and after["auc"] > 0.9, (before, after)
+
+
+def test_rm_train_prm_trains_on_the_labels_of_prm_label_and_saves_a_value_model(tmp_path, tokenizer):
+    from reasonrl.cli import main
+    from reasonrl.models.value import load_value_model
+    from reasonrl.reward.training import split_groups
+
+    data = tmp_path / "labels.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in synthetic_rows(tokenizer, 20, 2)))
+    out = tmp_path / "prm"
+    argv = ["rm", "train", "--kind", "prm", "--model", "tiny-random", "--data", str(data), "--out", str(out),
+            "--steps", "3", "--batch-pairs", "4", "--max-prompt-tokens", "64",
+            "--max-response-tokens", "64"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["held_out_programs"] == 4 and summary["train_programs"] == 16
+    for side in ("held_out_before", "held_out_after"):
+        assert set(summary[side]) == {"lines", "positive_fraction", "line_accuracy", "auc", "mse"}
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    assert load_value_model(out).head.weight.shape[0] == 1
+    # programs of one prompt never straddle the split
+    from reasonrl.reward.prm import labelled_programs
+
+    programs = labelled_programs(synthetic_rows(tokenizer, 10, 3) * 2, tokenizer.eos_token_id, 64, 64)
+    train, held_out = split_groups(programs, 0.2, 0)
+    assert not {p.group for p in train} & {p.group for p in held_out} and len(held_out) == 4
