@@ -41,6 +41,7 @@ class RolloutBatch:
     turn_rewards: Tensor | None = None  # [B, T] float: multi-turn, each generated turn's reward on its last token
     role_ids: Tensor | None = None  # [B, T] long: multi-turn, the role of each generated token (rollout.multiturn)
     turn_ids: Tensor | None = None  # [B, T] long: multi-turn, the generated turn of each token, -1 elsewhere
+    dense_rewards: Tensor | None = None  # [B, T] float: process rewards on line-end tokens, added to the outcome's
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -78,3 +78,18 @@ def potential_shaping(potentials: Tensor, line_mask: Tensor, initial: Tensor, co
     previous_potential = chain.gather(1, previous + 1)  # [B, K]
     shaped = coef * (potentials - previous_potential)
     return torch.where(valid, shaped, torch.zeros_like(shaped))
+
+
+def paper_line_rewards(
+    scores: Tensor, line_mask: Tensor, passed: Tensor, lambda_failing: float = 0.25, lambda_passing: float = 0.025
+) -> Tensor:
+    """The PRM-for-code paper's dense reward (arXiv 2410.17621, Eq. 3 with §4.3.3's safeguards): each line
+    gets λ·PRM(prefix_ℓ) / n, n the response's rewarded lines (length normalisation: repeating lines
+    does not add reward), λ = ``lambda_failing`` for a response that fails its tests and
+    ``lambda_passing`` for one that passes; lines outside ``line_mask`` (comments) get 0.
+    scores (PRM scores on the reward scale), line_mask: [B, K]; passed: [B] bool -> [B, K] line rewards.
+    """
+    valid = line_mask.bool()
+    lines = valid.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
+    lam = torch.where(passed.bool(), lambda_passing, lambda_failing).to(scores.dtype)[:, None]  # [B, 1]
+    return torch.where(valid, lam * scores / lines, torch.zeros_like(scores))

@@ -171,10 +171,12 @@ class RolloutConfig:
 class CriticConfig:
     """The value model of critic-based estimators (gae, egae)."""
 
-    init: Literal["policy", "checkpoint", "reward_model"] = "policy"
+    init: Literal["policy", "checkpoint", "reward_model", "prm"] = "policy"
     """Initial critic weights: policy (a copy of the policy backbone with a zero scalar head),
-    checkpoint (a saved critic at critic.path; value pretraining is skipped) or reward_model (a
-    scalar reward model at critic.path, then value pretraining as VAPO does)."""
+    checkpoint (a saved critic at critic.path; value pretraining is skipped), reward_model (a
+    scalar reward model at critic.path, then value pretraining as VAPO does) or prm (a process reward
+    model at critic.path, else reward.prm_path, its success probability p mapped to the reward scale:
+    V = incorrect_score + (correct_score − incorrect_score)·p; arXiv 2410.17621)."""
 
     path: str | None = None
     """Directory of a saved critic or reward model (init checkpoint / reward_model): a run's
@@ -223,6 +225,25 @@ class RewardConfig:
 
     reward_model: str | None = None
     """A Bradley-Terry reward model directory (`reasonrl rm train`), for the bt source."""
+
+    prm_path: str | None = None
+    """A process reward model for code tasks (the --out directory of `reasonrl rm train --kind prm`,
+    arXiv 2410.17621): the source of reward.prm_dense, and of critic.init=prm without critic.path."""
+
+    prm_dense: Literal["off", "paper", "potential"] = "off"
+    """Dense line rewards from the PRM on the line-end tokens of code responses, on top of the unit-test
+    outcome: paper (λ·PRM(prefix) per line, length-normalised, comment lines 0; λ by the outcome),
+    potential (prm_coef·(PRM(prefix_ℓ) − PRM(prefix_ℓ−1)): telescopes, cannot be farmed by adding lines)
+    or off.  PRM scores are mapped to [incorrect_score, correct_score] first."""
+
+    prm_coef: float = 1.0
+    """prm_dense=potential: c, the scale of the shaped rewards."""
+
+    prm_lambda_failing: float = 0.25
+    """prm_dense=paper: λ for a response that fails its tests (the paper's 0.25)."""
+
+    prm_lambda_passing: float = 0.025
+    """prm_dense=paper: λ for a response that passes (the paper's 0.025)."""
 
 
 @dataclass(frozen=True)

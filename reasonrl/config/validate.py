@@ -221,8 +221,19 @@ def _algorithm(cfg: Config) -> list[str]:
         )
     if a.kl_controller == "adaptive" and a.kl_placement == "none":
         problems.append("algo.kl_controller=adaptive needs algo.kl_placement=reward or loss")
-    if cfg.critic.init != "policy" and not cfg.critic.path:
+    if cfg.critic.init == "prm" and not (cfg.critic.path or cfg.reward.prm_path):
+        problems.append("critic.init=prm needs reward.prm_path=DIR or critic.path=DIR (`reasonrl rm train --kind prm`)")
+    elif cfg.critic.init not in ("policy", "prm") and not cfg.critic.path:
         problems.append(f"critic.init={cfg.critic.init} needs critic.path=DIR (a saved critic or reward model)")
+    if cfg.reward.prm_dense != "off":
+        if not cfg.reward.prm_path:
+            problems.append(
+                f"reward.prm_dense={cfg.reward.prm_dense} needs reward.prm_path=DIR (`rm train --kind prm`)"
+            )
+        if cfg.rollout.multiturn != "none" or cfg.algo.window_tokens is not None:
+            problems.append(
+                "reward.prm_dense scores whole single-turn responses: turn off rollout.multiturn and T-PPO windows"
+            )
     if cfg.critic.init == "policy" and cfg.critic.path:
         problems.append("critic.path is set but critic.init is 'policy'; set critic.init=checkpoint or reward_model")
     return problems

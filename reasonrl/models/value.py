@@ -57,6 +57,15 @@ class ValueModel(torch.nn.Module):
         return directory
 
 
+def rescale_head(model: ValueModel, scale: float, shift: float) -> ValueModel:
+    """Make the model predict ``shift + scale·V`` (an affine map of its head): how a PRM's success
+    probability becomes a critic on the reward scale."""
+    with torch.no_grad():
+        model.head.weight.mul_(scale)
+        model.head.bias.mul_(scale).add_(shift)
+    return model
+
+
 def value_model_from_policy(
     spec: str, attn_implementation: str | None = None, device: torch.device | str = "cpu"
 ) -> ValueModel:
@@ -74,7 +83,8 @@ def value_model_dir(directory: str | Path) -> Path:
             return candidate
     raise ModelError(
         f"{directory} is not a saved value model (no {HEAD_FILE}); give the --out directory of "
-        "`reasonrl rm train --kind bt`, or a critic-based run's critic_pretrained/ or checkpoint critic/"
+        "`reasonrl rm train --kind bt` (or --kind prm for a PRM), or a critic-based run's critic_pretrained/ "
+        "or checkpoint critic/"
     )
 
 

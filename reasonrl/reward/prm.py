@@ -249,3 +249,31 @@ def train_prm(
             on_step(record)
     model.eval()
     return history
+
+
+class ProcessRewardModel:
+    """A trained PRM (`rm train --kind prm`) reading the responses of a rollout batch: the lines of a
+    response, and the PRM's score after every number of its tokens."""
+
+    def __init__(self, path: str, tokenizer, compute_dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        from reasonrl.models.value import load_value_model
+
+        self.model = load_value_model(path).to(device).eval().requires_grad_(False)
+        self.tokenizer, self.compute_dtype = tokenizer, compute_dtype
+
+    def lines(self, response_ids: Sequence[int]) -> list[Line]:
+        """The lines of one response (module docstring)."""
+        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+        return response_lines(text, token_char_ends(self.tokenizer, response_ids))
+
+    def state_scores(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor):
+        """[B, T + 1]: column t is the PRM's score of the prompt and the response's first t tokens (an EOS
+        is read after each response so that its last token's state has a column)."""
+        batch = response_ids.shape[0]
+        lengths = response_mask.sum(dim=1)  # [B]
+        ids = torch.cat([response_ids, response_ids.new_zeros(batch, 1)], dim=1)  # [B, T + 1]
+        mask = torch.cat([response_mask.bool(), response_mask.new_zeros(batch, 1, dtype=torch.bool)], dim=1)
+        rows = torch.arange(batch, device=ids.device)
+        ids[rows, lengths], mask[rows, lengths] = self.tokenizer.eos_token_id, True
+        with torch.no_grad():
+            return self.model(prompt_ids, prompt_mask, ids, mask, self.compute_dtype)  # [B, T + 1]

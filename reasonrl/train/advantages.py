@@ -102,6 +102,8 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> di
         token_rewards = batch.turn_rewards.clone()
     else:
         token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
+    if batch.dense_rewards is not None:  # process rewards on line-end tokens (reward.prm_dense)
+        token_rewards = token_rewards + batch.dense_rewards
     if spec.kl_placement == "reward" and kl_coef > 0:
         assert batch.ref_logprobs is not None and batch.old_logprobs is not None
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, spec.kl_estimator)

@@ -11,7 +11,7 @@ window and trains on every sequence it advanced, finished or not (docs/algorithm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -71,10 +71,12 @@ class RolloutCollector:
         pool: Scorer,
         stream: TrainingStream,
         encoder: PromptEncoder,
+        process_rewards: Callable[[RolloutBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]] | None = None,
     ) -> None:
         self.cfg, self.plan = cfg, plan
         self.engine, self.tokenizer, self.pool = engine, tokenizer, pool
         self.stream, self.encoder = stream, encoder
+        self.process_rewards = process_rewards  # dense line rewards for code rows (reward.prm_dense), or None
         self.format_verifier = FormatVerifier()
 
     def shaped_rewards(self, scored: Scored) -> tuple[torch.Tensor, dict[str, float]]:
@@ -126,6 +128,11 @@ class RolloutCollector:
         fire = self.cfg.rollout.fire
         if fire.enabled and fire.logprob == "mask":
             batch.policy_loss_mask[:, list(fire.positions)] = False  # FIRE tokens: off-policy
+        if self.process_rewards is not None:
+            with timed(generated.timing, "perf/process_reward_seconds"):
+                code_rows = torch.tensor([e.task_type == "code" for e in scored.examples])
+                batch.dense_rewards, dense_stats = self.process_rewards(batch, code_rows)
+            generated.reward_stats |= dense_stats
         stats = {
             **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), scored.results),
             "rollout/generation_passes": float(len(generated.calls)),
@@ -312,7 +319,8 @@ class Generated:
     """The verdict of every scored response."""
 
     reward_stats: dict[str, float] = field(default_factory=dict)
-    """Means of the reward-shaping terms (format, overlong penalty) over the last scored responses."""
+    """Means of the reward-shaping terms (format, overlong penalty, process rewards) over the last scored
+    responses."""
 
     timing: dict[str, float] = field(default_factory=dict)
     """Seconds spent generating (``perf/generate_seconds``) and scoring (``perf/score_seconds``)."""

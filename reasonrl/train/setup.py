@@ -20,10 +20,11 @@ from reasonrl.data.source import DataSpec, TrainingStream
 from reasonrl.models.load import attention_implementation, compute_dtype, load_model, load_tokenizer, resolve_device
 from reasonrl.models.lora import add_lora
 from reasonrl.models.optim import trainable_parameters
-from reasonrl.models.value import load_value_model, value_model_from_policy
+from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
 from reasonrl.reward.base import Scorer, Verifier
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
 from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.prm import ProcessRewardModel
 from reasonrl.reward.router import build_router
 from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.pool import RolloutPool
@@ -38,6 +39,7 @@ from reasonrl.train.parallel import (
     shard_module,
 )
 from reasonrl.train.policy import TokenLogprobs
+from reasonrl.train.process_rewards import ProcessRewards
 from reasonrl.train.rollout import PoolCollector, RolloutCollector
 from reasonrl.train.step import PolicyUpdater
 from reasonrl.train.trackers import Tracker, TrackerError, check_trackers
@@ -105,6 +107,10 @@ def build_critic(
     optimiser."""
     if cfg.critic.init == "policy":
         model = value_model_from_policy(cfg.model.name_or_path, attention, device)
+    elif cfg.critic.init == "prm":  # the PRM's success probability, on the reward scale (arXiv 2410.17621)
+        low, high = cfg.reward.incorrect_score, cfg.reward.correct_score
+        model = rescale_head(load_value_model(cfg.critic.path or cfg.reward.prm_path, attention), high - low, low)
+        model = model.to(device)
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
     if cfg.model.gradient_checkpointing:
@@ -227,7 +233,12 @@ def setup(
         if a.kl_controller == "adaptive"
         else (FixedKLController(a.kl_coef))
     )
-    collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder)
+    process_rewards = (
+        ProcessRewards(cfg.reward, ProcessRewardModel(cfg.reward.prm_path, tokenizer, dtype, device))
+        if cfg.reward.prm_dense != "off"
+        else None
+    )
+    collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder, process_rewards)
     critic = build_critic(cfg, plan, attention, dtype, device, parallel) if plan.uses_critic else None
     window = cfg.algo.window_tokens
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None

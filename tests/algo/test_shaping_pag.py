@@ -5,7 +5,13 @@ import torch
 
 from reasonrl.algo.masked import role_whiten
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG, pag_attempt_rewards, pag_verify_rewards
-from reasonrl.algo.shaping import overlong_penalty, place_rewards, potential_shaping, terminal_token_rewards
+from reasonrl.algo.shaping import (
+    overlong_penalty,
+    paper_line_rewards,
+    place_rewards,
+    potential_shaping,
+    terminal_token_rewards,
+)
 
 
 def test_overlong_penalty_paper_values():
@@ -40,6 +46,19 @@ def test_potential_shaping_hand_computed_with_skipped_line():
     # Φ0 = 0.2; lines Φ = [0.5, (comment) 0.9, 0.4], c = 2: r = [2·0.3, 0, 2·(0.4 − 0.5)] = [0.6, 0, −0.2]
     shaped = potential_shaping(torch.tensor([[0.5, 0.9, 0.4]]), torch.tensor([[1, 0, 1]]), torch.tensor([0.2]), 2.0)
     torch.testing.assert_close(shaped, torch.tensor([[0.6, 0.0, -0.2]]))
+
+
+def test_paper_line_rewards_switch_lambda_with_the_outcome_skip_comments_and_normalise_length():
+    scores = torch.tensor([[0.8, 0.4, 0.6], [0.8, 0.4, 0.6]])
+    mask = torch.tensor([[1, 0, 1], [1, 0, 1]])  # the middle line is a comment
+    shaped = paper_line_rewards(scores, mask, torch.tensor([False, True]))
+    torch.testing.assert_close(shaped[0], torch.tensor([0.25 * 0.8 / 2, 0.0, 0.25 * 0.6 / 2]))  # fails: lambda 0.25
+    torch.testing.assert_close(shaped[1], torch.tensor([0.025 * 0.8 / 2, 0.0, 0.025 * 0.6 / 2]))  # passes: 0.025
+    # the same lines repeated: the total stays, it does not double
+    doubled = paper_line_rewards(scores.repeat(1, 2), mask.repeat(1, 2), torch.tensor([False, True]))
+    torch.testing.assert_close(doubled.sum(1), shaped.sum(1))
+    # a response with only comment lines gets nothing
+    assert paper_line_rewards(scores[:1], torch.zeros(1, 3), torch.tensor([False])).abs().sum() == 0
 
 
 def test_pag_bonus_table():
