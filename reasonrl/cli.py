@@ -81,6 +81,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         protocol=args.protocol,
         max_attempts=args.max_attempts,
         self_verify_bon=args.self_verify_bon,
+        records=args.records,
     )
     try:
         result = run_eval(settings)
@@ -292,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="PAG self-verify best-of-k: keep the sampled answer the model's own verdict rates most likely correct",
     )  # fmt: skip
     evaluate.add_argument("--output", help="also write the JSON here")
+    evaluate.add_argument(
+        "--records", help="also write every greedy answer (id, response, tokens, score, verdict) to this .jsonl"
+    )
     evaluate.set_defaults(handler=_cmd_eval)
 
     presets = commands.add_parser("presets", help="list the run presets")

@@ -3,10 +3,12 @@ overall and per data source."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import Counter
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_WRONG
@@ -167,6 +169,20 @@ def self_verify_best_of_n(engine, tokenizer, encoder, sampled, samples: int, par
     return sum(kept) / max(1, len(kept))
 
 
+def write_records(scored, tokenizer, path: Path) -> None:
+    """One JSON line per answer: problem id, data source, response, response tokens, score, verdict."""
+    texts = tokenizer.batch_decode([c.token_ids for c in scored.completions], skip_special_tokens=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        for example, completion, result, text in zip(
+            scored.examples, scored.completions, scored.results, texts, strict=True
+        ):
+            record = {"id": example.id, "data_source": example.data_source, "response": text,
+                      "response_tokens": len(completion.token_ids), "score": result.score,
+                      "correct": bool(result.correct)}  # fmt: skip
+            handle.write(json.dumps(record) + "\n")
+
+
 def run_eval(settings: EvalSettings) -> dict[str, Any]:
     """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints)."""
     settings.check()
@@ -210,6 +226,8 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
             )
     finally:
         pool.close()
+    if settings.records:
+        write_records(greedy, tokenizer, Path(settings.records))
     groups = [sampled.results[i * samples : (i + 1) * samples] for i in range(len(examples))]
     return {
         "model": settings.model,

@@ -36,28 +36,18 @@ def test_eval_command_on_a_jsonl_file(tmp_path, capsys):
     data.write_text(
         "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3))
     )
-    out = tmp_path / "result.json"
-    code = main(
-        [
-            "eval",
-            "--model",
-            "tiny-random",
-            "--dataset",
-            str(data),
-            "--k",
-            "2",
-            "--max-new-tokens",
-            "4",
-            "--output",
-            str(out),
-        ]
-    )
-    assert code == 0
+    out, records = tmp_path / "result.json", tmp_path / "answers.jsonl"
+    argv = ["eval", "--model", "tiny-random", "--dataset", str(data), "--k", "2", "--max-new-tokens", "4"]
+    assert main([*argv, "--output", str(out), "--records", str(records)]) == 0
     result = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == result
     assert result["n"] == 3 and result["k"] == 2
     for key in ("greedy_pass@1", "avg@k", "maj@k", "pass@k"):
         assert 0.0 <= result[key] <= 1.0
+    answers = [json.loads(line) for line in records.read_text().splitlines()]  # one per greedy answer
+    assert len(answers) == 3 and len({a["id"] for a in answers}) == 3
+    assert all(1 <= a["response_tokens"] <= 4 and isinstance(a["correct"], bool) for a in answers)
+    assert sum(a["correct"] for a in answers) / 3 == result["greedy_pass@1"]
 
 
 def test_eval_takes_field_mappings_and_labels_the_greedy_score(tmp_path, capsys):

@@ -77,6 +77,10 @@ class EvalSettings:
     max_attempts: int = 2
     """PAG protocol: answers per problem at most (the paper evaluates with 2)."""
 
+    records: str | None = None
+    """Also write every greedy answer to this .jsonl: problem id, data source, response, its tokens, score
+    and verdict (for breakdowns the summary does not make, e.g. accuracy by response length)."""
+
     self_verify_bon: bool = False
     """PAG's self-verify best-of-N over the k sampled answers: the model verifies each (greedy verify
     turn) and the answer whose verdict gives "correct" the highest probability is kept:

@@ -18,6 +18,7 @@ from typing import Any
 
 from reasonrl.data.code_tasks import CodeTaskError, humaneval_example, mbpp_example
 from reasonrl.data.examples import Example
+from reasonrl.data.functions import function_examples
 from reasonrl.data.preferences import hh_prompt_example
 
 HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by a stable hash) for evaluation
@@ -39,13 +40,15 @@ class Fields:
 
 @dataclass(frozen=True)
 class BuiltinDataset:
-    files: dict[str, str]  # split -> file in reasonrl/data/builtin
+    files: dict[str, str | None]  # split -> file in reasonrl/data/builtin (None: ``generate`` makes the rows)
     fields: Fields
     convert: Callable[[str, str, dict[str, Any], int], Example | None] | None = None
     """Rows that are not question/answer pairs (code tasks): (split, location, row, index) -> Example,
     or None for a row of another split of a shared file."""
     verifiable: bool = True
     """A program checks the answers (math, code); False for prompts only a judge can score."""
+    generate: Callable[[str], list[Example]] | None = None
+    """A split's rows made in code (a generated, seeded task) instead of read from a file."""
 
 
 BUILTIN_DATASETS = {
@@ -58,6 +61,7 @@ BUILTIN_DATASETS = {
     "mbpp": BuiltinDataset(
         dict.fromkeys(("train", "test", "validation", "prompt"), "mbpp.jsonl.gz"), Fields(), mbpp_example
     ),
+    "functions": BuiltinDataset(dict.fromkeys(("train", "test")), Fields(), generate=function_examples),
     "hh-rlhf-harmless": BuiltinDataset(
         {"test": "hh-rlhf-harmless-test.jsonl.gz"}, Fields(), hh_prompt_example, verifiable=False
     ),
@@ -233,6 +237,8 @@ def load_examples(source: str, split: str = "train", fields: Fields | None = Non
         builtin = BUILTIN_DATASETS[name]
         if split not in builtin.files:
             raise DataError(f"built-in dataset '{name}' has no '{split}' split (it has {', '.join(builtin.files)})")
+        if builtin.generate is not None:
+            return builtin.generate(split)
         path = Path(str(resources.files("reasonrl.data") / "builtin" / builtin.files[split]))
         if builtin.convert is not None:
             try:

@@ -52,26 +52,35 @@ class ProcessRewards:
 
     @staticmethod
     def stats(batch, code_rows, dense, scores, valid, lines) -> dict[str, float]:
-        """What the dense rewards did: their size, the PRM's view of the responses, and the signal they
-        give prompts whose every sample failed (the paper's motivation)."""
+        """What the dense rewards did: their size and the PRM's view of the code responses."""
         code = code_rows.bool()
         if not code.any():
             return {}
-        totals = batch.rewards + dense.sum(dim=1)  # [B]
-        signalled, all_failed = 0, 0
-        for group in batch.group_ids[code].unique():
-            rows = (batch.group_ids == group) & code
-            if not batch.correct[rows].any():
-                all_failed += 1
-                signalled += int(totals[rows].max() > totals[rows].min())
         last = torch.tensor([max(0, len(row) - 1) for row in lines])
         has_lines = valid.any(dim=1) & code
+        final = scores.gather(1, last[:, None]).squeeze(1)[has_lines]
         return {
             "reward/prm_dense_mean": dense.sum(dim=1)[code].mean().item(),
-            "reward/prm_final_score_mean": scores.gather(1, last[:, None]).squeeze(1)[has_lines].mean().item()
-            if has_lines.any()
-            else 0.0,
+            "reward/prm_final_score_mean": final.mean().item() if has_lines.any() else 0.0,
             "reward/prm_lines_mean": valid.sum(dim=1)[code].float().mean().item(),
-            "reward/all_failed_prompts": float(all_failed),
-            "reward/all_failed_prompts_with_signal": signalled / all_failed if all_failed else 0.0,
         }
+
+
+def all_failed_prompt_stats(batch: RolloutBatch, code_rows: torch.Tensor) -> dict[str, float]:
+    """Code prompts whose every sample failed its tests, and the share of them whose samples' total
+    rewards (outcome + dense, where there are dense rewards) still differ: the learning signal such a
+    prompt gets from its rewards (a PRM's, or partial test passes), arXiv 2410.17621's motivation."""
+    code = code_rows.bool()
+    if not code.any():
+        return {}
+    totals = batch.rewards + (batch.dense_rewards.sum(dim=1) if batch.dense_rewards is not None else 0.0)
+    signalled = all_failed = 0
+    for group in batch.group_ids[code].unique():
+        rows = (batch.group_ids == group) & code
+        if not batch.correct[rows].any():
+            all_failed += 1
+            signalled += int(totals[rows].max() > totals[rows].min())
+    return {
+        "reward/all_failed_prompts": float(all_failed),
+        "reward/all_failed_prompts_with_signal": signalled / all_failed if all_failed else 0.0,
+    }

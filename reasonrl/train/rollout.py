@@ -30,6 +30,7 @@ from reasonrl.rollout.pool import PoolSequence, RolloutPool, idle_slot_steps, sl
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
 from reasonrl.timing import timed
+from reasonrl.train.process_rewards import all_failed_prompt_stats
 
 
 class DynamicSamplingError(RuntimeError):
@@ -128,11 +129,12 @@ class RolloutCollector:
         fire = self.cfg.rollout.fire
         if fire.enabled and fire.logprob == "mask":
             batch.policy_loss_mask[:, list(fire.positions)] = False  # FIRE tokens: off-policy
+        code_rows = torch.tensor([e.task_type == "code" for e in scored.examples])
         if self.process_rewards is not None:
             with timed(generated.timing, "perf/process_reward_seconds"):
-                code_rows = torch.tensor([e.task_type == "code" for e in scored.examples])
                 batch.dense_rewards, dense_stats = self.process_rewards(batch, code_rows)
             generated.reward_stats |= dense_stats
+        generated.reward_stats |= all_failed_prompt_stats(batch, code_rows)
         stats = {
             **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), scored.results),
             "rollout/generation_passes": float(len(generated.calls)),

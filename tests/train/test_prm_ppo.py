@@ -16,7 +16,7 @@ from reasonrl.reward.training import run_reward_model_training
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
-from reasonrl.train.process_rewards import ProcessRewards
+from reasonrl.train.process_rewards import ProcessRewards, all_failed_prompt_stats
 from tests.reward.test_prm import synthetic_rows
 
 TINY = [
@@ -94,23 +94,29 @@ def test_dense_rewards_sit_on_line_end_tokens_of_code_rows_only(mode):
             want[end] = value
         torch.testing.assert_close(dense[row], want)
     assert dense[2].abs().sum() == 0  # not a code task: no process reward
+    assert stats["reward/prm_lines_mean"] == 3.0
     # prompt 0 has a passing sample; prompt 1 is not code: no all-failed code prompt this batch
-    assert stats["reward/all_failed_prompts"] == 0.0 and stats["reward/prm_lines_mean"] == 3.0
+    batch.dense_rewards = dense
+    assert all_failed_prompt_stats(batch, torch.tensor([True, True, False]))["reward/all_failed_prompts"] == 0.0
 
 
 def test_prompts_whose_samples_all_fail_get_a_signal_from_the_prm():
     cfg = load_config("ppo", ["reward.incorrect_score=-1.0", "reward.prm_dense=paper", "reward.prm_path=x"])
     short, long = [7] * 8, [7] * 12  # the same lines, so the same rewards: no signal between them
     batch = batch_of([short, long], [False, False], [0, 0])
-    _, stats = ProcessRewards(cfg.reward, ScriptedPRM())(batch, torch.tensor([True, True]))
+    code = torch.tensor([True, True])
+    batch.dense_rewards = None  # outcome only: both samples failed with the same reward
+    stats = all_failed_prompt_stats(batch, code)
     assert stats["reward/all_failed_prompts"] == 1.0 and stats["reward/all_failed_prompts_with_signal"] == 0.0
+    batch.dense_rewards, _ = ProcessRewards(cfg.reward, ScriptedPRM())(batch, code)
+    assert all_failed_prompt_stats(batch, code)["reward/all_failed_prompts_with_signal"] == 0.0
 
     class LongerIsBetter(ScriptedPRM):
         def state_scores(self, prompt_ids, prompt_mask, response_ids, response_mask):
             return response_mask.sum(1, keepdim=True).float().expand(-1, response_ids.shape[1] + 1) / 12
 
-    _, stats = ProcessRewards(cfg.reward, LongerIsBetter())(batch, torch.tensor([True, True]))
-    assert stats["reward/all_failed_prompts_with_signal"] == 1.0
+    batch.dense_rewards, _ = ProcessRewards(cfg.reward, LongerIsBetter())(batch, code)
+    assert all_failed_prompt_stats(batch, code)["reward/all_failed_prompts_with_signal"] == 1.0
 
 
 def test_the_critic_starts_as_the_prm_on_the_reward_scale(prm_dir):
