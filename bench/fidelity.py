@@ -29,7 +29,6 @@ import fnmatch
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -42,7 +41,9 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
+from common import ROOT, child_env, mean_se
+
 CONFIG = Path(__file__).with_name("fidelity.yaml")
 FAMILY_PRESET = {"value": "ppo", "tppo": "t_ppo"}  # the preset a family's shared stages (rm, race) load
 PRUNED = ("checkpoints", "critic_pretrained", "final")  # a finished run's large files (--keep-models keeps them)
@@ -379,14 +380,6 @@ def run_result(run_dir: Path, arm: str, seed: int, overrides: list[str], pattern
 # ---------------------------------------------------------------------------------------------- statistics
 
 
-def mean_se(values: list[float | None]) -> dict[str, Any]:
-    """Mean and standard error (sample std / sqrt(n)) over seeds, ignoring missing values; None where undefined."""
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    mean = statistics.fmean(values) if values else None
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return {"mean": mean, "se": se, "n": len(values), "values": values}
-
-
 def verdict(d: float | None, se: float | None, n: int, threshold: float) -> str:
     """The rule of bench/fidelity.yaml's `targets` header."""
     if d is None or se is None or n < 2:
@@ -612,13 +605,6 @@ def _write_atomic(path: Path, text: str) -> None:
     scratch.replace(path)
 
 
-def _child_env() -> dict[str, str]:
-    """The children import the same reasonrl as this harness."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 class Harness:
     def __init__(self, args: argparse.Namespace) -> None:
         self.config, self.sha256 = load_harness_config(args.config)
@@ -657,7 +643,7 @@ class Harness:
             handle.write(f"\n$ {' '.join(command)}\n")
             handle.flush()
             code = subprocess.run(
-                command, stdout=handle, stderr=subprocess.STDOUT, env=_child_env(), cwd=ROOT
+                command, stdout=handle, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT
             ).returncode
         seconds = time.perf_counter() - started
         status = "done" if code == 0 else f"FAILED (exit {code}; see {log})"

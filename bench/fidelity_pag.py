@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
+from common import ROOT, child_env, mean_se
+
 ARMS = ("pag", "single_turn", "direct_multiturn")
 PAG_KEYS = ("acc@t1", "acc@final", "verifier_accuracy", "delta_i_to_c", "delta_c_to_i", "revision_rate")
 PROFILES = {
@@ -49,23 +49,12 @@ PROFILES = {
 }  # fmt: skip
 
 
-def mean_se(values: list[float]) -> dict:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    mean = statistics.fmean(values) if values else None
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return {"mean": mean, "se": se, "n": len(values), "values": values}
-
-
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-
-
 def pag_eval(model: str, profile: dict) -> dict:
     """``reasonrl eval --protocol pag`` on the held-out problems (greedy), in its own process."""
     command = [sys.executable, "-m", "reasonrl", "eval", "--model", model, "--dataset", "arithmetic",
                "--limit", str(profile["eval_limit"]), "--max-new-tokens", str(profile["max_new_tokens"]),
                "--protocol", "pag"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=ROOT, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=ROOT, check=True)
     return json.loads(done.stdout)
 
 
@@ -75,7 +64,7 @@ def train(preset: str, seed: int, steps: int, profile: dict, work: Path) -> Path
     command = [sys.executable, "-m", "reasonrl", "train", preset, f"model.name_or_path={profile['model']}",
                *profile["train"], f"train.rollout_steps={steps}", f"run.seed={seed}", f"run.eval_every={steps}",
                f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}", "run.loggers=[]", "--quiet"]  # fmt: skip
-    subprocess.run(command, env=_env(), cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command, env=child_env(), cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return run_dir
 
 

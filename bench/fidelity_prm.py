@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
+from common import ROOT, child_env, mean_se
+
 ARMS = ("ppo", "prm_ppo")
 LENGTH_BUCKETS = (0, 64, 128, 10**9)  # response tokens: short, medium, long
 PROFILES = {
@@ -59,21 +59,10 @@ PROFILES = {
 }  # fmt: skip
 
 
-def mean_se(values: list[float | None]) -> dict:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    mean = statistics.fmean(values) if values else None
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return {"mean": mean, "se": se, "n": len(values), "values": values}
-
-
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-
-
 def reasonrl(*arguments: str, quiet: bool = False) -> str:
     """Run ``python -m reasonrl ARGUMENTS`` in its own process; its stdout."""
     command = [sys.executable, "-m", "reasonrl", *arguments]
-    done = subprocess.run(command, env=_env(), cwd=ROOT, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, env=child_env(), cwd=ROOT, check=True, capture_output=True, text=True)
     return "" if quiet else done.stdout
 
 

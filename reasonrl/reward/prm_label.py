@@ -157,12 +157,16 @@ def _chunks(items: Sequence, size: int) -> Iterator[Sequence]:
 
 
 def sample_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, store: LabelStore, advance) -> None:
-    """Sample and score ``programs_per_prompt`` programs per prompt that has none in the store yet."""
+    """Sample and score ``programs_per_prompt`` programs per prompt; a resumed run samples only the prompts
+    that lack some, and keeps the programs it has (the probes it recorded refer to them)."""
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.scored import sample_and_score
 
-    have = {p.prompt_index for p in store.programs.values() if p.policy == name}
-    todo = [(i, e) for i, e in enumerate(examples) if i not in have]
+    def key(example, sample: int) -> str:
+        return f"{name}/{example.id}/{sample}"
+
+    n = settings.programs_per_prompt
+    todo = [(i, e) for i, e in enumerate(examples) if any(key(e, j) not in store.programs for j in range(n))]
     advance(len(examples) - len(todo))
     for chunk in _chunks(todo, PROMPTS_PER_SAMPLING_CALL):
         params = SamplingParams(
@@ -177,9 +181,10 @@ def sample_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, 
         for row, (example, completion, result) in enumerate(rows):
             ids = list(completion.token_ids)
             text = policy.tokenizer.decode(ids, skip_special_tokens=True)
-            sample = row % settings.programs_per_prompt
+            if key(example, row % n) in store.programs:  # kept from a killed run (its probes refer to it)
+                continue
             store.add_program(Program(
-                f"{name}/{example.id}/{sample}", name, indices[example.id], list(scored.prompts[row]), ids, text,
+                key(example, row % n), name, indices[example.id], list(scored.prompts[row]), ids, text,
                 response_lines(text, token_char_ends(policy.tokenizer, ids)), bool(result.correct),
             ))  # fmt: skip
         advance(len(chunk))

@@ -2,24 +2,13 @@
 length) and its resume (a second invocation trains nothing)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "fidelity_prm.py"
-
-
-def bench(work: Path, out: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    command = [sys.executable, str(SCRIPT), "--profile", "smoke", "--seeds", "0", "--steps", "1", "--work", str(work)]
-    return subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+from tests.bench.smoke import run_smoke
 
 
 def test_the_prm_benchmark_labels_trains_compares_and_resumes(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
-    first = bench(work, out)
+    first = run_smoke("fidelity_prm.py", work, out)
     assert first.returncode == 0, first.stderr[-3000:]
     result = json.loads((out / "fidelity_prm_smoke.json").read_text())
     assert (out / "fidelity_prm_smoke.png").stat().st_size > 0
@@ -33,6 +22,6 @@ def test_the_prm_benchmark_labels_trains_compares_and_resumes(tmp_path):
     assert result["runs"]["ppo-seed0"]["train_metrics"]["reward/prm_dense_mean"] == [None]  # outcome only
     assert sum(bucket["n"] for bucket in run["eval"]["pass@1_by_length"].values()) == 2
     mtime = (work / "results" / "prm_ppo-seed0.json").stat().st_mtime_ns
-    second = bench(work, out)
+    second = run_smoke("fidelity_prm.py", work, out)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (work / "results" / "prm_ppo-seed0.json").stat().st_mtime_ns == mtime  # nothing trained again

@@ -1,0 +1,24 @@
+"""What the benchmark scripts share: statistics over seeds and the environment of their child processes."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mean_se(values: list[float | None]) -> dict[str, Any]:
+    """Mean and standard error (sample std / sqrt(n)) over seeds, ignoring missing values; None where undefined."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    mean = statistics.fmean(values) if values else None
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
+    return {"mean": mean, "se": se, "n": len(values), "values": values}
+
+
+def child_env() -> dict[str, str]:
+    """This environment with the repository on PYTHONPATH: what a `python -m reasonrl` child runs in."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
