@@ -84,9 +84,10 @@ def paper_line_rewards(
     scores: Tensor, line_mask: Tensor, passed: Tensor, lambda_failing: float = 0.25, lambda_passing: float = 0.025
 ) -> Tensor:
     """The PRM-for-code paper's dense reward (arXiv 2410.17621, Eq. 3 with §4.3.3's safeguards): each line
-    gets λ·PRM(prefix_ℓ) / n, n the response's rewarded lines (length normalisation: repeating lines
-    does not add reward), λ = ``lambda_failing`` for a response that fails its tests and
-    ``lambda_passing`` for one that passes; lines outside ``line_mask`` (comments) get 0.
+    gets λ·PRM(prefix_ℓ) / n, n the response's rewarded lines (length normalisation: more lines of the
+    same score add nothing), λ = ``lambda_failing`` for a response that fails its tests and
+    ``lambda_passing`` for one that passes; lines outside ``line_mask`` (comments, repeats, text around the
+    code) get 0.
     scores (PRM scores on the reward scale), line_mask: [B, K]; passed: [B] bool -> [B, K] line rewards.
     """
     valid = line_mask.bool()

@@ -133,8 +133,8 @@ class RewardModelRun:
     """Learning rate (a BT model's zero-initialised head uses 100×)."""
 
     held_out: float = 0.2
-    """Fraction of the pairs kept out of training for the accuracy measurement; kind prm: of the prompts,
-    with all their programs."""
+    """Fraction of the pairs kept out of training for the accuracy measurement; kind prm: of the functions
+    under test, with all their programs."""
 
     eval_pairs: int | None = 200
     """Held-out pairs scored before and after training; None = all of them."""

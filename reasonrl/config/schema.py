@@ -232,9 +232,10 @@ class RewardConfig:
 
     prm_dense: Literal["off", "paper", "potential"] = "off"
     """Dense line rewards from the PRM on the line-end tokens of code responses, on top of the unit-test
-    outcome: paper (λ·PRM(prefix) per line, length-normalised, comment lines 0; λ by the outcome),
-    potential (prm_coef·(PRM(prefix_ℓ) − PRM(prefix_ℓ−1)): telescopes, cannot be farmed by adding lines)
-    or off.  PRM scores are mapped to [incorrect_score, correct_score] first."""
+    outcome: paper (λ·PRM(prefix) per line, length-normalised, λ by the outcome), potential
+    (prm_coef·(PRM(prefix_ℓ) − PRM(prefix_ℓ−1)): telescopes to prm_coef·(PRM after the last line − PRM
+    before the first) whatever the number of lines) or off.  Comments, repeated lines and text outside
+    the code block get none.  PRM scores are mapped to [incorrect_score, correct_score] first."""
 
     prm_coef: float = 1.0
     """prm_dense=potential: c, the scale of the shaped rewards."""

@@ -52,7 +52,7 @@ def parse_reference(reference: str) -> tuple[str, str | None, str]:
     return tests, entry_point, context
 
 
-def _defines(code: str, name: str | None) -> bool:
+def defines(code: str, name: str | None) -> bool:
     """Whether a line of ``code`` starts ``def name(`` (linear time: the pattern cannot span lines)."""
     pattern = rf"^[ \t]*+(?:async[ \t]++)?def[ \t]++{re.escape(name or '')}[ \t]*+\("
     return bool(name) and re.search(pattern, code, re.MULTILINE) is not None
@@ -62,7 +62,7 @@ def extract_code(response: str, entry_point: str | None = None) -> tuple[str, st
     """(code, how): how is 'fenced', 'raw' (no code fence: the whole response) or 'none' (empty)."""
     blocks = [(tag, body) for tag, body in _fenced_blocks(response) if tag in ("", *PYTHON_TAGS)]
     if blocks:
-        for wanted in (lambda t, b: _defines(b, entry_point), lambda t, b: t != "", lambda t, b: True):
+        for wanted in (lambda t, b: defines(b, entry_point), lambda t, b: t != "", lambda t, b: True):
             chosen = [body for tag, body in blocks if wanted(tag, body)]
             if chosen:
                 return chosen[-1], "fenced"
@@ -111,7 +111,7 @@ def _parses(text: str) -> bool:
 def build_program(code: str, entry_point: str | None, context: str) -> str:
     """The solution the child runs after the context: the code, or context + code for a bare completion."""
     first = next((line for line in code.splitlines() if line.strip()), "")
-    if context and not _defines(code, entry_point) and first[:1] in (" ", "\t"):
+    if context and not defines(code, entry_point) and first[:1] in (" ", "\t"):
         return context + code  # the body of the context's last function (HumanEval's completion format)
     return code
 

@@ -7,16 +7,20 @@ so the first dead line is found by binary search, ``first_dead_line``: lines bef
 lines from it on 0; a program that passes is all 1.  Labels are stored as feasibility in {0, 1}; the
 shaping maps them to the reward scale (docs/algorithms.md, "Process rewards for code").
 
-Lines (the paper leaves the segmentation open): newline-terminated lines of the response's text, a
-blank line merged into the line before it (leading blank lines into the first line), the last line
-ending at the last token.  Each line ends at a *line-end token*: the token that holds its newline
-(with a tokenizer that merges "\\n" with the next indentation, that token also starts the next line).
-Comment lines (``#`` after indentation) are *neutral*: the paper gives them no dense reward (§4.3.3).
+Lines (the paper leaves the segmentation open): "\\n"-terminated lines of the response's text (no other
+line break counts), a blank line merged into the line before it (leading blank lines into the first
+line), the last line ending at the last token.  Each line ends at a *line-end token*: the token that
+holds its newline (with a tokenizer that merges "\\n" with the next indentation, that token also starts
+the next line).  *Neutral* lines are labelled like the others but get no dense reward: comment lines
+(``#`` after indentation; the paper's §4.3.3), and, so that text around the program cannot farm the
+reward, lines outside the response's fenced code (prose, the fence lines; a response without a fence
+is all code) and repeats of an earlier line.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +34,7 @@ class Line:
 
     text: str  # its characters, newline included (and any blank lines merged into it)
     end_token: int  # index, in the response's tokens, of the token that ends it
-    neutral: bool  # a comment line: labelled like the others, but given no dense reward
+    neutral: bool  # a comment, outside the code, or a repeat: labelled like the others, given no dense reward
 
     def to_json(self) -> list:
         return [self.text, self.end_token, self.neutral]
@@ -53,7 +57,7 @@ def response_lines(text: str, char_ends: Sequence[int]) -> list[Line]:
     the last token."""
     if not char_ends:
         return []
-    pieces = text.splitlines(keepends=True)
+    pieces = [piece for piece in re.split(r"(?<=\n)", text) if piece]
     lines: list[list] = []  # [text, end_char]
     pending, position = "", 0
     for piece in pieces:
@@ -69,11 +73,17 @@ def response_lines(text: str, char_ends: Sequence[int]) -> list[Line]:
         pending = ""
     if pending and not lines:
         lines.append([pending, position])
-    result = []
+    fenced, in_fence, seen, result = "```" in text, False, set(), []
     for line_text, end_char in lines:
         # the token whose text reaches the line's last character (its newline)
         end_token = next((i for i, end in enumerate(char_ends) if end >= end_char), len(char_ends) - 1)
-        result.append(Line(line_text, end_token, line_text.lstrip().startswith("#")))
+        stripped = line_text.strip()
+        fence = "```" in stripped
+        code = not fenced or (in_fence and not fence)
+        in_fence ^= stripped.count("```") % 2 == 1
+        neutral = not code or stripped.startswith("#") or stripped in seen
+        seen.add(stripped)
+        result.append(Line(line_text, end_token, neutral))
     return result
 
 
@@ -142,7 +152,7 @@ class LabelledProgram:
     response_ids: list[int]  # the program's tokens (cut to the response budget) + one EOS
     positions: list[int]  # per kept line: the response position whose state is the line prefix (end token + 1)
     labels: list[int]  # per kept line: 1 alive, 0 dead
-    group: int  # the prompt (programs of one prompt stay on one side of the held-out split)
+    group: str  # the function under test: its programs (from any prompt) stay on one side of the held-out split
 
 
 def labelled_programs(rows: Sequence[dict], eos_token_id: int, max_prompt_tokens: int, max_response_tokens: int):
@@ -161,7 +171,7 @@ def labelled_programs(rows: Sequence[dict], eos_token_id: int, max_prompt_tokens
         if kept:
             programs.append(LabelledProgram(
                 row["prompt_token_ids"][-max_prompt_tokens:], [*response, eos_token_id],
-                [p for p, _ in kept], [y for _, y in kept], int(row["prompt_index"]),
+                [p for p, _ in kept], [y for _, y in kept], str(row["group"]),
             ))  # fmt: skip
     return programs
 

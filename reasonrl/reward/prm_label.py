@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reasonrl.config.commands import PRMLabelRun
+from reasonrl.data.loaders import DataError
+from reasonrl.reward.code import defines, parse_reference
 from reasonrl.reward.prm import DeadLineSearch, Line, line_labels, response_lines, token_char_ends
 
 PROMPTS_PER_SAMPLING_CALL = 16  # prompts sampled (× programs_per_prompt) per engine call
@@ -49,9 +51,10 @@ def _append(path: Path, record: dict) -> None:
 class Program:
     """A sampled program and what labelling it has cost so far."""
 
-    key: str  # policy/prompt id/sample index
+    key: str  # policy/example id/sample index
     policy: str
-    prompt_index: int
+    example_id: str
+    group: str  # what keeps its programs on one side of the PRM's held-out split: the function under test
     prompt_token_ids: list[int]
     response_token_ids: list[int]
     response: str
@@ -66,7 +69,8 @@ class Program:
             "kind": "program",
             "key": self.key,
             "policy": self.policy,
-            "prompt_index": self.prompt_index,
+            "example_id": self.example_id,
+            "group": self.group,
             "prompt_token_ids": self.prompt_token_ids,
             "response_token_ids": self.response_token_ids,
             "response": self.response,
@@ -77,19 +81,32 @@ class Program:
     @staticmethod
     def from_record(row: dict) -> Program:
         lines = [Line.from_json(line) for line in row["lines"]]
-        fields = {k: row[k] for k in ("key", "policy", "prompt_index", "prompt_token_ids", "response_token_ids")}
+        fields = {k: row[k] for k in ("key", "policy", "example_id", "group", "prompt_token_ids", "response_token_ids")}
         return Program(**fields, response=row["response"], lines=lines, passed=row["passed"])
 
 
 class LabelStore:
     """``OUT`` (labelled programs, one JSON line each) and ``OUT.progress`` (sampled programs and probes)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, settings: dict | None = None) -> None:
         self.out, self.progress = out, out.with_name(out.name + ".progress")
         out.parent.mkdir(parents=True, exist_ok=True)
         self.labelled = {row["key"] for row in read_records(out)}
         self.programs: dict[str, Program] = {}
-        for record in read_records(self.progress):
+        records = read_records(self.progress)
+        if settings is not None:
+            started = next((r["settings"] for r in records if r["kind"] == "settings"), None)
+            if started is None:
+                _append(self.progress, {"kind": "settings", "settings": settings})
+            elif started != settings:
+                changed = ", ".join(sorted(k for k in settings if started.get(k) != settings[k]))
+                raise DataError(
+                    f"{out} was started with other settings ({changed}); continue it with the same ones, "
+                    "or give another --out"
+                )
+        for record in records:
+            if record["kind"] == "settings":
+                continue
             if record["kind"] == "program":
                 self.programs[record["key"]] = Program.from_record(record)
             else:
@@ -110,11 +127,13 @@ class LabelStore:
                                 "completions": completions, "sandbox_seconds": sandbox_seconds})  # fmt: skip
 
     def finish(self, program: Program, first_dead: int | None, completions_per_probe: int) -> None:
-        failing_lines = 0 if program.passed else len(program.lines)
+        # exhaustive labelling probes every prefix of a failing program but the whole (known dead) one
+        probed_lines = 0 if program.passed else max(0, len(program.lines) - 1)
         row = {
             "key": program.key,
             "policy": program.policy,
-            "prompt_index": program.prompt_index,
+            "example_id": program.example_id,
+            "group": program.group,
             "prompt_token_ids": program.prompt_token_ids,
             "response_token_ids": program.response_token_ids,
             "response": program.response,
@@ -123,7 +142,7 @@ class LabelStore:
             "first_dead_line": None if program.passed else first_dead,
             "passed": program.passed,
             "completions": program.completions,
-            "completions_exhaustive": completions_per_probe * failing_lines,
+            "completions_exhaustive": completions_per_probe * probed_lines,
             "sandbox_seconds": program.sandbox_seconds,
         }
         self.labelled.add(program.key)
@@ -166,17 +185,14 @@ def sample_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, 
         return f"{name}/{example.id}/{sample}"
 
     n = settings.programs_per_prompt
-    todo = [(i, e) for i, e in enumerate(examples) if any(key(e, j) not in store.programs for j in range(n))]
+    todo = [e for e in examples if any(key(e, j) not in store.programs for j in range(n))]
     advance(len(examples) - len(todo))
     for chunk in _chunks(todo, PROMPTS_PER_SAMPLING_CALL):
-        params = SamplingParams(
-            settings.max_new_tokens, settings.temperature, seed=_seed(settings.seed, name, chunk[0][0])
-        )
+        seed = _seed(settings.seed, name, chunk[0].id)
+        params = SamplingParams(settings.max_new_tokens, settings.temperature, seed=seed)
         scored = sample_and_score(
-            policy.engine, policy.tokenizer, scorer, policy.encoder, [e for _, e in chunk], params,
-            settings.programs_per_prompt,
-        )  # fmt: skip
-        indices = {e.id: i for i, e in chunk}
+            policy.engine, policy.tokenizer, scorer, policy.encoder, chunk, params, settings.programs_per_prompt
+        )
         rows = zip(scored.examples, scored.completions, scored.results, strict=True)
         for row, (example, completion, result) in enumerate(rows):
             ids = list(completion.token_ids)
@@ -184,45 +200,68 @@ def sample_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, 
             if key(example, row % n) in store.programs:  # kept from a killed run (its probes refer to it)
                 continue
             store.add_program(Program(
-                key(example, row % n), name, indices[example.id], list(scored.prompts[row]), ids, text,
-                response_lines(text, token_char_ends(policy.tokenizer, ids)), bool(result.correct),
+                key(example, row % n), name, example.id, parse_reference(example.answer)[1] or example.id,
+                list(scored.prompts[row]), ids, text, response_lines(text, token_char_ends(policy.tokenizer, ids)),
+                bool(result.correct),
             ))  # fmt: skip
         advance(len(chunk))
 
 
+def continuation(prefix: str, completion: str, entry_point: str | None) -> str | None:
+    """The part of ``completion`` that continues the program of ``prefix``, or None when it abandons it.
+
+    A completion must not replace the prefix's code: inside an open code fence it ends at the fence's
+    close (the verifier would otherwise run a later block), and once the prefix defines the function
+    under test, a completion that defines it again starts over (a later definition wins in Python)."""
+    if prefix.count("```") % 2 == 1 and "```" in completion:
+        completion = completion[: completion.index("```") + 3]
+    if entry_point and defines(prefix, entry_point) and defines(completion, entry_point):
+        return None
+    return completion
+
+
 def probe_prefixes(policy, scorer, examples, probes: Sequence[tuple[Program, int]], settings: PRMLabelRun, seed: int):
-    """Whether each (program, ℓ) prefix is alive: K completions each, sampled in one engine call and run
-    against the program's tests; (alive, sandbox seconds) per probe."""
+    """Whether each (program, ℓ) prefix is alive: K completions each, sampled in one engine call, cut to
+    what continues the prefix (``continuation``) and run against the program's tests; (alive, sandbox
+    seconds) per probe.  A completion that abandons the prefix counts as failing."""
     from reasonrl.rollout import SamplingParams
 
-    K = settings.completions
+    K, decode = settings.completions, policy.tokenizer.decode
     prefixes = [program.response_token_ids[: program.lines[line - 1].end_token + 1] for program, line in probes]
     prompts = [program.prompt_token_ids + prefix for (program, _), prefix in zip(probes, prefixes, strict=True)]
     budget = max(1, settings.max_new_tokens - min(len(prefix) for prefix in prefixes))
     completions = policy.engine.generate(
         [prompt for prompt in prompts for _ in range(K)], SamplingParams(budget, settings.temperature, seed=seed)
     )
-    texts, rows = [], []
+    texts, rows, kept = [], [], []  # kept: (probe, completion) pairs that continue their prefix
     for j, ((program, _), prefix) in enumerate(zip(probes, prefixes, strict=True)):
+        example = examples[program.example_id]
+        prefix_text = decode(prefix, skip_special_tokens=True)
         for completion in completions[j * K : (j + 1) * K]:
             ids = prefix + list(completion.token_ids)[: settings.max_new_tokens - len(prefix)]
-            texts.append(policy.tokenizer.decode(ids, skip_special_tokens=True))
-            rows.append(examples[program.prompt_index])
-    results = scorer.score_examples(rows, texts)
-    return [
-        (any(r.correct for r in results[j * K : (j + 1) * K]),
-         sum(float(r.info.get("wall_seconds", 0.0)) for r in results[j * K : (j + 1) * K]))
-        for j in range(len(probes))
-    ]  # fmt: skip
+            tail = continuation(prefix_text, decode(ids, skip_special_tokens=True)[len(prefix_text) :],
+                                parse_reference(example.answer)[1])  # fmt: skip
+            if tail is not None:
+                texts.append(prefix_text + tail)
+                rows.append(example)
+                kept.append(j)
+    results = scorer.score_examples(rows, texts) if texts else []
+    alive, seconds = [False] * len(probes), [0.0] * len(probes)
+    for j, result in zip(kept, results, strict=True):
+        alive[j] = alive[j] or bool(result.correct)
+        seconds[j] += float(result.info.get("wall_seconds", 0.0))
+    return list(zip(alive, seconds, strict=True))
 
 
 def label_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, store: LabelStore, advance) -> None:
-    """Binary-search the first dead line of every unlabelled program of policy ``name``, in lockstep."""
+    """Binary-search the first dead line of every unlabelled program of policy ``name``, in lockstep
+    (``examples``: the problems by id)."""
     searches: dict[str, tuple[Program, DeadLineSearch]] = {}
     for program in store.programs.values():
         if program.policy != name or program.key in store.labelled:
             continue
-        search = DeadLineSearch(0 if program.passed else len(program.lines))  # a passing program: all lines 1
+        # a passing program's lines are all alive; a failing one's last prefix (the whole program) is dead
+        search = DeadLineSearch(0 if program.passed else len(program.lines) - 1)
         while search.query is not None and search.query in program.probes:  # replay a resumed run's probes
             search.tell(program.probes[search.query])
         searches[program.key] = (program, search)
@@ -231,7 +270,8 @@ def label_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, s
         # 1. programs whose search is over are labelled
         for key, (program, search) in list(searches.items()):
             if search.query is None:
-                store.finish(program, search.result, settings.completions)
+                first_dead = search.result if search.result is not None else len(program.lines)
+                store.finish(program, None if program.passed else first_dead, settings.completions)
                 del searches[key]
                 advance(1)
         # 2. every other program probes the prefix its search asks for, PROBES_PER_CALL per engine call
@@ -277,7 +317,9 @@ def run_labelling(settings: PRMLabelRun, progress: bool = False) -> dict:
 
     settings.check()
     started = time.perf_counter()
-    store = LabelStore(Path(settings.out))
+    fixed = ("model", "dataset", "split", "programs_per_prompt", "completions", "max_new_tokens", "temperature",
+             "data_policy", "checkpoints", "seed")  # fmt: skip
+    store = LabelStore(Path(settings.out), {name: getattr(settings, name) for name in fixed})
     policies = data_policies(settings)
     for name, spec in policies:
         cfg = load_config(None, [f"model.name_or_path={spec}", *settings.overrides])
@@ -292,7 +334,7 @@ def run_labelling(settings: PRMLabelRun, progress: bool = False) -> dict:
             mine = [p for p in store.programs.values() if p.policy == name]
             with progress_bar(f"{name}: labelling", len(mine), progress) as advance:
                 advance(sum(p.key in store.labelled for p in mine))
-                label_programs(policy, scorer, examples, name, settings, store, advance)
+                label_programs(policy, scorer, {e.id: e for e in examples}, name, settings, store, advance)
         finally:
             scorer.close()
     return summarise(store, settings, time.perf_counter() - started)

@@ -36,8 +36,8 @@ def _judge_accuracy(judge, pairs: list[PreferencePair]) -> float:
 
 
 def split_groups(programs: list, held_out: float, seed: int) -> tuple[list, list]:
-    """(train, held out): a seeded ``held_out`` share of the prompts (at least one, when there are two)
-    goes to the held-out side with all of its programs."""
+    """(train, held out): a seeded ``held_out`` share of the groups (the functions under test; at least
+    one, when there are two) goes to the held-out side with all of its programs."""
     groups = sorted({p.group for p in programs})
     random.Random(seed).shuffle(groups)
     count = min(len(groups) - 1, max(1, round(held_out * len(groups)))) if len(groups) > 1 else 0

@@ -31,9 +31,11 @@ class ProcessRewards:
             for b in range(len(batch))
         ]
         # 2. the PRM's score after each line (the state after its end token) and before any, on the reward scale
-        states = low + (high - low) * self.prm.state_scores(
-            batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
-        )  # [B, T + 1]
+        states = (
+            low
+            + (high - low)
+            * self.prm.state_scores(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask).cpu()
+        )  # [B, T + 1], with the batch (the PRM may sit on the GPU)
         count = max(1, max(map(len, lines)))
         ends = pad_rows([[line.end_token for line in row] for row in lines], count, False, torch.long)  # [B, K]
         valid = pad_rows([[1] * len(row) for row in lines], count, False, torch.bool)  # [B, K]
@@ -67,19 +69,25 @@ class ProcessRewards:
 
 
 def all_failed_prompt_stats(batch: RolloutBatch, code_rows: torch.Tensor) -> dict[str, float]:
-    """Code prompts whose every sample failed its tests, and the share of them whose samples' total
-    rewards (outcome + dense, where there are dense rewards) still differ: the learning signal such a
-    prompt gets from its rewards (a PRM's, or partial test passes), arXiv 2410.17621's motivation."""
+    """Code prompts with two or more samples that all failed their tests, and the share of them whose
+    samples' total rewards (outcome + dense, where there are dense rewards) still differ: the learning
+    signal such a prompt gets from its rewards (a PRM's, or partial test passes), arXiv 2410.17621's
+    motivation.  Nothing with one sample per prompt (no within-prompt comparison to make)."""
     code = code_rows.bool()
     if not code.any():
         return {}
     totals = batch.rewards + (batch.dense_rewards.sum(dim=1) if batch.dense_rewards is not None else 0.0)
-    signalled = all_failed = 0
+    signalled = all_failed = compared = 0
     for group in batch.group_ids[code].unique():
         rows = (batch.group_ids == group) & code
+        if rows.sum() < 2:
+            continue
+        compared += 1
         if not batch.correct[rows].any():
             all_failed += 1
             signalled += int(totals[rows].max() > totals[rows].min())
+    if not compared:
+        return {}
     return {
         "reward/all_failed_prompts": float(all_failed),
         "reward/all_failed_prompts_with_signal": signalled / all_failed if all_failed else 0.0,

@@ -77,14 +77,46 @@ def test_lines_merge_blank_lines_mark_comments_and_end_at_the_newline_token(toke
     assert response_lines("", []) == []
 
 
+def test_only_new_code_lines_can_earn_dense_reward():
+    text = "Here is it:\n```python\nimport os\nimport os\ndef f(x):\n    return x\n```\nDone.\u2028Really"
+    lines = response_lines(text, list(range(1, len(text) + 1)))  # one token per character
+    assert [(line.text.strip(), line.neutral) for line in lines] == [
+        ("Here is it:", True),  # prose around the code
+        ("```python", True),  # a fence line
+        ("import os", False),
+        ("import os", True),  # a repeat
+        ("def f(x):", False),
+        ("return x", False),
+        ("```", True),
+        ("Done.\u2028Really", True),  # only "\n" ends a line
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "completion", "kept"),
+    [
+        # inside a code block, a completion ends where the block does
+        ("```python\ndef add(a, b):\n", "    return a + b\n```\nMore ```x```", "    return a + b\n```"),
+        ("def add(a):\n", "    return a\ndef add(a, b):\n    return a + b\n", None),  # starts over: abandoned
+        ("Let me think.\n", "def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a + b\n"),
+    ],
+)
+def test_a_probe_completion_must_continue_its_prefix(prefix, completion, kept):
+    from reasonrl.reward.prm_label import continuation
+
+    assert continuation(prefix, completion, "add") == kept
+
+
 # --- the labelling run, on hand-written programs whose first bad line is known --------------------------
 
 TESTS = "assert add(1, 2) == 3\nassert add(5, 5) == 10\n"
 PROGRAMS = {
     # line 3 returns a wrong value: no completion can repair it
     "bad-3": "def add(a, b):\n    total = a + b\n    return total - 1\n",
-    # line 1 already names the wrong function's signature wrongly
+    # line 1 already gets the signature wrong
     "bad-1": "def add(a):\n    return a\n",
+    # the same, and its completions start over with a right definition: that does not revive line 1
+    "restart": "def add(a):\n    return a\n",
     "good": "def add(a, b):\n    return a + b\n",
 }
 
@@ -102,6 +134,8 @@ def scripted_engine(tokenizer, calls):
         else:
             calls.append((name, response))
             reply = "    return total\n" if "total = a + b" in response else "    return a + b\n"
+            if name == "restart":
+                reply = "    return a\n\ndef add(a, b):\n    return a + b\n"
         return [*tokenizer(reply, add_special_tokens=False)["input_ids"], stop]
 
     return FakeEngine(respond, stop_token_ids=[stop])
@@ -124,7 +158,7 @@ def label_run(tmp_path, tokenizer, calls, fail_after=None):
     store = LabelStore(tmp_path / "labels.jsonl")
     with ScoringPool(CodeVerifier(), workers=1, timeout=20.0) as scorer:
         sample_programs(policy, scorer, examples, "initial", settings, store, lambda n: None)
-        label_programs(policy, scorer, examples, "initial", settings, store, lambda n: None)
+        label_programs(policy, scorer, {e.id: e for e in examples}, "initial", settings, store, lambda n: None)
     return {row["key"].split("/")[1]: row for row in read_records(tmp_path / "labels.jsonl")}
 
 
@@ -133,11 +167,14 @@ def test_labelling_finds_the_first_bad_line_of_known_programs(tmp_path, tokenize
     rows = label_run(tmp_path, tokenizer, calls)
     assert rows["bad-3"]["labels"] == [1, 1, 0] and rows["bad-3"]["first_dead_line"] == 3
     assert rows["bad-1"]["labels"] == [0, 0] and rows["bad-1"]["first_dead_line"] == 1
+    assert rows["restart"]["labels"] == [0, 0]
     assert rows["good"]["labels"] == [1, 1] and rows["good"]["passed"] and rows["good"]["completions"] == 0
-    # a failing program costs K completions per probe, at most ceil(log2 L) + 1 probes (exhaustive: K per line)
-    assert rows["bad-3"]["completions"] == 2 * 2 and rows["bad-3"]["completions_exhaustive"] == 2 * 3
-    assert rows["bad-1"]["completions"] == 2 * 2 and rows["bad-1"]["completions_exhaustive"] == 2 * 2
-    assert all(row["sandbox_seconds"] > 0 for name, row in rows.items() if name != "good")
+    # a failing program's last prefix is known dead; the others cost K completions per probe, at most
+    # ceil(log2 (L - 1)) + 1 probes, where exhaustive labelling spends K on each of its L - 1 prefixes
+    assert rows["bad-3"]["completions"] == 2 * 1 and rows["bad-3"]["completions_exhaustive"] == 2 * 2
+    assert rows["bad-1"]["completions"] == 2 * 1 and rows["bad-1"]["completions_exhaustive"] == 2 * 1
+    assert rows["bad-3"]["sandbox_seconds"] > 0 and rows["bad-1"]["sandbox_seconds"] > 0
+    assert rows["restart"]["sandbox_seconds"] == 0  # its completions abandon the prefix: nothing to run
     assert all(len(row["lines"]) == len(row["labels"]) for row in rows.values())
 
 
@@ -194,7 +231,7 @@ def synthetic_rows(tokenizer, count, seed):
         ids = tokenizer("".join(texts), add_special_tokens=False)["input_ids"]
         lines = response_lines("".join(texts), token_char_ends(tokenizer, ids))
         prompt = tokenizer(f"<|im_start|>user\nprogram {i}<|im_end|>\n", add_special_tokens=False)["input_ids"]
-        rows.append({"prompt_index": i, "prompt_token_ids": prompt, "response_token_ids": ids,
+        rows.append({"group": f"f{i}", "prompt_token_ids": prompt, "response_token_ids": ids,
                      "lines": [line.to_json() for line in lines], "labels": line_labels(bad, 4)})  # fmt: skip
     return rows
 

@@ -151,9 +151,9 @@ def test_prm_ppo_trains_end_to_end_with_dense_rewards(tmp_path, prm_dir):
     stop = tokenizer.eos_token_id
     program = "def f(x):\n    # no idea\n    return x\n"
     engine = FakeEngine(lambda p, rng: [*tokenizer(program, add_special_tokens=False)["input_ids"], stop], [stop])
-    cfg = load_config("prm_ppo", [*TINY, f"reward.prm_path={prm_dir}"])
+    cfg = load_config("prm_ppo", [*TINY, f"reward.prm_path={prm_dir}", "rollout.samples_per_prompt=2"])
     fit(cfg, tmp_path, engine=engine, show_progress=False)
     step = next(r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] == 1)
     assert step["reward/prm_lines_mean"] == 3.0 and step["reward/prm_dense_mean"] != 0.0
-    assert step["reward/accuracy"] == 0.0 and step["reward/all_failed_prompts"] == 2.0
+    assert step["reward/accuracy"] == 0.0 and step["reward/all_failed_prompts"] == 2.0  # both prompts, 2 samples
     assert step["perf/process_reward_seconds"] > 0
