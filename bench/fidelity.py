@@ -372,6 +372,8 @@ def run_result(run_dir: Path, arm: str, seed: int, overrides: list[str], pattern
         "finished_responses": finished,
         "finished_per_train_second": finished / clock if clock else None,
         "peak_rss_gb": summary.get("peak_rss_gb"),
+        # the machine's load over the run's steps: above the run's threads, its timings are inflated
+        "load_average_max": max((r["perf/load_average"] for r in steps if "perf/load_average" in r), default=None),
         "value_pretrain": {k: v for k, v in summary.items() if k.startswith("value_pretrain")},
         "metrics": metrics,
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -404,6 +405,7 @@ def _train(
                 metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
                 metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
                 metrics["perf/peak_rss_gb"] = peak_rss_gb()
+                metrics["perf/load_average"] = os.getloadavg()[0]  # other jobs on the machine slow every timing
                 metrics |= device_memory_metrics(next(run.model.parameters()).device)
                 if writer is not None:
                     writer.write(step, metrics)
