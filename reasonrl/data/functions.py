@@ -29,8 +29,8 @@ class Template:
     """A family of problems: its function name and description for constant k, the reference
     function, and how to draw a test input."""
 
-    name: str  # with {k}
-    description: str  # with {name} and {k}
+    name: str  # with {k} (the constant) or {c} (the letter LETTERS[k])
+    description: str  # likewise
     reference: Callable[[object, int], object]  # (input, k) -> output
     draw_input: Callable[[random.Random], object]
     constants: range
@@ -48,11 +48,12 @@ def _word(rng: random.Random) -> str:
     return rng.choice(WORDS)
 
 
+LETTERS = "aeiost"
 TEMPLATES = (
     Template("add_{k}", "returns x plus {k}", lambda x, k: x + k, _ints, range(2, 30)),
-    Template("times_{k}", "returns x multiplied by {k}", lambda x, k: x * k, _ints, range(2, 12)),
     Template("minus_{k}", "returns x minus {k}", lambda x, k: x - k, _ints, range(2, 30)),
     Template("square_plus_{k}", "returns the square of x plus {k}", lambda x, k: x * x + k, _ints, range(0, 10)),
+    Template("power_{k}", "returns x raised to the power {k}", lambda x, k: x**k, _ints, range(2, 6)),
     Template(
         "is_multiple_of_{k}",
         "returns True if x is divisible by {k}, else False",
@@ -68,6 +69,13 @@ TEMPLATES = (
         range(0, 20),
     ),
     Template(
+        "count_divisible_by_{k}",
+        "returns how many numbers in the list xs are divisible by {k}",
+        lambda xs, k: sum(v % k == 0 for v in xs),
+        _int_list,
+        range(2, 8),
+    ),
+    Template(
         "sum_plus_{k}", "returns the sum of the list xs plus {k}", lambda xs, k: sum(xs) + k, _int_list, range(0, 20)
     ),
     Template(
@@ -77,9 +85,32 @@ TEMPLATES = (
         _int_list,
         range(1, 10),
     ),
-    Template("repeat_{k}", "returns the string s repeated {k} times", lambda s, k: s * k, _word, range(2, 6)),
+    Template(
+        "scale_by_{k}",
+        "returns a new list with every number of the list xs multiplied by {k}",
+        lambda xs, k: [v * k for v in xs],
+        _int_list,
+        range(2, 10),
+    ),
+    Template(
+        "last_{k}_items", "returns the last {k} elements of the list xs", lambda xs, k: xs[-k:], _int_list, range(1, 5)
+    ),
     Template(
         "first_{k}_chars", "returns the first {k} characters of the string s", lambda s, k: s[:k], _word, range(1, 6)
+    ),
+    Template(
+        "count_{c}",
+        "returns how many times the letter '{c}' appears in the string s",
+        lambda s, k: s.count(LETTERS[k]),
+        _word,
+        range(len(LETTERS)),
+    ),
+    Template(
+        "longer_than_{k}",
+        "returns True if the string s has more than {k} characters, else False",
+        lambda s, k: len(s) > k,
+        _word,
+        range(3, 7),
     ),
 )
 
@@ -95,7 +126,7 @@ def _held_out(name: str) -> bool:
 
 def problem(template: Template, k: int, rng: random.Random, problem_id: str) -> Example:
     """One problem: ``template`` with constant ``k``, three asserts on inputs drawn from ``rng``."""
-    name = template.name.format(k=k)
+    name = template.name.format(k=k, c=LETTERS[k % len(LETTERS)])
     parameter = _parameter(template)
     inputs: list = []
     while len(inputs) < 3:
@@ -103,7 +134,8 @@ def problem(template: Template, k: int, rng: random.Random, problem_id: str) -> 
         if value not in inputs:
             inputs.append(value)
     asserts = [f"assert {name}({value!r}) == {template.reference(value, k)!r}" for value in inputs]
-    description = f"Write a Python function `{name}({parameter})` that {template.description.format(k=k)}."
+    description = template.description.format(k=k, c=LETTERS[k % len(LETTERS)])
+    description = f"Write a Python function `{name}({parameter})` that {description}."
     question = f"{description}\nYour code should pass these tests:\n\n" + "\n".join(asserts)
     reference = code_reference("\n".join(asserts) + "\n", entry_point_of(asserts))
     return Example(problem_id, f"{question}\n\n{INSTRUCTION}", reference, task_type="code", data_source="functions")
@@ -114,7 +146,10 @@ def function_examples(split: str) -> list[Example]:
     problem draws a template (uniformly, among those with constants in the split), a constant of it, and
     fresh test inputs; the same problems every time."""
     held_out = split == "test"
-    constants = {t: [k for k in t.constants if _held_out(t.name.format(k=k)) == held_out] for t in TEMPLATES}
+    constants = {
+        t: [k for k in t.constants if _held_out(t.name.format(k=k, c=LETTERS[k % len(LETTERS)])) == held_out]
+        for t in TEMPLATES
+    }
     templates = [t for t in TEMPLATES if constants[t]]
     rng = random.Random(f"functions:{split}")
     count = TEST_PROBLEMS if held_out else TRAIN_PROBLEMS
