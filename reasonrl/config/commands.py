@@ -21,7 +21,7 @@ class EvalSettings:
     hub id) or a run directory (its final model)."""
 
     dataset: str = "arithmetic"
-    """The problems: a built-in set (arithmetic, gsm8k, math500, aime24, humaneval, mbpp) or a jsonl
+    """The problems: a built-in set (arithmetic, gsm8k, math500, aime24, humaneval, mbpp, functions) or a jsonl
     with question/answer fields."""
 
     k: int = 1

@@ -252,7 +252,7 @@ class DataConfig:
     """Where prompts come from."""
 
     dataset: str = "arithmetic"
-    """Training prompts: a built-in task (arithmetic, gsm8k, math500, aime2024, humaneval, mbpp), a
+    """Training prompts: a built-in task (arithmetic, gsm8k, math500, aime2024, humaneval, mbpp, functions), a
     local .jsonl or .parquet file (verl's layout included), or a `datasets` name, with its configuration
     after a colon (openai/gsm8k:main); `a+b` mixes several (e.g. gsm8k+mbpp)."""
 

@@ -1,11 +1,12 @@
 """A generated code task: one-line Python functions with unit tests, seeded like the arithmetic task.
 
-MBPP is too hard for a 135M model to give RL on code a signal (docs/benchmarks.md); these problems
-("Write a Python function `add_7(x)` that returns x plus 7.", with three asserts) are where
-SmolLM2-135M-Instruct starts in the range RL can move.  Each problem is a template and its
-constants; a problem belongs to the test split when a stable hash of its name falls in the held-out
-bucket (1 in 5), so no test problem is ever trained on.  Rows are code tasks (``task_type="code"``)
-in MBPP's format: the description, the asserts, and the instruction to answer with a code block.
+MBPP is too hard for a 135M model to give RL on code a signal (docs/benchmarks.md); on these problems
+("Write a Python function `add_7(x)` that returns x plus 7.", with three asserts) SmolLM2-135M-Instruct
+starts at 47% greedy pass@1 (docs/benchmarks.md, "Process rewards for code"), in the range RL can move.
+Each problem is a template and its constants; a problem belongs to the test split when a stable hash
+of its function's name falls in the held-out bucket (1 in 5), so no test function is ever trained on.
+Rows are code tasks (``task_type="code"``) in MBPP's format: the description, the asserts, and the
+instruction to answer with a code block.
 """
 
 from __future__ import annotations
