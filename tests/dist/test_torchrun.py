@@ -37,6 +37,13 @@ PRESETS = {
         "rollout.samples_per_prompt=1",
         "rollout.rollout_prompts=8",
     ],
+    # multi-turn: conversations of different lengths split over the ranks, RoleAdvNorm over the whole batch
+    "pag": [
+        "reward.functions=['tests.reward_functions:digit_share']",
+        "rollout.samples_per_prompt=2",
+        "rollout.max_conversation_tokens=1200",
+        "rollout.max_attempts=2",
+    ],
 }
 
 
