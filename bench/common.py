@@ -22,3 +22,19 @@ def mean_se(values: list[float | None]) -> dict[str, Any]:
 def child_env() -> dict[str, str]:
     """This environment with the repository on PYTHONPATH: what a `python -m reasonrl` child runs in."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+
+
+def seeded_bench_arguments(description: str, profiles: dict, name: str, argv: list[str] | None):
+    """The options of a per-seed fidelity benchmark: --profile, --seeds, --steps, --work (default
+    runs/NAME-PROFILE) and --out, parsed from ``argv``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--profile", choices=sorted(profiles), default="cpu")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--steps", type=int, default=10, help="RL steps of every run")
+    parser.add_argument("--work", type=Path, help=f"runs and per-run results (default runs/{name}-PROFILE)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    args.work = args.work or ROOT / "runs" / f"{name}-{args.profile}"
+    return args

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
-from common import ROOT, child_env, mean_se
+from common import ROOT, child_env, mean_se, seeded_bench_arguments
 
 ARMS = ("pag", "single_turn", "direct_multiturn")
 PAG_KEYS = ("acc@t1", "acc@final", "verifier_accuracy", "delta_i_to_c", "delta_c_to_i", "revision_rate")
@@ -113,17 +113,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--steps", type=int, default=10, help="RL steps of every run")
-    parser.add_argument(
-        "--work", type=Path, help="run directories and per-run results (default runs/fidelity-pag-PROFILE)"
-    )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args(argv)
+    args = seeded_bench_arguments(__doc__.splitlines()[0], PROFILES, "fidelity-pag", argv)
     profile = PROFILES[args.profile]
-    work = args.work or ROOT / "runs" / f"fidelity-pag-{args.profile}"
+    work = args.work
     base_path = work / "results" / "base.json"
     if not base_path.exists():
         base_path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ Results: mean ± standard error over seeds in OUT/fidelity_prm_PROFILE.json and 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import statistics
@@ -27,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
-from common import ROOT, child_env, mean_se
+from common import ROOT, child_env, mean_se, seeded_bench_arguments
 
 ARMS = ("ppo", "prm_ppo")
 LENGTH_BUCKETS = (0, 64, 128, 10**9)  # response tokens: short, medium, long
@@ -170,15 +169,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--steps", type=int, default=10, help="RL steps of every run")
-    parser.add_argument("--work", type=Path, help="runs and per-stage results (default runs/fidelity-prm-PROFILE)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args(argv)
+    args = seeded_bench_arguments(__doc__.splitlines()[0], PROFILES, "fidelity-prm", argv)
     profile = PROFILES[args.profile]
-    work = args.work or ROOT / "runs" / f"fidelity-prm-{args.profile}"
+    work = args.work
     base = cached(work / "results" / "base.json", lambda: evaluate(profile["model"], profile, work, "base"))
     label, prm = label_and_train_prm(profile, work)
     runs = {(a, s): run(a, s, args.steps, profile, work) for s in args.seeds for a in ARMS}
