@@ -38,3 +38,32 @@ def seeded_bench_arguments(description: str, profiles: dict, name: str, argv: li
     args = parser.parse_args(argv)
     args.work = args.work or ROOT / "runs" / f"{name}-{args.profile}"
     return args
+
+
+def reasonrl(*arguments: str) -> str:
+    """Run ``python -m reasonrl ARGUMENTS`` in its own process, from the repository; its stdout."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "reasonrl", *arguments]
+    return subprocess.run(command, env=child_env(), cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+
+def cached(path: Path, produce) -> dict:
+    """``produce()``'s JSON, computed once: a stage whose file exists is not run again."""
+    import json
+
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(produce(), indent=2) + "\n")
+    return json.loads(path.read_text())
+
+
+def write_result(out: Path, stem: str, result: dict, plot, shown: tuple[str, ...]) -> None:
+    """OUT/STEM.json and OUT/STEM.png (``plot(result, path)``), and the ``shown`` keys printed as JSON."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / f"{stem}.png")
+    print(json.dumps({k: result[k] for k in shown}, indent=2))

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
-from common import ROOT, child_env, mean_se, seeded_bench_arguments
+from common import ROOT, child_env, mean_se, seeded_bench_arguments, write_result
 
 ARMS = ("pag", "single_turn", "direct_multiturn")
 PAG_KEYS = ("acc@t1", "acc@final", "verifier_accuracy", "delta_i_to_c", "delta_c_to_i", "revision_rate")
@@ -144,11 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": {f"{p}-seed{s}": r for (p, s), r in runs.items()},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"fidelity_pag_{args.profile}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, stem.with_suffix(".png"))
-    print(json.dumps({k: result[k] for k in ("base", "arms", "tool_grpo")}, indent=2))
+    write_result(args.out, f"fidelity_pag_{args.profile}", result, plot, ("base", "arms", "tool_grpo"))
     return 0
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
-from common import ROOT, child_env, mean_se, seeded_bench_arguments
+from common import cached, mean_se, reasonrl, seeded_bench_arguments, write_result
 
 ARMS = ("ppo", "prm_ppo")
 LENGTH_BUCKETS = (0, 64, 128, 10**9)  # response tokens: short, medium, long
@@ -56,21 +55,6 @@ PROFILES = {
         "max_new_tokens": 128,
     },
 }  # fmt: skip
-
-
-def reasonrl(*arguments: str, quiet: bool = False) -> str:
-    """Run ``python -m reasonrl ARGUMENTS`` in its own process; its stdout."""
-    command = [sys.executable, "-m", "reasonrl", *arguments]
-    done = subprocess.run(command, env=child_env(), cwd=ROOT, check=True, capture_output=True, text=True)
-    return "" if quiet else done.stdout
-
-
-def cached(path: Path, produce) -> dict:
-    """``produce()``'s JSON, computed once: a stage whose file exists is not run again."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(produce(), indent=2) + "\n")
-    return json.loads(path.read_text())
 
 
 def evaluate(model: str, profile: dict, work: Path, name: str) -> dict:
@@ -114,7 +98,7 @@ def run(arm: str, seed: int, steps: int, profile: dict, work: Path) -> dict:
         reasonrl("train", arm, f"model.name_or_path={profile['model']}", f"data.dataset={profile['dataset']}",
                  *profile["train"], f"train.rollout_steps={steps}", f"run.seed={seed}", f"run.eval_every={steps}",
                  f"reward.prm_path={work / 'prm'}", f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}",
-                 "run.loggers=[]", "--quiet", quiet=True)  # fmt: skip
+                 "run.loggers=[]", "--quiet")  # fmt: skip
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         steps_done = [r for r in records if r.get("step", 0) >= 1]
         keys = ("reward/accuracy", "reward/all_failed_prompts", "reward/all_failed_prompts_with_signal",
@@ -189,11 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "arms": {arm: arm_summary(arm, runs, args.seeds, datasets) for arm in ARMS},
         "runs": {f"{a}-seed{s}": r for (a, s), r in runs.items()},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"fidelity_prm_{args.profile}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, stem.with_suffix(".png"))
-    print(json.dumps({k: result[k] for k in ("base", "labelling", "prm", "arms")}, indent=2))
+    write_result(args.out, f"fidelity_prm_{args.profile}", result, plot, ("base", "labelling", "prm", "arms"))
     return 0
 
 

@@ -8,6 +8,7 @@ reasonrl config validate FILE [k=v]        check a config file; exit status 2 if
 reasonrl sandbox run SOLUTION --tests TESTS run a solution against assert-style tests in the sandbox (JSON verdict)
 reasonrl push RUN_DIR --repo ID            upload a run's model with a generated model card to the Hugging Face Hub
 reasonrl prm label --dataset mbpp --out F  label program lines by binary search (process rewards for code)
+reasonrl data sample --dataset D --out F   an offline dataset for `train dpo` / `train dqo` (data.offline_path)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from reasonrl import __version__
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
-from reasonrl.config.commands import EvalSettings, PRMLabelRun, RewardModelRun
+from reasonrl.config.commands import EvalSettings, OfflineSampleRun, PRMLabelRun, RewardModelRun
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
@@ -33,7 +34,8 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     presets = list_presets()
     width = max(len(p.name) for p in presets)
     for preset in presets:
-        print(f"{preset.name:<{width}}  {preset.description}")
+        status = f"[{preset.status}] " if preset.status else ""
+        print(f"{preset.name:<{width}}  {status}{preset.description}")
         print(f"{'':<{width}}  paper: {preset.paper}")
     return 0
 
@@ -188,6 +190,13 @@ def _cmd_prm_label(args: argparse.Namespace) -> int:
 
     settings = _settings_from_args(PRMLabelRun, args)
     return _print_summary(lambda: run_labelling(settings, progress=not args.quiet))
+
+
+def _cmd_data_sample(args: argparse.Namespace) -> int:
+    from reasonrl.data.offline import run_sampling
+
+    settings = _settings_from_args(OfflineSampleRun, args)
+    return _print_summary(lambda: run_sampling(settings, progress=not args.quiet))
 
 
 def _add_settings_arguments(parser: argparse.ArgumentParser, settings: type) -> None:
@@ -425,6 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
     bon.add_argument("--max-new-tokens", type=int, default=128)
     bon.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. model.name_or_path")
     bon.set_defaults(handler=_cmd_data_bon)
+    sample = data_commands.add_parser(
+        "sample", help="offline dataset for dpo/dqo: n scored responses per prompt with behaviour log-probs (resumable)"
+    )
+    _add_settings_arguments(sample, OfflineSampleRun)
+    sample.add_argument("--quiet", action="store_true", help="no progress bar")
+    sample.set_defaults(handler=_cmd_data_sample)
     return parser
 
 

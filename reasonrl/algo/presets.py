@@ -146,9 +146,31 @@ class AlgoSpec:
     this step's window, so each token is trained on exactly once) or all_generated (the whole
     response so far, earlier windows with their stored behaviour log-probs; docs/algorithms.md, ambiguity 20)."""
 
+    offline: Literal["none", "dpo", "dqo"] = "none"
+    """Train from the offline dataset data.offline_path instead of online rollouts: dpo (arXiv 2305.18290,
+    on pairs of a correct and a wrong response to one prompt) or dqo (arXiv 2410.09302, on every
+    response); none = online RL.  Each offline step is one optimiser step on train.minibatch_sequences
+    responses (DPO: half as many pairs); the rollout and advantage settings do not apply."""
+
+    offline_beta: float = 0.1
+    """β of the offline objectives: DPO's implicit-reward scale β·log(π/π_ref), DQO's KL-regularisation
+    strength (the soft step reward r − β·log(π/π_ref))."""
+
+    dqo_lambda: float = 1.0
+    """λ of DQO's λ-return targets (the paper prefers 1, the Monte-Carlo soft return, over 0.95)."""
+
+    dqo_importance_weights: bool = True
+    """DQO: weight the Q and V regressions from the behaviour policy that sampled the data to the current
+    policy (the paper's §3.3; without them its DQO falls below DRO)."""
+
+    dqo_weight_clip: float | None = 2.0
+    """DQO: cap on each per-decision importance weight, against the variance of long products; None = uncapped."""
+
     @property
     def uses_critic(self) -> bool:
-        """True when the advantage estimator needs a value model."""
+        """True when the algorithm trains a value model: GAE-style estimators online, DQO's V_φ offline."""
+        if self.offline != "none":
+            return self.offline == "dqo"
         return self.advantage_estimator in CRITIC_ESTIMATORS
 
     @property

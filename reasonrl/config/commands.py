@@ -212,3 +212,54 @@ class PRMLabelRun:
         problems = [message for ok, message in checks if not ok]
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class OfflineSampleRun:
+    """What ``reasonrl data sample`` runs: the offline dataset of DQO and DPO (``data.offline_path``)."""
+
+    model: str = "smollm2-135m"
+    """The behaviour policy that samples the responses (a spec as model.name_or_path)."""
+
+    dataset: str = "arithmetic"
+    """The prompts: a built-in set or a jsonl with question/answer fields."""
+
+    split: str = "train"
+    """The dataset's split (auto: train where there is one, else its only split)."""
+
+    limit: int | None = None
+    """Sample the first N prompts only; None = every prompt."""
+
+    samples_per_prompt: int = 4
+    """n: responses sampled per prompt (DPO pairs come from prompts with both a correct and a wrong one)."""
+
+    max_new_tokens: int = 64
+    """Cap on a response's tokens."""
+
+    temperature: float = 1.0
+    """Sampling temperature; the behaviour log-probs are of the distribution sampled from."""
+
+    out: str = "runs/offline-samples.jsonl"
+    """The samples, one JSON line per response; a killed run started again continues it."""
+
+    seed: int = 0
+    """Seed of the sampling."""
+
+    overrides: tuple[str, ...] = ()
+    """`reasonrl train`-style KEY=VALUE settings for the engine and the scorer (rollout.engine,
+    data.prompt_template, reward.*, ...)."""
+
+    def check(self) -> None:
+        """Refuse settings that cannot sample anything (ConfigError naming each problem)."""
+        from reasonrl.config.errors import ConfigError
+
+        checks = [
+            (self.samples_per_prompt >= 1, f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}"),
+            (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature > 0, f"--temperature must be > 0 (behaviour log-probs of a greedy policy are 0), "
+                                   f"got {self.temperature}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+        ]  # fmt: skip
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))

@@ -25,7 +25,7 @@ from reasonrl.config.schema import Config
 from reasonrl.config.validate import validate
 
 PRESET_DIR = Path(__file__).parent / "presets"
-META_KEYS = ("preset", "algo_preset", "description", "paper")
+META_KEYS = ("preset", "algo_preset", "description", "paper", "status")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class PresetInfo:
     description: str
     paper: str
     path: Path
+    status: str = ""
+    """"experimental" until the preset reproduces its paper's claim on our benchmark; empty otherwise."""
 
 
 @dataclass(frozen=True)
@@ -289,7 +291,9 @@ def load_config(source: str | Path | None = None, overrides: Iterable[str] | Map
 def preset_info(path: Path) -> PresetInfo:
     """Name, description and paper of the run preset stored at ``path``."""
     meta = _read_layer(path).meta
-    return PresetInfo(path.stem, str(meta.get("description", "")), str(meta.get("paper", "")), path)
+    return PresetInfo(
+        path.stem, str(meta.get("description", "")), str(meta.get("paper", "")), path, str(meta.get("status", ""))
+    )
 
 
 def list_presets() -> list[PresetInfo]:

@@ -18,7 +18,7 @@ class Plan:
     """Derived quantities of a run."""
 
     sequences_per_rollout: int
-    """Responses trained on per rollout step: rollout_prompts × samples_per_prompt."""
+    """Responses trained on per rollout step: rollout_prompts × samples_per_prompt (offline: minibatch_sequences)."""
 
     minibatches_per_rollout: int
     """Optimiser steps per epoch over a rollout batch: sequences_per_rollout / minibatch_sequences."""
@@ -39,7 +39,7 @@ class Plan:
     """A value model is trained (gae / egae estimators)."""
 
     uses_reference: bool
-    """A frozen reference policy is loaded (only when a KL term is on)."""
+    """A frozen reference policy is loaded (when a KL term is on, and for the offline objectives)."""
 
     critic_lr: float | None
     """The critic's learning rate, or None without a critic."""
@@ -67,9 +67,10 @@ def resolve(cfg: Config) -> Plan:
     """Validate ``cfg`` and derive its Plan (the config itself is frozen and never changed)."""
     validate(cfg)
     a, r, t = cfg.algo, cfg.rollout, cfg.train
-    sequences = r.rollout_prompts * r.samples_per_prompt
+    offline = a.offline != "none"  # one optimiser step per step, on one mini-batch of the offline dataset
+    sequences = t.minibatch_sequences if offline else r.rollout_prompts * r.samples_per_prompt
     minibatches = sequences // t.minibatch_sequences
-    per_rollout = t.epochs_per_rollout * minibatches
+    per_rollout = 1 if offline else t.epochs_per_rollout * minibatches
     prompts_per_pass = math.ceil(a.oversample_factor * r.rollout_prompts) if a.dynamic_sampling else r.rollout_prompts
     cache = None
     if a.overlong == "soft":
@@ -86,9 +87,11 @@ def resolve(cfg: Config) -> Plan:
         warmup_optimizer_steps=per_rollout * t.warmup_rollout_steps,
         prompts_per_generation_pass=prompts_per_pass,
         uses_critic=a.uses_critic,
-        uses_reference=a.kl_placement != "none" and a.kl_coef > 0,
+        uses_reference=offline or (a.kl_placement != "none" and a.kl_coef > 0),
         critic_lr=(cfg.critic.lr if cfg.critic.lr is not None else 2.0 * t.lr) if a.uses_critic else None,
-        value_pretrain_steps=a.value_pretrain_steps if a.uses_critic and cfg.critic.init != "checkpoint" else 0,
+        value_pretrain_steps=(
+            a.value_pretrain_steps if a.uses_critic and not offline and cfg.critic.init != "checkpoint" else 0
+        ),
         loss_agg_constant=constant,
         overlong_cache_tokens=cache,
         max_sequence_tokens=r.max_prompt_tokens + r.max_response_tokens,

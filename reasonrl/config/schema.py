@@ -289,6 +289,10 @@ class DataConfig:
     """Task-mix schedule: phases "STEP:type=weight,..." or "STEP:natural", e.g. the math/code-first
     curriculum ["0:math=1,code=1", "20:natural"]; empty = the dataset's own order and mix."""
 
+    offline_path: str | None = None
+    """The offline dataset of algo.offline (dpo, dqo): a jsonl written by `reasonrl data sample`.  The
+    held-out evaluation still uses data.dataset / data.eval_dataset."""
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -296,7 +300,9 @@ class TrainConfig:
 
     rollout_steps: int = 10
     """Rollout steps (generate, score, update) in the run (10 ≈ six minutes on 2 CPU cores with the
-    embedded model).  The one setting besides cadence and memory knobs that a resumed run may change."""
+    embedded model).  With algo.offline (dpo, dqo) it counts update steps: one optimiser step each, on
+    train.minibatch_sequences responses of the offline dataset.  The one setting besides cadence and
+    memory knobs that a resumed run may change."""
 
     lr: float = 1e-5
     """Actor learning rate (AdamW), constant after warm-up.  The papers use 1e-6 for 32B models;

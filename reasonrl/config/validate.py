@@ -84,7 +84,8 @@ def _batch_sizes(cfg: Config) -> list[str]:
     r, t = cfg.rollout, cfg.train
     sequences = r.rollout_prompts * r.samples_per_prompt
     problems = []
-    if sequences >= 1 and t.minibatch_sequences >= 1 and sequences % t.minibatch_sequences:
+    online = cfg.algo.offline == "none"
+    if online and sequences >= 1 and t.minibatch_sequences >= 1 and sequences % t.minibatch_sequences:
         options = " or ".join(str(d) for d in _divisors_near(sequences, t.minibatch_sequences))
         problems.append(
             f"train.minibatch_sequences={t.minibatch_sequences} does not divide the {sequences} responses of a "
@@ -267,6 +268,31 @@ def _reward_functions(cfg: Config) -> list[str]:
     return problems
 
 
+def _offline(cfg: Config) -> list[str]:
+    a, t = cfg.algo, cfg.train
+    problems = []
+    if a.offline != "none" and not cfg.data.offline_path:
+        problems.append(
+            f"algo.offline={a.offline} trains from an offline dataset: set data.offline_path=FILE "
+            "(write one with `reasonrl data sample --out FILE`)"
+        )
+    if a.offline == "none" and cfg.data.offline_path:
+        problems.append("data.offline_path is set but algo.offline is none; use the dpo or dqo preset (algo.offline)")
+    if a.offline == "dpo" and t.minibatch_sequences % 2:
+        problems.append(
+            f"train.minibatch_sequences={t.minibatch_sequences} must be even with algo.offline=dpo (a chosen and "
+            "a rejected response per pair)"
+        )
+    if a.offline != "none" and data_parallel_size(cfg) > 1:
+        problems.append(f"algo.offline={a.offline} trains in one process; run it without torchrun or Ray trainers")
+    checks = [
+        (a.offline_beta > 0, "algo.offline_beta must be > 0"),
+        (0 <= a.dqo_lambda <= 1, "algo.dqo_lambda must be in [0, 1]"),
+        (a.dqo_weight_clip is None or a.dqo_weight_clip > 0, "algo.dqo_weight_clip must be > 0 (or null)"),
+    ]
+    return problems + [message for ok, message in checks if not ok]
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
     problems = (
@@ -276,6 +302,7 @@ def validate(cfg: Config) -> None:
         + _reward_routes(cfg)
         + _reward_functions(cfg)
         + _distributed(cfg)
+        + _offline(cfg)
     )
     if problems:
         raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))

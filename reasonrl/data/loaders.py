@@ -274,3 +274,21 @@ def in_holdout(example: Example) -> bool:
     """The stable one-in-five hold-out of single-split sources (by question text)."""
     digest = hashlib.sha256(example.question.encode()).hexdigest()
     return int(digest, 16) % HOLDOUT_BUCKETS == 0
+
+
+def read_records(path: Path) -> list[dict]:
+    """The JSON lines of an append-only file; a torn last line (a run killed mid-write) is cut off."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def append_record(path: Path, record: dict) -> None:
+    """Append one JSON line and flush it (a kill loses at most the line being written)."""
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()

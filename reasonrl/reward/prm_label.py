@@ -15,36 +15,18 @@ labelled programs, replays the probes it has, and spends completions only on the
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reasonrl.config.commands import PRMLabelRun
-from reasonrl.data.loaders import DataError
+from reasonrl.data.loaders import DataError, append_record, read_records
 from reasonrl.reward.code import defines, parse_reference
 from reasonrl.reward.prm import DeadLineSearch, Line, line_labels, response_lines, token_char_ends
 
 PROMPTS_PER_SAMPLING_CALL = 16  # prompts sampled (× programs_per_prompt) per engine call
 PROBES_PER_CALL = 8  # line prefixes probed (× K completions) per engine call
-
-
-def read_records(path: Path) -> list[dict]:
-    """The JSON lines of an append-only file; a torn last line (a run killed mid-write) is cut off."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-        path.write_text(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _append(path: Path, record: dict) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
 
 
 @dataclass
@@ -97,7 +79,7 @@ class LabelStore:
         if settings is not None:
             started = next((r["settings"] for r in records if r["kind"] == "settings"), None)
             if started is None:
-                _append(self.progress, {"kind": "settings", "settings": settings})
+                append_record(self.progress, {"kind": "settings", "settings": settings})
             elif started != settings:
                 changed = ", ".join(sorted(k for k in settings if started.get(k) != settings[k]))
                 raise DataError(
@@ -117,13 +99,13 @@ class LabelStore:
 
     def add_program(self, program: Program) -> None:
         self.programs[program.key] = program
-        _append(self.progress, program.record())
+        append_record(self.progress, program.record())
 
     def add_probe(self, program: Program, line: int, alive: bool, completions: int, sandbox_seconds: float) -> None:
         program.probes[line] = alive
         program.completions += completions
         program.sandbox_seconds += sandbox_seconds
-        _append(self.progress, {"kind": "probe", "key": program.key, "line": line, "alive": alive,
+        append_record(self.progress, {"kind": "probe", "key": program.key, "line": line, "alive": alive,
                                 "completions": completions, "sandbox_seconds": sandbox_seconds})  # fmt: skip
 
     def finish(self, program: Program, first_dead: int | None, completions_per_probe: int) -> None:
@@ -146,7 +128,7 @@ class LabelStore:
             "sandbox_seconds": program.sandbox_seconds,
         }
         self.labelled.add(program.key)
-        _append(self.out, row)
+        append_record(self.out, row)
 
 
 def data_policies(settings: PRMLabelRun) -> list[tuple[str, str]]:

@@ -48,10 +48,10 @@ def split_groups(programs: list, held_out: float, seed: int) -> tuple[list, list
 def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
     """The PRM (kind prm): line-level accuracy, AUC and squared error on held-out prompts' lines, before
     and after regressing the critic's layout onto the labels; the model saved under ``out/model``."""
+    from reasonrl.data.loaders import read_records
     from reasonrl.models.load import compute_dtype, load_tokenizer
     from reasonrl.models.value import value_model_from_policy
     from reasonrl.reward.prm import labelled_programs, prm_metrics, train_prm
-    from reasonrl.reward.prm_label import read_records
 
     tokenizer = load_tokenizer(settings.model)
     rows = read_records(Path(settings.data))

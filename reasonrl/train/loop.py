@@ -51,6 +51,7 @@ from reasonrl.train.metrics import (
     read_metrics,
     release_free_memory,
 )
+from reasonrl.train.offline import REFERENCE_CACHE, offline_step
 from reasonrl.train.parallel import DataParallel, RemoteWorkers, full_state_dict, join_data_parallel
 from reasonrl.train.policy import TokenLogprobs, head_tokens
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
@@ -301,6 +302,18 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     return metrics
 
 
+def train_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: None) -> dict[str, float]:
+    """An online RL step (``rl_step``), or with algo.offline a DPO/DQO step on the offline dataset
+    followed by the weight sync the evaluation reads."""
+    if run.offline is None:
+        return rl_step(run, step, phase)
+    phase("update")
+    metrics = offline_step(run, run.offline, step)
+    with timed(metrics, "perf/weight_sync_seconds"):
+        run.engine.load_weights(engine_weights(run))
+    return metrics
+
+
 # --- the loop ------------------------------------------------------------------------------------
 
 
@@ -386,6 +399,8 @@ def _train(
             accuracy_before = before["eval/accuracy"]
             if writer is not None:
                 writer.write(0, before)
+        if run.offline is not None:  # the reference's log-probs of the offline responses, once per run
+            run.offline.compute_reference(run, run_dir / REFERENCE_CACHE)
         pretraining = state.get("value_pretraining", {})
         if start_step == 0 and run.plan.value_pretrain_steps:
             pretraining = value_pretrain_stage(run, show_progress)
@@ -396,14 +411,15 @@ def _train(
             for step in range(start_step + 1, total + 1):
                 metrics: dict[str, float] = {}
                 with timed(metrics, "perf/step_seconds"):
-                    metrics |= rl_step(run, step, progress.phase)
+                    metrics |= train_step(run, step, progress.phase)
                     if step % cfg.run.eval_every == 0 or step == total:
                         progress.phase("eval")
                         last_eval = evaluate(run)
                         metrics |= last_eval
-                tokens = metrics["rollout/tokens_generated"]
-                metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
-                metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
+                if "rollout/tokens_generated" in metrics:  # online steps
+                    tokens = metrics["rollout/tokens_generated"]
+                    metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
+                    metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
                 metrics["perf/peak_rss_gb"] = peak_rss_gb()
                 metrics["perf/load_average"] = os.getloadavg()[0]  # other jobs on the machine slow every timing
                 metrics |= device_memory_metrics(next(run.model.parameters()).device)

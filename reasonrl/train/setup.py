@@ -30,6 +30,7 @@ from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.pool import RolloutPool
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.multiturn import ConversationCollector, prompt_tools
+from reasonrl.train.offline import OfflineData
 from reasonrl.train.parallel import (
     SINGLE_PROCESS,
     DataParallel,
@@ -71,6 +72,8 @@ class Run:
     """Multi-turn rollouts (rollout.multiturn); None = one response per prompt."""
     microbatch_tokens: int
     """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
+    offline: OfflineData | None = None
+    """The offline dataset of algo.offline (dpo, dqo); None = online RL."""
     parallel: DataParallel = SINGLE_PROCESS
     """The data-parallel group this process trains in (one process by default)."""
     trackers: list[Tracker] = field(default_factory=list)
@@ -181,6 +184,11 @@ def setup(
     dtype = compute_dtype(cfg.model.dtype)
     microbatch_tokens = microbatch_token_budget(cfg, device.type)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    offline = None
+    if cfg.algo.offline != "none":  # a malformed file fails here, before the models load
+        offline = OfflineData(
+            cfg.data.offline_path, cfg.algo.offline, cfg.train.minibatch_sequences, cfg.run.seed, len(tokenizer)
+        )
     model = load_model(cfg.model.name_or_path, torch.float32, attention, device)  # fp32 master weights
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -262,5 +270,6 @@ def setup(
         windowed=windowed,
         conversations=ConversationCollector(collector) if cfg.rollout.multiturn != "none" else None,
         microbatch_tokens=microbatch_tokens,
+        offline=offline,
         parallel=parallel,
     )

@@ -1,0 +1,256 @@
+"""Offline training steps: DPO and DQO on a dataset sampled beforehand (``reasonrl data sample``).
+
+An offline run is an online run whose step reads a mini-batch of the dataset instead of generating
+one: the same setup, evaluation before and after, metrics, checkpoints, resume and export (``fit``).
+Step ``s`` reads positions (s−1)·k … s·k−1 of a sequence of seeded shuffles of the dataset, one per
+epoch, so a resumed run reads exactly what an uninterrupted one would.  The reference policy's
+log-probs of the responses are computed once, before the first step, and kept in the run directory.
+
+``dpo_step`` (arXiv 2305.18290) and ``dqo_step`` (arXiv 2410.09302) each read top to bottom; the math is
+``reasonrl.algo.offline``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from reasonrl.algo.masked import masked_mean
+from reasonrl.algo.offline import dpo_losses, dqo_policy_loss, dqo_targets, dqo_value_loss, importance_weights
+from reasonrl.algo.value_loss import explained_variance
+from reasonrl.batch import RolloutBatch, pad_rows
+from reasonrl.data.loaders import DataError
+from reasonrl.data.offline import OfflineSample, preference_pairs, read_samples
+from reasonrl.models.lora import adapters_disabled
+from reasonrl.models.optim import apply_gradients
+from reasonrl.timing import timed
+
+if TYPE_CHECKING:
+    from reasonrl.train.setup import Run
+
+REFERENCE_CACHE = "reference_logprobs.pt"
+
+
+class OfflineData:
+    """The offline dataset of a run: its samples, what each step reads, and the reference log-probs.
+
+    DQO's items are responses; DPO's are (chosen, rejected) pairs, ``per_step`` // 2 of them a step.
+    """
+
+    def __init__(self, path: str | Path, objective: str, per_step: int, seed: int, vocab_size: int) -> None:
+        self.samples = read_samples(path)
+        biggest = max(max((*s.prompt_token_ids, *s.response_token_ids)) for s in self.samples)
+        if biggest >= vocab_size:
+            raise DataError(
+                f"{path}: token id {biggest} is outside the model's vocabulary ({vocab_size} tokens); the file was "
+                "sampled with another tokenizer: sample it again with this model (`reasonrl data sample --model`)"
+            )
+        index = {sample.id: i for i, sample in enumerate(self.samples)}
+        if objective == "dpo":
+            pairs = preference_pairs(self.samples)
+            if not pairs:
+                raise DataError(
+                    f"{path}: no prompt has both a correct and a wrong response, so DPO has no pair; sample more "
+                    "responses per prompt (--samples-per-prompt) or an easier/harder split"
+                )
+            self.items: list[tuple[int, ...]] = [(index[a.id], index[b.id]) for a, b in pairs]
+            self.per_step = per_step // 2
+        else:
+            self.items = [(i,) for i in range(len(self.samples))]
+            self.per_step = per_step
+        self.seed = seed
+        self.reference: dict[int, torch.Tensor] = {}
+
+    def step_rows(self, step: int) -> list[int]:
+        """The sample indices step ``step`` (1-based) trains on; a DPO pair's two rows are adjacent."""
+        count = len(self.items)
+        rows: list[int] = []
+        for position in range((step - 1) * self.per_step, step * self.per_step):
+            epoch, offset = divmod(position, count)
+            order = list(range(count))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            rows.extend(self.items[order[offset]])
+        return rows
+
+    def batch(self, rows: list[int]) -> RolloutBatch:
+        """The samples ``rows`` as a batch: behaviour log-probs in ``rollout_logprobs``, the outcome (and
+        any process rewards) in ``token_rewards``, the cached reference log-probs in ``ref_logprobs``."""
+        samples = [self.samples[i] for i in rows]
+        return samples_batch(samples, [self.reference[i] for i in rows] if self.reference else None)
+
+    def compute_reference(self, run: Run, cache: Path) -> None:
+        """log π_ref of every response the run trains on: loaded from ``cache``, else computed once and saved."""
+        if cache.exists():
+            self.reference = torch.load(cache)
+            return
+        needed = sorted({i for item in self.items for i in item})
+        batch = samples_batch([self.samples[i] for i in needed])
+        out = torch.zeros(batch.response_mask.shape)
+        with torch.no_grad():
+            for rows in batch.micro_batch_rows(run.microbatch_tokens):
+                part = batch.select(rows)
+                if run.reference is not None:
+                    logprobs, _ = run.reference(part)
+                else:  # LoRA: the policy with its adapters switched off
+                    with adapters_disabled(run.model):
+                        logprobs, _ = run.updater.policy(part)
+                out[rows, : logprobs.shape[1]] = logprobs.cpu()
+        lengths = batch.response_mask.sum(1).tolist()
+        self.reference = {i: out[row, : lengths[row]].clone() for row, i in enumerate(needed)}
+        partial = cache.with_name(cache.name + ".partial")
+        torch.save(self.reference, partial)
+        partial.replace(cache)
+
+
+def samples_batch(samples: list[OfflineSample], reference: list[torch.Tensor] | None = None) -> RolloutBatch:
+    """Offline samples as a RolloutBatch (prompts left-padded, responses right-padded)."""
+    prompts = [s.prompt_token_ids for s in samples]
+    responses = [s.response_token_ids for s in samples]
+    width, prompt_width = max(map(len, responses)), max(map(len, prompts))
+    response_mask = pad_rows([[1] * len(r) for r in responses], width, False, torch.bool)
+    rewards = torch.tensor([s.reward for s in samples])
+    prompts_seen: dict[str, int] = {}
+    token_rewards = torch.zeros(len(samples), width)
+    for row, sample in enumerate(samples):
+        token_rewards[row, len(sample.response_token_ids) - 1] = sample.reward  # the outcome on the last token
+        for index, value in sample.process_rewards:
+            token_rewards[row, index] += value
+    ref = None if reference is None else pad_rows([r.tolist() for r in reference], width, False, torch.float)
+    return RolloutBatch(
+        prompt_ids=pad_rows(prompts, prompt_width, True, torch.long),
+        prompt_mask=pad_rows([[1] * len(p) for p in prompts], prompt_width, True, torch.bool),
+        response_ids=pad_rows(responses, width, False, torch.long),
+        response_mask=response_mask,
+        policy_loss_mask=response_mask.clone(),
+        value_loss_mask=response_mask.clone(),
+        rollout_logprobs=pad_rows([s.behaviour_logprobs for s in samples], width, False, torch.float32),
+        rewards=rewards,
+        correct=torch.tensor([s.correct for s in samples]),
+        truncated=torch.tensor([s.truncated for s in samples]),
+        group_ids=torch.tensor([prompts_seen.setdefault(s.example_id, len(prompts_seen)) for s in samples]),
+        token_rewards=token_rewards,
+        ref_logprobs=ref,
+    )
+
+
+def pair_micro_rows(batch: RolloutBatch, token_budget: int) -> list[list[int]]:
+    """Micro-batches of whole DPO pairs (rows 2i, 2i+1) whose padded size fits ``token_budget``; a
+    pair over the budget still forms its own micro-batch."""
+    lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1)).tolist()
+    groups: list[list[int]] = []
+    current: list[int] = []
+    widest = 0
+    for pair in range(len(batch) // 2):
+        rows = [2 * pair, 2 * pair + 1]
+        wider = max(widest, *(lengths[r] for r in rows))
+        if current and wider * (len(current) + 2) > token_budget:
+            groups.append(current)
+            current, wider = [], max(lengths[r] for r in rows)
+        current += rows
+        widest = wider
+    return groups + ([current] if current else [])
+
+
+def policy_step(run: Run) -> float:
+    """Apply the policy's accumulated gradient (clipped, with the LR schedule); returns its norm."""
+    return apply_gradients(run.updater.policy, run.updater.optimizer, run.cfg.train.grad_clip, run.updater.scheduler)
+
+
+def dpo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
+    """One DPO optimiser step on the step's pairs: −log σ(β·[log π_θ/π_ref(y_w) − log π_θ/π_ref(y_l)]),
+    averaged over the pairs (arXiv 2305.18290, eq. 7); micro-batches hold whole pairs."""
+    beta, policy = run.cfg.algo.offline_beta, run.updater.policy
+    batch = data.batch(data.step_rows(step))
+    pairs = len(batch) // 2
+    sums: dict[str, float] = defaultdict(float)
+    policy.model.train()
+    for rows in pair_micro_rows(batch, run.microbatch_tokens):
+        micro = batch.select(rows).to(run.updater.device)
+        logprobs, _ = policy(micro)  # [b, T]
+        mask = micro.response_mask
+        sequence = (logprobs * mask).sum(1)  # [b] Σ_t log π_θ
+        reference = (micro.ref_logprobs * mask).sum(1)
+        losses, chosen, rejected = dpo_losses(sequence[0::2], sequence[1::2], reference[0::2], reference[1::2], beta)
+        loss = losses.sum() / pairs
+        loss.backward()
+        sums["loss/dpo"] += loss.item()
+        sums["reward/chosen"] += chosen.sum().item() / pairs
+        sums["reward/rejected"] += rejected.sum().item() / pairs
+        sums["reward/pairwise_accuracy"] += ((chosen > rejected).float().sum().item()) / pairs
+    policy.model.eval()
+    sums["reward/margin"] = sums["reward/chosen"] - sums["reward/rejected"]
+    sums["train/grad_norm"] = policy_step(run)
+    return dict(sums)
+
+
+def dqo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
+    """One DQO step on the step's responses (arXiv 2410.09302): fit Q_θ = β·log(π_θ/π_ref) + V_φ and V_φ
+    to the λ-return of the soft step rewards, importance-weighted from the behaviour policy."""
+    a, policy, critic = run.cfg.algo, run.updater.policy, run.critic
+    assert critic is not None, "DQO trains a value model (algo.uses_critic)"
+    batch = data.batch(data.step_rows(step))
+    tokens = int(batch.response_mask.sum())
+    # 1. V_φ(s_h) of every state, before this step's updates (no gradient)
+    batch.values = critic.values(batch)
+    micros = batch.micro_batches(run.microbatch_tokens, run.updater.device)
+    sums: dict[str, float] = defaultdict(float)
+    returns, value_weights = [], []
+    policy.model.train()
+    for micro in micros:
+        mask = micro.response_mask
+        logprobs, entropy = policy(micro)
+        logratio = logprobs - micro.ref_logprobs
+        # 2. the λ-return G and the Q target y, from the soft step rewards r − β·log(π_θ/π_ref)
+        g, y = dqo_targets(micro.token_rewards, logratio.detach(), micro.values, mask, a.offline_beta, a.dqo_lambda)
+        # 3. per-decision importance weights from the behaviour policy μ to π_θ (§3.3)
+        if a.dqo_importance_weights:
+            w_q, w_v = importance_weights(logprobs.detach(), micro.rollout_logprobs, mask, a.dqo_weight_clip)
+        else:
+            w_q = w_v = mask.float()
+        # 4. the Q regression trains the policy, V_φ held fixed
+        loss = dqo_policy_loss(logratio, micro.values, y, w_q, mask, a.offline_beta, tokens)
+        loss.backward()
+        returns.append(g)
+        value_weights.append(w_v)
+        share = mask.sum().item() / tokens
+        sums["loss/dqo_q"] += loss.item()
+        sums["policy/entropy"] += masked_mean(entropy.detach(), mask).item() * share
+        sums["policy/logratio_ref"] += masked_mean(logratio.detach(), mask).item() * share
+        sums["dqo/weight_mean"] += masked_mean(w_q, mask).item() * share
+        if a.dqo_weight_clip is not None:
+            sums["dqo/weight_clip_frac"] += masked_mean((w_q >= a.dqo_weight_clip).float(), mask).item() * share
+        sums["dqo/return_mean"] += masked_mean(g, mask).item() * share
+        sums["dqo/return_first_token"] += g[:, 0].sum().item() / len(batch)
+    policy.model.eval()
+    sums["train/grad_norm"] = policy_step(run)
+    # 5. the V regression trains the value model on the same λ-returns
+    critic.model.train()
+    for micro, g, w_v in zip(micros, returns, value_weights, strict=True):
+        mask = micro.response_mask
+        values = critic.model(micro.prompt_ids, micro.prompt_mask, micro.response_ids, mask, critic.compute_dtype)
+        loss = dqo_value_loss(values, g, w_v, mask, tokens)
+        loss.backward()
+        sums["critic/value_loss"] += loss.item()
+    critic.model.eval()
+    sums["critic/grad_norm"] = apply_gradients(critic.model, critic.optimizer, critic.grad_clip)
+    all_returns = torch.zeros_like(batch.values)
+    for rows, g in zip(batch.micro_batch_rows(run.microbatch_tokens), returns, strict=True):
+        all_returns[rows, : g.shape[1]] = g.cpu()
+    sums["critic/explained_variance"] = explained_variance(batch.values, all_returns, batch.response_mask).item()
+    return dict(sums)
+
+
+OFFLINE_STEPS = {"dpo": dpo_step, "dqo": dqo_step}
+
+
+def offline_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
+    """One offline step (algo.offline): the objective's optimiser step(s) on the step's mini-batch."""
+    metrics: dict[str, float] = {}
+    with timed(metrics, "perf/update_seconds"):
+        metrics |= OFFLINE_STEPS[run.cfg.algo.offline](run, data, step)
+    metrics["train/lr"] = run.updater.scheduler.get_last_lr()[0]
+    return metrics
