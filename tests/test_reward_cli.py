@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from reasonrl.cli import main
 
 
@@ -27,6 +29,16 @@ def test_rm_train_reports_held_out_accuracy_for_both_kinds(tmp_path, capsys):
         assert summary == json.loads((out / "summary.json").read_text())
         assert 0.0 <= summary["held_out_accuracy"] <= 1.0 and summary["held_out_pairs"] == 2
         assert (out / "model" / "config.json").exists()
+    # the Bradley-Terry model also in the Hugging Face reward-model format, scoring as it does here
+    from transformers import AutoModelForSequenceClassification
+
+    from reasonrl.reward.bt import RewardModel
+
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bt" / "hf", num_labels=1)
+    assert classifier.config.num_labels == 1
+    prompt = [{"role": "user", "content": "hi"}]
+    ours, exported = RewardModel.load(tmp_path / "bt"), RewardModel.load(tmp_path / "bt" / "hf")
+    assert exported.score([prompt], ["hello"]) == pytest.approx(ours.score([prompt], ["hello"]), abs=1e-5)
 
 
 def test_rm_train_reads_only_the_first_max_response_tokens(tmp_path, capsys):

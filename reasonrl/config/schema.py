@@ -180,7 +180,8 @@ class CriticConfig:
 
     path: str | None = None
     """Directory of a saved critic or reward model (init checkpoint / reward_model): a run's
-    critic_pretrained/ or checkpoints/step-N/critic/, or the output of `reasonrl rm train`."""
+    critic_pretrained/ or checkpoints/step-N/critic/, the output of `reasonrl rm train`, or a Hugging
+    Face sequence-classification reward model (a directory or a hub id)."""
 
     lr: float | None = None
     """Critic learning rate; None = 2 × train.lr (VAPO: "the critic must keep pace", 2e-6 vs 1e-6)."""
@@ -224,7 +225,9 @@ class RewardConfig:
     """The GenRM / pairwise judge: any causal LM spec; None = the policy's initial model."""
 
     reward_model: str | None = None
-    """A Bradley-Terry reward model directory (`reasonrl rm train`), for the bt source."""
+    """A Bradley-Terry reward model for the bt source: the --out directory of `reasonrl rm train`, or a
+    Hugging Face sequence-classification reward model (TRL, OpenRLHF; a directory or a hub id), which
+    scores the chat-formatted conversation at its last token as Hugging Face does."""
 
     prm_path: str | None = None
     """A process reward model for code tasks (the --out directory of `reasonrl rm train --kind prm`,

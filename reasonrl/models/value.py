@@ -3,6 +3,12 @@
 A value model is saved as a directory: the backbone in Hugging Face format (``config.json`` +
 ``model.safetensors``, loadable with ``AutoModel``) plus ``value_head.safetensors``.  A
 Bradley-Terry reward model uses the same layout, so a critic can start from one (VAPO §5.1).
+
+The Hugging Face reward-model format (``AutoModelForSequenceClassification`` with ``num_labels=1``,
+what TRL's and OpenRLHF's reward trainers write) goes both ways: ``load_value_model`` reads one (a
+local directory or a hub id) as a backbone and its ``score`` layer, and ``export_sequence_classifier``
+writes a value model in it.  That layer has no bias; a non-zero head bias travels in the config
+(``reasonrl_score_bias``), which only reasonrl reads back (a preference score's bias cancels anyway).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from reasonrl.models.load import ModelError, load_model
 from reasonrl.models.lora import save_hf_directory
 
 HEAD_FILE = "value_head.safetensors"
+SCORE_BIAS_KEY = "reasonrl_score_bias"  # the config entry of an exported head's bias
+EXPORTED_KEY = "reasonrl_value_model"  # marks a config as written by export_sequence_classifier
 
 
 class ValueModel(torch.nn.Module):
@@ -83,16 +91,90 @@ def value_model_dir(directory: str | Path) -> Path:
             return candidate
     raise ModelError(
         f"{directory} is not a saved value model (no {HEAD_FILE}); give the --out directory of "
-        "`reasonrl rm train --kind bt` (or --kind prm for a PRM), or a critic-based run's critic_pretrained/ "
-        "or checkpoint critic/"
+        "`reasonrl rm train --kind bt` (or --kind prm for a PRM), a critic-based run's critic_pretrained/ "
+        "or checkpoint critic/, or a Hugging Face sequence-classification reward model"
     )
 
 
+def is_sequence_classifier(spec: str | Path) -> bool:
+    """Whether ``spec`` is a local Hugging Face sequence-classification model: a directory whose config names a
+    ``...ForSequenceClassification`` architecture and that holds no reasonrl value head."""
+    import json
+
+    path = Path(spec)
+    if not (path / "config.json").exists() or (path / HEAD_FILE).exists():
+        return False
+    architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    return any(name.endswith("ForSequenceClassification") for name in architectures)
+
+
+def exported_by_reasonrl(spec: str | Path) -> bool:
+    """Whether a local sequence-classification directory was written by ``export_sequence_classifier``."""
+    import json
+
+    config = Path(spec) / "config.json"
+    return config.exists() and bool(json.loads(config.read_text()).get(EXPORTED_KEY))
+
+
+def load_sequence_classifier(spec: str | Path, attn_implementation: str | None = None) -> ValueModel:
+    """A Hugging Face reward model (``AutoModelForSequenceClassification``, one label) as a ValueModel: its base
+    model as the backbone, its ``score`` layer as the head (fp32)."""
+    from transformers import AutoModelForSequenceClassification
+
+    options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    classifier = AutoModelForSequenceClassification.from_pretrained(
+        str(spec), num_labels=1, dtype=torch.float32, **options
+    )
+    score = getattr(classifier, "score", None)
+    if not isinstance(score, torch.nn.Linear) or score.out_features != 1:
+        raise ModelError(f"{spec}: not a one-label sequence classifier with a `score` layer (a scalar reward model)")
+    head = torch.nn.Linear(score.in_features, 1)
+    with torch.no_grad():
+        head.weight.copy_(score.weight)
+        head.bias.fill_(float(getattr(classifier.config, SCORE_BIAS_KEY, 0.0)))
+    return ValueModel(getattr(classifier, classifier.base_model_prefix), head).eval()
+
+
+def export_sequence_classifier(model: ValueModel, tokenizer, directory: Path) -> Path:
+    """Write ``model`` as a Hugging Face reward model: ``AutoModelForSequenceClassification.from_pretrained``
+    loads it with one label (TRL, OpenRLHF); it scores the hidden state of the last non-padding token."""
+    import copy
+
+    from transformers import AutoModelForSequenceClassification
+
+    config = copy.deepcopy(model.backbone.config)
+    config.num_labels, config.architectures = 1, None
+    config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    setattr(config, EXPORTED_KEY, True)  # reasonrl reads it back where it trained it: after the reply's text
+    bias = float(model.head.bias.detach())
+    if bias:
+        setattr(config, SCORE_BIAS_KEY, bias)
+    classifier = AutoModelForSequenceClassification.from_config(config)
+    getattr(classifier, classifier.base_model_prefix).load_state_dict(model.backbone.state_dict())
+    with torch.no_grad():
+        classifier.score.weight.copy_(model.head.weight)
+    directory.mkdir(parents=True, exist_ok=True)
+    classifier.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def load_value_model(directory: str | Path, attn_implementation: str | None = None) -> ValueModel:
-    """A critic or reward model saved by ``ValueModel.save`` (fp32); an `rm train` output directory works too."""
+    """A critic or reward model saved by ``ValueModel.save`` (fp32); an `rm train` output directory, or a
+    Hugging Face sequence-classification reward model (local or a hub id), works too."""
     from transformers import AutoModel
 
-    directory = value_model_dir(directory)
+    if is_sequence_classifier(directory):
+        return load_sequence_classifier(directory, attn_implementation)
+    try:
+        directory = value_model_dir(directory)
+    except ModelError as missing:
+        if Path(directory).exists() or str(directory).count("/") != 1:
+            raise
+        try:  # owner/name: a reward model on the hub, where a network exists
+            return load_sequence_classifier(str(directory), attn_implementation)
+        except OSError as exc:
+            raise ModelError(f"{missing}; as a hub id it failed too: {exc}") from None
     options = {"attn_implementation": attn_implementation} if attn_implementation else {}
     backbone = AutoModel.from_pretrained(directory, dtype=torch.float32, **options)
     tensors = load_file(directory / HEAD_FILE)

@@ -25,7 +25,16 @@ from reasonrl.data.loaders import DataError
 from reasonrl.data.preferences import parse_transcript
 from reasonrl.data.prompts import chat_token_ids
 from reasonrl.models.optim import apply_gradients
-from reasonrl.models.value import ValueModel, load_value_model, value_model_dir, value_model_from_policy
+from reasonrl.models.value import (
+    HEAD_FILE,
+    ValueModel,
+    export_sequence_classifier,
+    exported_by_reasonrl,
+    is_sequence_classifier,
+    load_value_model,
+    value_model_dir,
+    value_model_from_policy,
+)
 
 Messages = list[dict[str, str]]
 BUILTIN_PREFERENCES = {"hh-rlhf-harmless": "hh-rlhf-harmless-test.jsonl.gz"}
@@ -92,16 +101,30 @@ class RewardModel:
         max_prompt_tokens: int = 256,
         max_response_tokens: int = 128,
         compute_dtype: torch.dtype = torch.float32,
+        conversation_end: bool = False,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.max_prompt_tokens, self.max_response_tokens = max_prompt_tokens, max_response_tokens
         self.compute_dtype = compute_dtype
+        # True: score at the last token of the chat-formatted conversation, the reply's end-of-turn tokens
+        # included (how Hugging Face reward models are trained and read); False: after the reply's text (ours)
+        self.conversation_end = conversation_end
 
     def encode(self, prompt: Messages, response: str) -> tuple[list[int], list[int]]:
-        """(prompt ids, keeping the most recent tokens; response ids, keeping the first tokens, + EOS)."""
-        prompt_ids = chat_token_ids(self.tokenizer, prompt)[-self.max_prompt_tokens :]
-        response_ids = self.tokenizer(response, add_special_tokens=False)["input_ids"][: self.max_response_tokens - 1]
-        return prompt_ids, [*response_ids, self.tokenizer.eos_token_id]
+        """(prompt ids, keeping the most recent tokens; response ids, keeping the first tokens, + EOS).  The
+        score is read at the EOS slot: the state after the reply's text, or with ``conversation_end`` after
+        the chat template's end of the reply."""
+        prompt_ids = chat_token_ids(self.tokenizer, prompt)
+        response_ids = self.tokenizer(response, add_special_tokens=False)["input_ids"]
+        if self.conversation_end and self.tokenizer.chat_template:
+            whole = self.tokenizer.apply_chat_template(
+                [*prompt, {"role": "assistant", "content": response}], tokenize=False
+            )
+            ids = list(self.tokenizer(whole, add_special_tokens=False)["input_ids"])
+            if ids[: len(prompt_ids)] == prompt_ids:  # the template renders the prompt the same either way
+                response_ids = ids[len(prompt_ids) :]
+        response_ids = response_ids[: self.max_response_tokens - 1]
+        return prompt_ids[-self.max_prompt_tokens :], [*response_ids, self.tokenizer.eos_token_id]
 
     def forward_scores(self, encoded: Sequence[tuple[list[int], list[int]]]) -> torch.Tensor:
         """Scores [N] of encoded (prompt, response) rows, differentiable when grad mode is on."""
@@ -133,14 +156,24 @@ class RewardModel:
         self.tokenizer.save_pretrained(directory)
         return directory
 
+    def export(self, directory: Path) -> Path:
+        """The Hugging Face reward-model format (``AutoModelForSequenceClassification``, one label)."""
+        return export_sequence_classifier(self.model, self.tokenizer, directory)
+
     @classmethod
-    def load(cls, directory: str | Path, **options) -> RewardModel:
-        """A reward model written by ``save`` (or the output directory of `reasonrl rm train`)."""
+    def load(cls, source: str | Path, **options) -> RewardModel:
+        """A reward model written by ``save`` (or the output directory of `reasonrl rm train`), or a Hugging
+        Face sequence-classification reward model (a directory or a hub id), read at the conversation's end."""
         from transformers import AutoTokenizer
 
-        directory = value_model_dir(directory)
         device = options.pop("device", "cpu")
-        return cls(load_value_model(directory).to(device), AutoTokenizer.from_pretrained(directory), **options)
+        model = load_value_model(source).to(device)
+        native = not is_sequence_classifier(source) and any(
+            (Path(source) / part / HEAD_FILE).exists() for part in ("", "model")
+        )
+        where = value_model_dir(source) if native else source
+        ours = native or exported_by_reasonrl(source)  # read where it was trained to be read
+        return cls(model, AutoTokenizer.from_pretrained(str(where)), conversation_end=not ours, **options)
 
     @classmethod
     def from_policy(cls, spec: str, **options) -> RewardModel:

@@ -50,7 +50,7 @@ def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
     and after regressing the critic's layout onto the labels; the model saved under ``out/model``."""
     from reasonrl.data.loaders import read_records
     from reasonrl.models.load import compute_dtype, load_tokenizer
-    from reasonrl.models.value import value_model_from_policy
+    from reasonrl.models.value import export_sequence_classifier, value_model_from_policy
     from reasonrl.reward.prm import labelled_programs, prm_metrics, train_prm
 
     tokenizer = load_tokenizer(settings.model)
@@ -69,6 +69,7 @@ def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
     after = prm_metrics(model, held_out, dtype)
     saved = model.save(out / "model")
     tokenizer.save_pretrained(saved)
+    export_sequence_classifier(model, tokenizer, out / "hf")
     return {
         "train_programs": len(train),
         "held_out_programs": len(held_out),
@@ -129,6 +130,7 @@ def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict
         )  # fmt: skip
         after = pair_accuracy(rm, held_out)
         saved = rm.save(out / "model")
+        rm.export(out / "hf")
     else:
         from reasonrl.models.load import load_model, load_tokenizer
         from reasonrl.reward.pairwise import PairwiseJudge, train_pairwise_judge
