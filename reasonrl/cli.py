@@ -9,6 +9,7 @@ reasonrl sandbox run SOLUTION --tests TESTS run a solution against assert-style 
 reasonrl push RUN_DIR --repo ID            upload a run's model with a generated model card to the Hugging Face Hub
 reasonrl prm label --dataset mbpp --out F  label program lines by binary search (process rewards for code)
 reasonrl data sample --dataset D --out F   an offline dataset for `train dpo` / `train dqo` (data.offline_path)
+reasonrl rm pretrain --contrastive         COCA contrastive pretraining of a reward-model / critic encoder
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from pathlib import Path
 
 from reasonrl import __version__
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
-from reasonrl.config.commands import EvalSettings, OfflineSampleRun, PRMLabelRun, RewardModelRun
+from reasonrl.config.commands import (
+    ContrastivePretrainRun,
+    EvalSettings,
+    OfflineSampleRun,
+    PRMLabelRun,
+    RewardModelRun,
+)
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
@@ -143,20 +150,17 @@ def _print_summary(produce: Callable[[], dict]) -> int:
 def _cmd_rm_train(args: argparse.Namespace) -> int:
     from reasonrl.reward.training import run_reward_model_training
 
-    settings = RewardModelRun(
-        kind=args.kind,
-        model=args.model,
-        data=args.data,
-        out=args.out,
-        steps=args.steps,
-        batch_pairs=args.batch_pairs,
-        lr=args.lr,
-        eval_pairs=args.eval_pairs,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_response_tokens=args.max_response_tokens,
-        seed=args.seed,
-    )
+    settings = _settings_from_args(RewardModelRun, args)
     return _print_summary(lambda: run_reward_model_training(settings))
+
+
+def _cmd_rm_pretrain(args: argparse.Namespace) -> int:
+    from reasonrl.reward.contrastive import run_contrastive_pretraining
+
+    if not args.contrastive:
+        raise ConfigError("rm pretrain: say --contrastive (COCA's contrastive pretraining, the one method)")
+    settings = _settings_from_args(ContrastivePretrainRun, args)
+    return _print_summary(lambda: run_contrastive_pretraining(settings))
 
 
 def _cmd_data_select(args: argparse.Namespace) -> int:
@@ -359,35 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a Bradley-Terry scorer or a pairwise judge on preference pairs, or a PRM on line labels; "
         "report held-out accuracy",
     )
-    rm_defaults = RewardModelRun()
-    rm_train.add_argument(
-        "--kind",
-        default=rm_defaults.kind,
-        choices=_choices(RewardModelRun, "kind"),
-        help="scalar BT, generative judge, or process reward model (line labels of `prm label`)",
-    )
-    rm_train.add_argument("--model", default=rm_defaults.model, help="model to start from")
-    rm_train.add_argument(
-        "--data", default=rm_defaults.data, help="hh-rlhf-harmless, or a jsonl of pairs; prm: the labels of `prm label`"
-    )
-    rm_train.add_argument("--out", default=rm_defaults.out, help="output directory (model/, summary.json)")
-    rm_train.add_argument("--steps", type=int, default=rm_defaults.steps)
-    rm_train.add_argument("--batch-pairs", type=int, default=rm_defaults.batch_pairs)
-    rm_train.add_argument("--lr", type=float, default=rm_defaults.lr)
-    rm_train.add_argument(
-        "--eval-pairs", type=int, default=rm_defaults.eval_pairs, help="held-out pairs scored before and after"
-    )
-    rm_train.add_argument(
-        "--max-prompt-tokens", type=int, default=rm_defaults.max_prompt_tokens, help="bt: prompt tokens read (the last)"
-    )
-    rm_train.add_argument(
-        "--max-response-tokens",
-        type=int,
-        default=rm_defaults.max_response_tokens,
-        help="bt: response tokens read, EOS included (the first); the policy's cap for long answers",
-    )
-    rm_train.add_argument("--seed", type=int, default=rm_defaults.seed)
+    _add_settings_arguments(rm_train, RewardModelRun)
     rm_train.set_defaults(handler=_cmd_rm_train)
+    pretrain = rm_commands.add_parser(
+        "pretrain", help="COCA contrastive pretraining of a reward-model / critic encoder on conversation histories"
+    )
+    pretrain.add_argument("--contrastive", action="store_true", help="contrastive pretraining (COCA, arXiv 2108.10510)")
+    _add_settings_arguments(pretrain, ContrastivePretrainRun)
+    pretrain.set_defaults(handler=_cmd_rm_pretrain)
 
     prm = commands.add_parser("prm", help="process rewards for code (arXiv 2410.17621)")
     prm_commands = prm.add_subparsers(dest="prm_command", required=True, metavar="ACTION")

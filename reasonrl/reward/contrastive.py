@@ -1,0 +1,126 @@
+"""`reasonrl rm pretrain --contrastive`: COCA's contrastive pretraining (arXiv 2108.10510) of the encoder a
+reward model or a critic starts from.
+
+For a reward model the "behaviour sequence" COCA encodes is the conversation before the reply it
+scores.  Each step takes N conversations (a preference pair's prompt with its chosen reply), makes two
+views of each history with two different augmentations (``reasonrl.data.augment``: term masking, turn
+deletion, exchange reordering; the reply is never changed), reads each view's representation where a
+reward model reads its score (the state after the reply's text), and minimises InfoNCE with the other
+2N − 2 views as negatives (``reasonrl.algo.contrastive.info_nce``).  The encoder is saved as a causal LM
+with a zero value head, so `rm train --model OUT/model` (bt, pairwise) and critics
+(`critic.init=reward_model critic.path=OUT`) start from it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from reasonrl.algo.contrastive import info_nce
+from reasonrl.batch import pad_rows
+from reasonrl.config.commands import ContrastivePretrainRun
+from reasonrl.data.augment import two_views
+from reasonrl.models.forward import response_hidden_states
+from reasonrl.models.optim import apply_gradients
+from reasonrl.models.value import HEAD_FILE, ValueModel
+from reasonrl.reward.bt import PreferencePair, RewardModel, load_preference_pairs, split_pairs
+
+
+def representations(rm: RewardModel, histories: Sequence, replies: Sequence[str]) -> torch.Tensor:
+    """[N, d]: the backbone's state after each reply's text, where the reward model reads its score."""
+    encoded = [rm.encode(h, r) for h, r in zip(histories, replies, strict=True)]
+    prompts, responses = [p for p, _ in encoded], [r for _, r in encoded]
+    p_width, r_width = max(map(len, prompts)), max(map(len, responses))
+    hidden = response_hidden_states(
+        rm.model.backbone,
+        pad_rows(prompts, p_width, True, torch.long),
+        pad_rows([[1] * len(p) for p in prompts], p_width, True, torch.bool),
+        pad_rows(responses, r_width, False, torch.long),
+        pad_rows([[1] * len(r) for r in responses], r_width, False, torch.bool),
+        rm.compute_dtype,
+    )  # [N, T, d]
+    last = torch.tensor([len(r) - 1 for r in responses], device=hidden.device)  # the EOS slot
+    return hidden[torch.arange(len(responses), device=hidden.device), last].float()
+
+
+def contrastive_loss(rm: RewardModel, pairs: Sequence[PreferencePair], settings: ContrastivePretrainRun, rng):
+    """InfoNCE of two augmented views of each conversation's history: (loss, accuracy)."""
+    enabled = [n.strip() for n in settings.augmentations.split(",") if n.strip()]
+    views = [two_views(p.prompt, enabled, rng, settings.mask_rate, settings.delete_rate) for p in pairs]
+    replies = [p.chosen for p in pairs]
+    first = representations(rm, [a for a, _ in views], replies)
+    second = representations(rm, [b for _, b in views], replies)
+    return info_nce(first, second, settings.temperature)
+
+
+def held_out_metrics(rm: RewardModel, pairs: Sequence[PreferencePair], settings: ContrastivePretrainRun) -> dict:
+    """Held-out InfoNCE loss and top-1 accuracy (positive found among 2N − 1 views), fixed views, in batches."""
+    rng, losses, accuracies = random.Random(f"held-out:{settings.seed}"), [], []
+    rm.model.eval()
+    with torch.no_grad():
+        for start in range(0, len(pairs) - 1, settings.batch_pairs):
+            chunk = pairs[start : start + settings.batch_pairs]
+            if len(chunk) >= 2:
+                loss, accuracy = contrastive_loss(rm, chunk, settings, rng)
+                losses.append(loss.item())
+                accuracies.append(accuracy.item())
+    return {"loss": sum(losses) / max(1, len(losses)), "accuracy": sum(accuracies) / max(1, len(accuracies))}
+
+
+def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
+    """Split, measure, train, measure again, save; returns (and writes) the summary."""
+    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+
+    settings.check()
+    started = time.perf_counter()
+    torch.manual_seed(settings.seed)
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, held_out = split_pairs(load_preference_pairs(settings.data), settings.held_out, settings.seed)
+    held_out = held_out[: settings.eval_pairs] if settings.eval_pairs else held_out
+    causal_lm = load_model(settings.model, torch.float32)  # its backbone is trained in place; its LM head kept
+    tokenizer = load_tokenizer(settings.model)
+    rm = RewardModel(
+        ValueModel(causal_lm.base_model), tokenizer, compute_dtype=compute_dtype("auto"),
+        max_prompt_tokens=settings.max_prompt_tokens, max_response_tokens=settings.max_response_tokens,
+    )  # fmt: skip
+    before = held_out_metrics(rm, held_out, settings)
+    optimizer = torch.optim.AdamW(rm.model.backbone.parameters(), lr=settings.lr, weight_decay=0.0)
+    rng, order = random.Random(settings.seed), []
+    with (out / "metrics.jsonl").open("w") as metrics:
+        for step in range(1, settings.steps + 1):
+            if len(order) < settings.batch_pairs:  # a new seeded shuffle of the training conversations
+                order += rng.sample(range(len(train)), len(train))
+            batch, order = [train[i] for i in order[: settings.batch_pairs]], order[settings.batch_pairs :]
+            rm.model.train()
+            loss, accuracy = contrastive_loss(rm, batch, settings, rng)
+            loss.backward()
+            grad_norm = apply_gradients(rm.model, optimizer, 5.0)  # COCA clips at 5
+            record = {"step": step, "loss": loss.item(), "train_accuracy": accuracy.item(), "grad_norm": grad_norm}
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+    after = held_out_metrics(rm, held_out, settings)
+    saved = out / "model"
+    causal_lm.save_pretrained(saved)
+    tokenizer.save_pretrained(saved)
+    ValueModel(causal_lm.base_model).save(saved)  # a zero head beside it: critic.init=reward_model reads it
+    summary = {
+        "method": "contrastive (COCA)",
+        "model": settings.model,
+        "data": settings.data,
+        "augmentations": settings.augmentations,
+        "train_conversations": len(train),
+        "held_out_conversations": len(held_out),
+        "held_out_before": before,
+        "held_out_after": after,
+        "saved": str(saved),
+        "head_file": HEAD_FILE,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
