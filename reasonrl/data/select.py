@@ -50,12 +50,15 @@ def merge(base: Sequence[Example], selected: Sequence[Example]) -> list[Example]
 
 
 def write_jsonl(examples: Sequence[Example], path: Path) -> Path:
-    """One row per example with question, answer, task_type and id (loadable as a dataset)."""
+    """One row per example with question, answer, task_type and id, and a ``ground_truth`` column where the
+    example has one (loadable as a dataset)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for e in examples:
-            handle.write(json.dumps({"id": e.id, "question": e.question, "answer": e.answer, "task_type": e.task_type}))
-            handle.write("\n")
+            row = {"id": e.id, "question": e.question, "answer": e.answer, "task_type": e.task_type}
+            if e.fields.get("ground_truth") is not None:
+                row["ground_truth"] = e.fields["ground_truth"]
+            handle.write(json.dumps(row) + "\n")
     return path
 
 
@@ -204,7 +207,9 @@ def best_of_n_references(
     prompts_source: str, reward_model: str, out: Path, *, n: int = 4, max_new_tokens: int = 128, overrides=()
 ) -> dict:
     """For every prompt, sample ``n`` responses from the initial policy and keep the one the Bradley-Terry
-    model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, Data-Scaling RLHF §3)."""
+    model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, Data-Scaling RLHF §3);
+    a math prompt's true answer goes to the row's ``ground_truth`` (``reward/verifier_accuracy`` measures the
+    judge against it)."""
     from reasonrl.config import load_config
     from reasonrl.models.value import value_model_dir
     from reasonrl.reward.bt import RewardModel
@@ -223,6 +228,9 @@ def best_of_n_references(
     rows = []
     for i, example in enumerate(kept):
         best = max(range(i * n, (i + 1) * n), key=lambda j: scores[j])
-        rows.append(Example(example.id, example.question, texts[best].strip(), "open"))
+        # a verifiable prompt keeps its true answer beside the reference, to measure reward hacking against
+        truth = example.answer if example.task_type in ("math", "reference") else example.fields.get("ground_truth")
+        fields = {"ground_truth": truth} if truth is not None else {}
+        rows.append(Example(example.id, example.question, texts[best].strip(), "open", fields=fields))
     write_jsonl(rows, out)
     return {"prompts": len(examples), "written": len(rows), "n": n, "out": str(out)}

@@ -55,7 +55,7 @@ from reasonrl.train.offline import REFERENCE_CACHE, offline_step
 from reasonrl.train.parallel import DataParallel, RemoteWorkers, full_state_dict, join_data_parallel
 from reasonrl.train.policy import TokenLogprobs, head_tokens
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
-from reasonrl.train.rollout import hash_seed
+from reasonrl.train.rollout import ground_truth_stats, hash_seed
 from reasonrl.train.rundir import RunRecord, claim, custom_objects
 from reasonrl.train.setup import Run, data_spec, setup
 from reasonrl.train.trackers import open_trackers
@@ -119,6 +119,7 @@ def evaluate(run: Run) -> dict[str, float]:
     return {
         "eval/accuracy": sum(r.correct for r in scored.results) / max(1, len(scored.results)),
         "eval/response_length": sum(lengths) / max(1, len(lengths)),
+        **ground_truth_stats(scored.results, "eval"),
         **timing,
     }
 

@@ -388,7 +388,20 @@ def source_stats(results: Sequence[RewardResult]) -> dict[str, float]:
     for source, scores in by_source.items():
         stats[f"reward/{source}/mean"] = sum(scores) / len(scores)
         stats[f"reward/{source}/fraction"] = len(scores) / len(results)
-    return stats | function_stats(results)
+    return stats | ground_truth_stats(results, "reward") | function_stats(results)
+
+
+def ground_truth_stats(results: Sequence[RewardResult], prefix: str) -> dict[str, float]:
+    """Judged responses with a ground truth (``info["verifier_correct"]``): the rule verifier's accuracy, and
+    the gap between the judge's mean score and it (reward hacking grows the gap); empty without any."""
+    checked = [r for r in results if "verifier_correct" in r.info]
+    if not checked:
+        return {}
+    accuracy = sum(r.info["verifier_correct"] for r in checked) / len(checked)
+    return {
+        f"{prefix}/verifier_accuracy": accuracy,
+        f"{prefix}/judge_minus_verifier": sum(r.score for r in checked) / len(checked) - accuracy,
+    }
 
 
 def function_stats(results: Sequence[RewardResult]) -> dict[str, float]:

@@ -75,3 +75,25 @@ def test_a_model_source_without_a_model_is_a_clear_error():
     router = RewardRouter(resolve_routes(), {"math": DigitFraction()}, {}, workers=1)
     with pytest.raises(RoutingError, match="needs a model"):
         router.score_examples([Example("r", "q", "a", "reference")], ["a"])
+
+
+def test_a_judged_row_with_a_ground_truth_is_also_checked_by_the_verifier_but_rewarded_by_the_judge():
+    from reasonrl.reward.math import MathVerifier
+    from reasonrl.train.rollout import source_stats
+
+    judge = FixedJudge()  # 0.8 when the response equals the reference, else 0.2
+    router = RewardRouter(resolve_routes(), {"math": MathVerifier()}, {"genrm_bon": lambda: judge}, workers=1)
+    rows = [  # the judge sees a best-of-N reference; the truth is in the row's ground_truth column
+        Example("o1", "3+4?", "Answer: 8", "open", fields={"ground_truth": "7"}),
+        Example("o2", "2+2?", "Answer: 4", "open", fields={"ground_truth": "4"}),
+        Example("o3", "a poem", "roses", "open"),
+    ]
+    try:
+        results = router.score_examples(rows, ["Answer: 8", "Answer: 5", "violets"])
+    finally:
+        router.close()
+    assert [r.score for r in results] == pytest.approx([0.8, 0.2, 0.2])  # the judge's reward, hacked on o1
+    assert [r.info.get("verifier_correct") for r in results] == [False, False, None]
+    stats = source_stats(results)
+    assert stats["reward/verifier_accuracy"] == 0.0
+    assert stats["reward/judge_minus_verifier"] == pytest.approx(0.5)  # (0.8 + 0.2) / 2 − 0

@@ -1,0 +1,30 @@
+"""bench/fidelity_rm.py: the smoke profile end to end (COCA or not, judge vs BT and their policies, reward
+hacking by source) and its resume (a second invocation trains nothing)."""
+
+import json
+
+import pytest
+
+from tests.bench.smoke import run_smoke
+
+
+@pytest.mark.slow
+def test_the_reward_model_benchmark_runs_every_stage_and_resumes(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    first = run_smoke("fidelity_rm.py", work, out)
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = json.loads((out / "fidelity_rm_smoke.json").read_text())
+    assert (out / "fidelity_rm_smoke.png").stat().st_size > 0
+    coca = result["per_seed"]["coca"]["0"]
+    assert {"as_is", "drop", "reorder"} <= set(coca["plain"]) and coca["plain"]["as_is"]["n"] == 6
+    pairwise = result["per_seed"]["pairwise"]["0"]
+    assert set(pairwise["runs"]) == {"pairwise_ppo", "ppo_bt"}
+    assert 0 <= pairwise["runs"]["ppo_bt"]["referee"]["mean_win_probability"] <= 1
+    assert len(pairwise["judge"]["reliability"]) == 5
+    gaps = {arm: run["train_metrics"]["reward/judge_minus_verifier"] for arm, run in result["hacking"].items()}
+    assert gaps["verifier"] == [None]  # the verifier's own reward: nothing to compare
+    assert gaps["genrm_ground_truth"][0] is not None and gaps["genrm_best_of_n"][0] is not None
+    mtime = (work / "results" / "hacking-verifier.json").stat().st_mtime_ns
+    second = run_smoke("fidelity_rm.py", work, out)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (work / "results" / "hacking-verifier.json").stat().st_mtime_ns == mtime  # nothing trained again
