@@ -56,6 +56,8 @@ def _sample(location: str, row: dict) -> OfflineSample:
     response, logprobs = row["response_token_ids"], row["behaviour_logprobs"]
     if not response:
         raise DataError(f"{location}: empty response_token_ids")
+    if not row["prompt_token_ids"]:
+        raise DataError(f"{location}: empty prompt_token_ids (the first response token is predicted from the prompt)")
     if len(logprobs) != len(response):
         raise DataError(
             f"{location}: {len(logprobs)} behaviour_logprobs for {len(response)} response tokens (one per token)"
@@ -86,7 +88,7 @@ def read_samples(path: str | Path) -> list[OfflineSample]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such offline dataset; write one with `reasonrl data sample --out {path}`")
-    samples = []
+    samples, seen = [], {}
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -96,20 +98,24 @@ def read_samples(path: str | Path) -> list[OfflineSample]:
             raise DataError(f"{path}:{number}: not JSON ({exc})") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}:{number}: a line must be a JSON object")
-        samples.append(_sample(f"{path}:{number}", row))
+        sample = _sample(f"{path}:{number}", row)
+        if sample.id in seen:
+            raise DataError(f"{path}:{number}: id {sample.id!r} is already the id of line {seen[sample.id]}")
+        seen[sample.id] = number
+        samples.append(sample)
     if not samples:
         raise DataError(f"{path}: no samples")
     return samples
 
 
-def preference_pairs(samples: Sequence[OfflineSample]) -> list[tuple[OfflineSample, OfflineSample]]:
-    """DPO's (chosen, rejected) pairs: within each prompt, the i-th correct response with the i-th wrong
-    one, in sampling order, so each response is in at most one pair; a prompt whose responses are all
-    right or all wrong gives none.  Prompts in file order."""
-    right: dict[str, list[OfflineSample]] = defaultdict(list)
-    wrong: dict[str, list[OfflineSample]] = defaultdict(list)
-    for sample in samples:
-        (right if sample.correct else wrong)[sample.example_id].append(sample)
+def preference_pairs(samples: Sequence[OfflineSample]) -> list[tuple[int, int]]:
+    """DPO's (chosen, rejected) pairs as indices into ``samples``: within each prompt, the i-th correct
+    response with the i-th wrong one, in sampling order, so each response is in at most one pair; a prompt
+    whose responses are all right or all wrong gives none.  Prompts in file order."""
+    right: dict[str, list[int]] = defaultdict(list)
+    wrong: dict[str, list[int]] = defaultdict(list)
+    for index, sample in enumerate(samples):
+        (right if sample.correct else wrong)[sample.example_id].append(index)
     prompts = dict.fromkeys(sample.example_id for sample in samples)
     return [pair for prompt in prompts for pair in zip(right[prompt], wrong[prompt], strict=False)]
 
@@ -128,18 +134,25 @@ def sampling_settings(settings: OfflineSampleRun) -> dict:
 
 
 def sampled_prompts(cfg, settings: OfflineSampleRun) -> list:
-    """The prompts to sample: the first ``limit`` rows of the dataset's split, or of the arithmetic task's
-    training stream (endless: ``limit`` is required)."""
+    """The prompts to sample, each once: the first ``limit`` rows of the dataset's split, or the first
+    ``limit`` distinct problems of the arithmetic task's training stream (endless: ``limit`` is required)."""
     from reasonrl.data.arithmetic import ArithmeticTask
     from reasonrl.data.select import prompt_rows
     from reasonrl.data.source import ARITHMETIC
 
     if settings.dataset != ARITHMETIC:
-        return prompt_rows(cfg, settings.dataset, settings.split, settings.limit)
+        rows = prompt_rows(cfg, settings.dataset, settings.split, settings.limit)
+        return list({row.id: row for row in reversed(rows)}.values())[::-1]  # a repeated row once, first place
     if settings.limit is None:
-        raise DataError("the arithmetic task is endless: give --limit N (its first N training problems)")
+        raise DataError("the arithmetic task is endless: give --limit N (its first N distinct training problems)")
     task = ArithmeticTask(cfg.data.arithmetic_digits, cfg.data.arithmetic_operations, settings.seed)
-    return [task.train_example(i) for i in range(settings.limit)]
+    problems: dict[str, object] = {}
+    for index in range(100 * settings.limit):  # the task draws with replacement: skip repeats
+        example = task.train_example(index)
+        problems.setdefault(example.id, example)
+        if len(problems) == settings.limit:
+            break
+    return list(problems.values())
 
 
 def run_sampling(settings: OfflineSampleRun, progress: bool = False) -> dict:
@@ -167,21 +180,22 @@ def run_sampling(settings: OfflineSampleRun, progress: bool = False) -> dict:
         counts[row["example_id"]] += 1
     cfg = load_config(None, [f"model.name_or_path={settings.model}", *settings.overrides])
     examples = sampled_prompts(cfg, settings)
-    todo = [e for e in examples if counts[e.id] < n]
     policy = InitialPolicy.load(cfg)
     scorer = build_router(policy.cfg, policy.dtype)
     try:
         with progress_bar("sampling", len(examples), progress) as advance:
-            advance(len(examples) - len(todo))
-            for start in range(0, len(todo), PROMPTS_PER_CALL):
-                chunk = todo[start : start + PROMPTS_PER_CALL]
-                seed = _seed(settings.seed, chunk[0].id)
-                params = SamplingParams(settings.max_new_tokens, settings.temperature, seed=seed)
+            # fixed chunks with fixed seeds: a resumed run samples what an uninterrupted one would have
+            for start in range(0, len(examples), PROMPTS_PER_CALL):
+                chunk = examples[start : start + PROMPTS_PER_CALL]
+                if all(counts[e.id] >= n for e in chunk):
+                    advance(len(chunk))
+                    continue
+                params = SamplingParams(settings.max_new_tokens, settings.temperature, seed=_seed(settings.seed, start))
                 scored = sample_and_score(policy.engine, policy.tokenizer, scorer, policy.encoder, chunk, params, n)
                 rows = zip(scored.examples, scored.prompts, scored.completions, scored.results, strict=True)
                 for index, (example, prompt, completion, result) in enumerate(rows):
                     j = index % n
-                    if j < counts[example.id]:  # a killed run wrote this prompt's first samples
+                    if j < counts[example.id]:  # written before a kill
                         continue
                     ids = list(completion.token_ids)
                     append_record(out, {

@@ -309,9 +309,12 @@ def train_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: 
     if run.offline is None:
         return rl_step(run, step, phase)
     phase("update")
+    if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
+        run.engine.sleep()
     metrics = offline_step(run, run.offline, step)
     with timed(metrics, "perf/weight_sync_seconds"):
         run.engine.load_weights(engine_weights(run))
+    release_free_memory()
     return metrics
 
 

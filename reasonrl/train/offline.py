@@ -12,6 +12,7 @@ log-probs of the responses are computed once, before the first step, and kept in
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -49,7 +50,6 @@ class OfflineData:
                 f"{path}: token id {biggest} is outside the model's vocabulary ({vocab_size} tokens); the file was "
                 "sampled with another tokenizer: sample it again with this model (`reasonrl data sample --model`)"
             )
-        index = {sample.id: i for i, sample in enumerate(self.samples)}
         if objective == "dpo":
             pairs = preference_pairs(self.samples)
             if not pairs:
@@ -57,23 +57,31 @@ class OfflineData:
                     f"{path}: no prompt has both a correct and a wrong response, so DPO has no pair; sample more "
                     "responses per prompt (--samples-per-prompt) or an easier/harder split"
                 )
-            self.items: list[tuple[int, ...]] = [(index[a.id], index[b.id]) for a, b in pairs]
+            self.items: list[tuple[int, ...]] = list(pairs)
             self.per_step = per_step // 2
         else:
             self.items = [(i,) for i in range(len(self.samples))]
             self.per_step = per_step
         self.seed = seed
         self.reference: dict[int, torch.Tensor] = {}
+        self.fingerprint = hashlib.sha256(
+            repr([(x.id, x.prompt_token_ids, x.response_token_ids) for x in self.samples]).encode()
+        ).hexdigest()
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.items)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}  # steps move forward: one epoch's order is enough
+        return self._orders[epoch]
 
     def step_rows(self, step: int) -> list[int]:
         """The sample indices step ``step`` (1-based) trains on; a DPO pair's two rows are adjacent."""
-        count = len(self.items)
         rows: list[int] = []
         for position in range((step - 1) * self.per_step, step * self.per_step):
-            epoch, offset = divmod(position, count)
-            order = list(range(count))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            rows.extend(self.items[order[offset]])
+            epoch, offset = divmod(position, len(self.items))
+            rows.extend(self.items[self._order(epoch)[offset]])
         return rows
 
     def batch(self, rows: list[int]) -> RolloutBatch:
@@ -83,9 +91,16 @@ class OfflineData:
         return samples_batch(samples, [self.reference[i] for i in rows] if self.reference else None)
 
     def compute_reference(self, run: Run, cache: Path) -> None:
-        """log π_ref of every response the run trains on: loaded from ``cache``, else computed once and saved."""
+        """log π_ref of every response the run trains on: loaded from ``cache``, else computed once and saved.
+        A cache of another dataset (the file changed since the run began) is refused."""
         if cache.exists():
-            self.reference = torch.load(cache)
+            saved = torch.load(cache)
+            if saved.get("fingerprint") != self.fingerprint:
+                raise DataError(
+                    f"the offline dataset changed since this run began ({cache} was computed for other samples); "
+                    "continue the run with the file it started with, or start a new run"
+                )
+            self.reference = saved["logprobs"]
             return
         needed = sorted({i for item in self.items for i in item})
         batch = samples_batch([self.samples[i] for i in needed])
@@ -102,7 +117,7 @@ class OfflineData:
         lengths = batch.response_mask.sum(1).tolist()
         self.reference = {i: out[row, : lengths[row]].clone() for row, i in enumerate(needed)}
         partial = cache.with_name(cache.name + ".partial")
-        torch.save(self.reference, partial)
+        torch.save({"fingerprint": self.fingerprint, "logprobs": self.reference}, partial)
         partial.replace(cache)
 
 
@@ -140,18 +155,16 @@ def samples_batch(samples: list[OfflineSample], reference: list[torch.Tensor] | 
 def pair_micro_rows(batch: RolloutBatch, token_budget: int) -> list[list[int]]:
     """Micro-batches of whole DPO pairs (rows 2i, 2i+1) whose padded size fits ``token_budget``; a
     pair over the budget still forms its own micro-batch."""
-    lengths = (batch.prompt_mask.sum(1) + batch.response_mask.sum(1)).tolist()
+    prompts, responses = batch.prompt_mask.sum(1).tolist(), batch.response_mask.sum(1).tolist()
     groups: list[list[int]] = []
     current: list[int] = []
-    widest = 0
     for pair in range(len(batch) // 2):
-        rows = [2 * pair, 2 * pair + 1]
-        wider = max(widest, *(lengths[r] for r in rows))
-        if current and wider * (len(current) + 2) > token_budget:
+        rows = [*current, 2 * pair, 2 * pair + 1]
+        padded = (max(prompts[r] for r in rows) + max(responses[r] for r in rows)) * len(rows)  # prompt + response
+        if current and padded > token_budget:
             groups.append(current)
-            current, wider = [], max(lengths[r] for r in rows)
-        current += rows
-        widest = wider
+            rows = [2 * pair, 2 * pair + 1]
+        current = rows
     return groups + ([current] if current else [])
 
 

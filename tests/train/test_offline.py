@@ -88,7 +88,7 @@ def test_preference_pairs_take_each_response_once_and_skip_unanimous_prompts():
 
     samples = [sample("a", 0, False), sample("a", 1, True), sample("a", 2, False), sample("a", 3, True),
                sample("b", 0, True), sample("b", 1, True), sample("c", 0, False), sample("c", 1, True)]  # fmt: skip
-    pairs = [(chosen.id, rejected.id) for chosen, rejected in preference_pairs(samples)]
+    pairs = [(samples[chosen].id, samples[rejected].id) for chosen, rejected in preference_pairs(samples)]
     assert pairs == [("a/1", "a/0"), ("a/3", "a/2"), ("c/1", "c/0")]
 
 
@@ -100,12 +100,16 @@ def test_preference_pairs_take_each_response_once_and_skip_unanimous_prompts():
         ({"reward": float("nan")}, "finite numbers"),
         ({"behaviour_logprobs": [0.5, -1, -1, -1, -1]}, "positive"),
         ({"process_rewards": [[9, 1.0]]}, "outside the response"),
+        ({"prompt_token_ids": []}, "empty prompt_token_ids"),
+        ({"reward": 0.5}, "id 'p0/0' is already the id of line 1"),
     ],
 )
 def test_a_malformed_sample_is_named_with_its_line(tmp_path, row, message):
     path = write_samples(tmp_path / "samples.jsonl", prompts=1, per_prompt=2)
     good = json.loads(path.read_text().splitlines()[0])
     bad = {**good, **row}
+    if row == {"reward": 0.5}:  # the same id as line 1
+        bad["id"] = good["id"]
     if row == {"id": "x"}:
         del bad["example_id"]
     path.write_text(path.read_text() + json.dumps(bad) + "\n")
@@ -168,3 +172,44 @@ def test_offline_resume_parity(tmp_path):
     b = load_file(split / "checkpoints" / "step-000004" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert comparable(read_metrics(straight / "metrics.jsonl")) == comparable(read_metrics(split / "metrics.jsonl"))
+
+
+def test_a_changed_dataset_is_refused_on_resume(tmp_path):
+    path = write_samples(tmp_path / "samples.jsonl")
+    fit(offline_config("dqo", path, "train.rollout_steps=1", "run.save_every=1"), tmp_path / "run", show_progress=False)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0]["response_token_ids"] = BAD  # the file was re-sampled into the same path
+    rows[0]["behaviour_logprobs"] = [UNIFORM] * len(BAD)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match="the offline dataset changed since this run began"):
+        fit(offline_config("dqo", path, "train.rollout_steps=2"), tmp_path / "run", show_progress=False)
+
+
+@pytest.mark.parametrize("preset", ["dpo", "dqo"])
+def test_an_offline_step_does_not_depend_on_the_micro_batch_size(tmp_path, preset):
+    """The same step with every row in one micro-batch and with a micro-batch per pair or row gives the same
+    losses, metrics and gradient norms (global denominators; DPO's pairs stay whole).  Weights are not
+    compared: Adam's first step divides each gradient by its own size, which magnifies rounding where a
+    gradient is near 0."""
+    from reasonrl.train.loop import REFERENCE_CACHE, train_step
+    from reasonrl.train.setup import setup
+
+    path = tmp_path / "samples.jsonl"
+    rows = [json.loads(line) for line in write_samples(tmp_path / "base.jsonl").read_text().splitlines()]
+    for i, row in enumerate(rows):  # prompts of different lengths
+        row["prompt_token_ids"] = row["prompt_token_ids"] + [60 + k for k in range(i % 5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = []
+    for budget in (10_000, 12):
+        cfg = offline_config(preset, path, "train.lr=1e-3", "critic.lr=1e-2", "model.dtype=float32")
+        run = setup(cfg, tmp_path / f"run-{budget}")
+        run.offline.compute_reference(run, tmp_path / f"{REFERENCE_CACHE}-{budget}")
+        run.microbatch_tokens = budget
+        metrics = train_step(run, 1)
+        results.append(metrics)
+        run.pool.close()
+    one, many = results
+    assert "train/grad_norm" in one
+    for key in one:
+        if not key.startswith("perf/"):
+            assert many[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
