@@ -188,12 +188,12 @@ def win_rate(run_dir: Path, referee: Path, profile: dict) -> dict:
     the human anchor (position-debiased win probability; 0.5 = parity)."""
     from reasonrl.config import load_config
     from reasonrl.data.select import InitialPolicy
-    from reasonrl.data.source import benchmark_examples
+    from reasonrl.data.source import DataSpec, eval_examples
     from reasonrl.reward.genrm import GenRM
     from reasonrl.rollout import SamplingParams
 
     cfg = load_config("pairwise_ppo", [f"model.name_or_path={run_dir / 'final'}", *profile["rl"]])
-    examples = [e for e in benchmark_examples(HH, profile["win_prompts"]) if e.answer]
+    examples = [e for e in eval_examples(DataSpec(HH), profile["win_prompts"]) if e.answer]  # the held-out prompts
     policy = InitialPolicy.load(cfg)
     kept = [e for e in examples if policy.encoder(e) is not None]
     completions = policy.engine.generate(
@@ -240,9 +240,10 @@ def pairwise_stage(seed: int, steps: int, profile: dict, work: Path, referee: Pa
 # --- reward hacking by source ---------------------------------------------------------------------------
 
 
-def hacking_data(profile: dict, work: Path) -> dict[str, Path]:
+def hacking_data(profile: dict, work: Path, bt: Path) -> dict[str, Path]:
     """The same arithmetic prompts as three datasets: math (the verifier), reference (GenRM with the true
-    answer) and open (GenRM with the BT RM's best-of-N reference), each row keeping its ground truth."""
+    answer) and open (GenRM with the BT RM ``bt``'s best-of-N reference), each judged row with its true answer
+    in ``verifier_answer``."""
     from reasonrl.data.arithmetic import ArithmeticTask
 
     root = work / "hacking"
@@ -252,7 +253,7 @@ def hacking_data(profile: dict, work: Path) -> dict[str, Path]:
 
     def write(path: Path, task_type: str) -> Path:
         rows = [{"id": e.id, "question": e.question, "answer": e.answer, "task_type": task_type,
-                 **({"ground_truth": e.answer} if task_type != "math" else {})} for e in problems]  # fmt: skip
+                 **({"verifier_answer": e.answer} if task_type != "math" else {})} for e in problems]  # fmt: skip
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         return path
 
@@ -260,7 +261,7 @@ def hacking_data(profile: dict, work: Path) -> dict[str, Path]:
              "genrm_ground_truth": write(root / "reference.jsonl", "reference")}  # fmt: skip
     bon = root / "best_of_n.jsonl"
     if not bon.exists():
-        reasonrl("data", "bon", "--prompts", str(paths["verifier"]), "--reward-model", str(work / "coca" / "plain-0"),
+        reasonrl("data", "bon", "--prompts", str(paths["verifier"]), "--reward-model", str(bt),
                  "--out", str(bon), "--n", str(profile["bon_n"]), "--max-new-tokens", str(profile["max_new_tokens"]),
                  f"model.name_or_path={profile['model']}")  # fmt: skip
     paths["genrm_best_of_n"] = bon
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         reasonrl("rm", "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH,
                  "--seed", str(1000 + max(seeds)), *profile["rm"], "--out", str(referee))  # fmt: skip
     pairwise = {s: pairwise_stage(s, args.steps, profile, work, referee) for s in seeds}
-    data = hacking_data(profile, work)
+    data = hacking_data(profile, work, work / "coca" / f"plain-{seeds[0]}")
     hacking = {arm: hacking_stage(arm, args.steps, profile, work, data[arm]) for arm in HACKING_ARMS}
 
     def over_seeds(values):

@@ -329,6 +329,8 @@ class ContrastivePretrainRun:
         checks = [
             (bool(names) and set(names) <= set(AUGMENTATIONS),
              f"--augmentations must name some of {', '.join(AUGMENTATIONS)}, got {self.augmentations!r}"),
+            (names != ["reorder"], "--augmentations reorder needs another one beside it: most histories have fewer "
+                                   "than two exchanges to swap"),
             (self.temperature > 0, f"--temperature must be > 0, got {self.temperature}"),
             (0 <= self.mask_rate <= 1 and 0 <= self.delete_rate <= 1,
              "--mask-rate and --delete-rate must be in [0, 1]"),

@@ -50,14 +50,14 @@ def merge(base: Sequence[Example], selected: Sequence[Example]) -> list[Example]
 
 
 def write_jsonl(examples: Sequence[Example], path: Path) -> Path:
-    """One row per example with question, answer, task_type and id, and a ``ground_truth`` column where the
+    """One row per example with question, answer, task_type and id, and a ``verifier_answer`` column where the
     example has one (loadable as a dataset)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for e in examples:
             row = {"id": e.id, "question": e.question, "answer": e.answer, "task_type": e.task_type}
-            if e.fields.get("ground_truth") is not None:
-                row["ground_truth"] = e.fields["ground_truth"]
+            if e.fields.get("verifier_answer") is not None:
+                row["verifier_answer"] = e.fields["verifier_answer"]
             handle.write(json.dumps(row) + "\n")
     return path
 
@@ -208,15 +208,16 @@ def best_of_n_references(
 ) -> dict:
     """For every prompt, sample ``n`` responses from the initial policy and keep the one the Bradley-Terry
     model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, Data-Scaling RLHF §3);
-    a math prompt's true answer goes to the row's ``ground_truth`` (``reward/verifier_accuracy`` measures the
+    a math prompt's true answer goes to the row's ``verifier_answer`` (``reward/verifier_accuracy`` measures the
     judge against it)."""
     from reasonrl.config import load_config
-    from reasonrl.models.value import value_model_dir
+    from reasonrl.models.value import is_sequence_classifier, value_model_dir
     from reasonrl.reward.bt import RewardModel
     from reasonrl.rollout import SamplingParams
 
     cfg = load_config(None, list(overrides))
-    reward_model = str(value_model_dir(reward_model))  # a bad path fails before any sampling
+    if not is_sequence_classifier(reward_model):  # a bad path fails before any sampling
+        reward_model = str(value_model_dir(reward_model))
     examples = prompt_rows(cfg, prompts_source)
     policy = InitialPolicy.load(cfg, template="plain")
     kept = [e for e in examples if policy.encoder(e) is not None]
@@ -229,8 +230,8 @@ def best_of_n_references(
     for i, example in enumerate(kept):
         best = max(range(i * n, (i + 1) * n), key=lambda j: scores[j])
         # a verifiable prompt keeps its true answer beside the reference, to measure reward hacking against
-        truth = example.answer if example.task_type in ("math", "reference") else example.fields.get("ground_truth")
-        fields = {"ground_truth": truth} if truth is not None else {}
+        truth = example.answer if example.task_type == "math" else example.fields.get("verifier_answer")
+        fields = {"verifier_answer": truth} if truth is not None else {}
         rows.append(Example(example.id, example.question, texts[best].strip(), "open", fields=fields))
     write_jsonl(rows, out)
     return {"prompts": len(examples), "written": len(rows), "n": n, "out": str(out)}

@@ -119,15 +119,22 @@ def exported_by_reasonrl(spec: str | Path) -> bool:
 def load_sequence_classifier(spec: str | Path, attn_implementation: str | None = None) -> ValueModel:
     """A Hugging Face reward model (``AutoModelForSequenceClassification``, one label) as a ValueModel: its base
     model as the backbone, its ``score`` layer as the head (fp32)."""
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
+    config = AutoConfig.from_pretrained(str(spec))
+    architectures = getattr(config, "architectures", None) or []
+    if not any(name.endswith("ForSequenceClassification") for name in architectures) or config.num_labels != 1:
+        raise ModelError(
+            f"{spec}: not a one-label sequence-classification reward model (architectures {architectures}, "
+            f"{config.num_labels} labels); a causal LM has no trained reward head"
+        )
     options = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    classifier = AutoModelForSequenceClassification.from_pretrained(
-        str(spec), num_labels=1, dtype=torch.float32, **options
+    classifier, loading = AutoModelForSequenceClassification.from_pretrained(
+        str(spec), num_labels=1, dtype=torch.float32, output_loading_info=True, **options
     )
     score = getattr(classifier, "score", None)
-    if not isinstance(score, torch.nn.Linear) or score.out_features != 1:
-        raise ModelError(f"{spec}: not a one-label sequence classifier with a `score` layer (a scalar reward model)")
+    if not isinstance(score, torch.nn.Linear) or any("score" in key for key in loading.get("missing_keys", ())):
+        raise ModelError(f"{spec}: its checkpoint holds no trained `score` layer (a scalar reward model's head)")
     head = torch.nn.Linear(score.in_features, 1)
     with torch.no_grad():
         head.weight.copy_(score.weight)
@@ -146,10 +153,8 @@ def export_sequence_classifier(model: ValueModel, tokenizer, directory: Path) ->
     config.num_labels, config.architectures = 1, None
     config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     setattr(config, EXPORTED_KEY, True)  # reasonrl reads it back where it trained it: after the reply's text
-    bias = float(model.head.bias.detach())
-    if bias:
-        setattr(config, SCORE_BIAS_KEY, bias)
-    classifier = AutoModelForSequenceClassification.from_config(config)
+    setattr(config, SCORE_BIAS_KEY, float(model.head.bias.detach()))  # always: an older export's bias is stale
+    classifier = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     getattr(classifier, classifier.base_model_prefix).load_state_dict(model.backbone.state_dict())
     with torch.no_grad():
         classifier.score.weight.copy_(model.head.weight)
@@ -169,11 +174,12 @@ def load_value_model(directory: str | Path, attn_implementation: str | None = No
     try:
         directory = value_model_dir(directory)
     except ModelError as missing:
-        if Path(directory).exists() or str(directory).count("/") != 1:
+        owner = Path(str(directory).split("/")[0])
+        if str(directory).count("/") != 1 or owner.exists():  # a local path (runs/prm), not owner/name
             raise
         try:  # owner/name: a reward model on the hub, where a network exists
             return load_sequence_classifier(str(directory), attn_implementation)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise ModelError(f"{missing}; as a hub id it failed too: {exc}") from None
     options = {"attn_implementation": attn_implementation} if attn_implementation else {}
     backbone = AutoModel.from_pretrained(directory, dtype=torch.float32, **options)

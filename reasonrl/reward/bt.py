@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from reasonrl.models.value import (
     value_model_from_policy,
 )
 
+log = logging.getLogger(__name__)
 Messages = list[dict[str, str]]
 BUILTIN_PREFERENCES = {"hh-rlhf-harmless": "hh-rlhf-harmless-test.jsonl.gz"}
 
@@ -121,8 +123,13 @@ class RewardModel:
                 [*prompt, {"role": "assistant", "content": response}], tokenize=False
             )
             ids = list(self.tokenizer(whole, add_special_tokens=False)["input_ids"])
+            pad = getattr(self.model.backbone.config, "pad_token_id", None)
+            while ids and ids[-1] == pad:  # Hugging Face reads the last token that is not padding
+                ids.pop()
             if ids[: len(prompt_ids)] == prompt_ids:  # the template renders the prompt the same either way
                 response_ids = ids[len(prompt_ids) :]
+            else:
+                log.warning("the chat template renders the prompt differently with a reply; scoring after the reply")
         response_ids = response_ids[: self.max_response_tokens - 1]
         return prompt_ids[-self.max_prompt_tokens :], [*response_ids, self.tokenizer.eos_token_id]
 

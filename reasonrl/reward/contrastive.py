@@ -4,10 +4,10 @@ reward model or a critic starts from.
 For a reward model the "behaviour sequence" COCA encodes is the conversation before the reply it
 scores.  Each step takes N conversations (a preference pair's prompt with its chosen reply), makes two
 views of each history with two different augmentations (``reasonrl.data.augment``: term masking, turn
-deletion, exchange reordering; the reply is never changed), reads each view's representation where a
-reward model reads its score (the state after the reply's text), and minimises InfoNCE with the other
-2N − 2 views as negatives (``reasonrl.algo.contrastive.info_nce``).  The encoder is saved as a causal LM
-with a zero value head, so `rm train --model OUT/model` (bt, pairwise) and critics
+deletion, exchange reordering; the reply is never changed), reads each view's representation at the end
+of its history (the state before the reply), and minimises InfoNCE with the other 2N − 2 views as
+negatives (``reasonrl.algo.contrastive.info_nce``).  The encoder is saved as a causal LM with a zero
+value head, so `rm train --model OUT/model` (bt, pairwise) and critics
 (`critic.init=reward_model critic.path=OUT`) start from it.
 """
 
@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from reasonrl.algo.contrastive import info_nce
 from reasonrl.batch import pad_rows
 from reasonrl.config.commands import ContrastivePretrainRun
 from reasonrl.data.augment import two_views
+from reasonrl.data.loaders import DataError
 from reasonrl.models.forward import response_hidden_states
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import HEAD_FILE, ValueModel
@@ -32,7 +34,8 @@ from reasonrl.reward.bt import PreferencePair, RewardModel, load_preference_pair
 
 
 def representations(rm: RewardModel, histories: Sequence, replies: Sequence[str]) -> torch.Tensor:
-    """[N, d]: the backbone's state after each reply's text, where the reward model reads its score."""
+    """[N, d]: the backbone's state at the end of each history, before its reply: COCA encodes the behaviour
+    sequence itself (read after the reply, the unchanged reply alone would tell the conversations apart)."""
     encoded = [rm.encode(h, r) for h, r in zip(histories, replies, strict=True)]
     prompts, responses = [p for p, _ in encoded], [r for _, r in encoded]
     p_width, r_width = max(map(len, prompts)), max(map(len, responses))
@@ -44,8 +47,7 @@ def representations(rm: RewardModel, histories: Sequence, replies: Sequence[str]
         pad_rows([[1] * len(r) for r in responses], r_width, False, torch.bool),
         rm.compute_dtype,
     )  # [N, T, d]
-    last = torch.tensor([len(r) - 1 for r in responses], device=hidden.device)  # the EOS slot
-    return hidden[torch.arange(len(responses), device=hidden.device), last].float()
+    return hidden[:, 0].float()  # the state before the first reply token: after the whole history
 
 
 def contrastive_loss(rm: RewardModel, pairs: Sequence[PreferencePair], settings: ContrastivePretrainRun, rng):
@@ -83,6 +85,11 @@ def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     train, held_out = split_pairs(load_preference_pairs(settings.data), settings.held_out, settings.seed)
     held_out = held_out[: settings.eval_pairs] if settings.eval_pairs else held_out
+    if len(train) < settings.batch_pairs or len(held_out) < 2:
+        raise DataError(
+            f"{settings.data}: {len(train)} training and {len(held_out)} held-out conversations; contrastive "
+            f"pretraining needs at least --batch-pairs ({settings.batch_pairs}) and 2"
+        )
     causal_lm = load_model(settings.model, torch.float32)  # its backbone is trained in place; its LM head kept
     tokenizer = load_tokenizer(settings.model)
     rm = RewardModel(
@@ -94,8 +101,8 @@ def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
     rng, order = random.Random(settings.seed), []
     with (out / "metrics.jsonl").open("w") as metrics:
         for step in range(1, settings.steps + 1):
-            if len(order) < settings.batch_pairs:  # a new seeded shuffle of the training conversations
-                order += rng.sample(range(len(train)), len(train))
+            if len(order) < settings.batch_pairs:  # a new seeded shuffle (the last one's leftovers dropped:
+                order = rng.sample(range(len(train)), len(train))  # no conversation twice in a batch)
             batch, order = [train[i] for i in order[: settings.batch_pairs]], order[settings.batch_pairs :]
             rm.model.train()
             loss, accuracy = contrastive_loss(rm, batch, settings, rng)
@@ -106,9 +113,10 @@ def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
             metrics.flush()
     after = held_out_metrics(rm, held_out, settings)
     saved = out / "model"
-    causal_lm.save_pretrained(saved)
+    causal_lm.save_pretrained(saved)  # the whole causal LM, its LM head included (untied models too)
     tokenizer.save_pretrained(saved)
-    ValueModel(causal_lm.base_model).save(saved)  # a zero head beside it: critic.init=reward_model reads it
+    zero_head = ValueModel(causal_lm.base_model).head  # beside it a zero value head: critic.init=reward_model
+    save_file({"weight": zero_head.weight.detach().contiguous(), "bias": zero_head.bias.detach()}, saved / HEAD_FILE)
     summary = {
         "method": "contrastive (COCA)",
         "model": settings.model,

@@ -97,21 +97,21 @@ class RewardRouter:
             else:
                 scores = self._model_scores(source, [examples[i] for i in rows], [responses[i] for i in rows])
                 scored = [RewardResult(s, s > 0.5, {"source": source}) for s in scores]
-                self._check_against_ground_truth([examples[i] for i in rows], [responses[i] for i in rows], scored)
+                self._check_against_verifier_answer([examples[i] for i in rows], [responses[i] for i in rows], scored)
             for i, result in zip(rows, scored, strict=True):
                 results[i] = result
         return results  # type: ignore[return-value]
 
-    def _check_against_ground_truth(
+    def _check_against_verifier_answer(
         self, examples: Sequence[Example], responses: Sequence[str], results: Sequence[RewardResult]
     ) -> None:
-        """Where a judged example's row carries a ``ground_truth`` answer, the math verifier's verdict on it goes
+        """Where a judged example's row carries a ``verifier_answer``, the math verifier's verdict on it goes
         to ``info["verifier_correct"]``: never the reward, but the measure of how far a learned reward has
         been hacked (Data-Scaling RLHF §5: the gap between the judge's reward and the true accuracy)."""
-        rows = [i for i, e in enumerate(examples) if e.fields.get("ground_truth") is not None]
+        rows = [i for i, e in enumerate(examples) if e.fields.get("verifier_answer") is not None]
         if not rows:
             return
-        checked = self._pool("math").score([(responses[i], str(examples[i].fields["ground_truth"])) for i in rows])
+        checked = self._pool("math").score([(responses[i], str(examples[i].fields["verifier_answer"])) for i in rows])
         for i, verdict in zip(rows, checked, strict=True):
             results[i].info["verifier_correct"] = bool(verdict.correct)
 

@@ -392,15 +392,19 @@ def source_stats(results: Sequence[RewardResult]) -> dict[str, float]:
 
 
 def ground_truth_stats(results: Sequence[RewardResult], prefix: str) -> dict[str, float]:
-    """Judged responses with a ground truth (``info["verifier_correct"]``): the rule verifier's accuracy, and
-    the gap between the judge's mean score and it (reward hacking grows the gap); empty without any."""
+    """Judged responses checked against a true answer (``info["verifier_correct"]``): the rule verifier's
+    accuracy, the gap between the judge's mean score and it, and the share the judge calls correct that the
+    verifier finds wrong (reward hacking grows both; the gap's level depends on the judge's scale, a GenRM
+    scoring a right answer near 0.5, so read its trend); empty without any."""
     checked = [r for r in results if "verifier_correct" in r.info]
     if not checked:
         return {}
     accuracy = sum(r.info["verifier_correct"] for r in checked) / len(checked)
+    fooled = sum(r.correct and not r.info["verifier_correct"] for r in checked) / len(checked)
     return {
         f"{prefix}/verifier_accuracy": accuracy,
         f"{prefix}/judge_minus_verifier": sum(r.score for r in checked) / len(checked) - accuracy,
+        f"{prefix}/judge_fooled": fooled,
     }
 
 

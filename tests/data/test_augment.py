@@ -50,6 +50,8 @@ def test_the_settings_know_every_augmentation():
     ContrastivePretrainRun(augmentations=",".join(AUGMENTATIONS)).check()
     with pytest.raises(ConfigError, match="--augmentations must name some of mask, delete, reorder"):
         ContrastivePretrainRun(augmentations="mask,shuffle").check()
+    with pytest.raises(ConfigError, match="reorder needs another one beside it"):
+        ContrastivePretrainRun(augmentations="reorder").check()
 
 
 def test_two_views_use_two_different_augmentations_where_they_apply():

@@ -48,6 +48,8 @@ def test_rm_pretrain_writes_an_encoder_that_reward_models_and_critics_start_from
     assert summary["held_out_conversations"] == 4 and 0 <= summary["held_out_after"]["accuracy"] <= 1
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
     RewardModel.from_policy(str(out / "model"))  # `rm train --model OUT/model`
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["architectures"][0].endswith("ForCausalLM")  # the whole causal LM: a judge can start from it
     critic = load_value_model(out)  # `critic.init=reward_model critic.path=OUT`
     assert critic.head.weight.abs().sum().item() == 0.0
     assert main(["rm", "pretrain", "--model", "tiny-random", "--out", str(out)]) == 2  # --contrastive is required

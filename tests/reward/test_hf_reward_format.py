@@ -86,3 +86,11 @@ def test_a_foreign_hf_reward_model_initialises_a_critic(tmp_path):
         hidden = classifier.model(ids).last_hidden_state
     assert torch.allclose(values[0], classifier.score(hidden)[0, 1:4, 0], atol=1e-5)  # V(s_t): the state before token t
     assert logits[0, 0].item() == pytest.approx(classifier.score(hidden)[0, -1, 0].item(), abs=1e-5)
+
+
+def test_a_causal_lm_is_not_taken_for_a_reward_model():
+    from reasonrl.models.load import ModelError
+    from reasonrl.models.value import load_sequence_classifier
+
+    with pytest.raises(ModelError, match="not a one-label sequence-classification reward model"):
+        load_sequence_classifier(resolve_model("tiny-random"))  # its score layer would be random

@@ -83,9 +83,9 @@ def test_a_judged_row_with_a_ground_truth_is_also_checked_by_the_verifier_but_re
 
     judge = FixedJudge()  # 0.8 when the response equals the reference, else 0.2
     router = RewardRouter(resolve_routes(), {"math": MathVerifier()}, {"genrm_bon": lambda: judge}, workers=1)
-    rows = [  # the judge sees a best-of-N reference; the truth is in the row's ground_truth column
-        Example("o1", "3+4?", "Answer: 8", "open", fields={"ground_truth": "7"}),
-        Example("o2", "2+2?", "Answer: 4", "open", fields={"ground_truth": "4"}),
+    rows = [  # the judge sees a best-of-N reference; the truth is in the row's verifier_answer column
+        Example("o1", "3+4?", "Answer: 8", "open", fields={"verifier_answer": "7"}),
+        Example("o2", "2+2?", "Answer: 4", "open", fields={"verifier_answer": "4"}),
         Example("o3", "a poem", "roses", "open"),
     ]
     try:
@@ -97,3 +97,4 @@ def test_a_judged_row_with_a_ground_truth_is_also_checked_by_the_verifier_but_re
     stats = source_stats(results)
     assert stats["reward/verifier_accuracy"] == 0.0
     assert stats["reward/judge_minus_verifier"] == pytest.approx(0.5)  # (0.8 + 0.2) / 2 − 0
+    assert stats["reward/judge_fooled"] == 0.5  # o1: the judge says right, the verifier wrong
