@@ -37,7 +37,8 @@ def representations(rm: RewardModel, histories: Sequence, replies: Sequence[str]
     """[N, d]: the backbone's state at the end of each history, before its reply: COCA encodes the behaviour
     sequence itself (read after the reply, the unchanged reply alone would tell the conversations apart)."""
     encoded = [rm.encode(h, r) for h, r in zip(histories, replies, strict=True)]
-    prompts, responses = [p for p, _ in encoded], [r for _, r in encoded]
+    # the state before the first reply token depends on the history alone (causal attention): one token suffices
+    prompts, responses = [p for p, _ in encoded], [r[:1] for _, r in encoded]
     p_width, r_width = max(map(len, prompts)), max(map(len, responses))
     hidden = response_hidden_states(
         rm.model.backbone,
