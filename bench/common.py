@@ -46,7 +46,11 @@ def reasonrl(*arguments: str) -> str:
     import sys
 
     command = [sys.executable, "-m", "reasonrl", *arguments]
-    return subprocess.run(command, env=child_env(), cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(command, env=child_env(), cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:  # the child's own error, not only its exit status
+        sys.stderr.write(done.stderr[-4000:])
+        done.check_returncode()
+    return done.stdout
 
 
 def cached(path: Path, produce) -> dict:

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when this file is imported
-from common import ROOT, child_env, mean_se, seeded_bench_arguments, write_result
+from common import mean_se, reasonrl, seeded_bench_arguments, write_result
 
 ARMS = ("pag", "single_turn", "direct_multiturn")
 PAG_KEYS = ("acc@t1", "acc@final", "verifier_accuracy", "delta_i_to_c", "delta_c_to_i", "revision_rate")
@@ -51,20 +50,17 @@ PROFILES = {
 
 def pag_eval(model: str, profile: dict) -> dict:
     """``reasonrl eval --protocol pag`` on the held-out problems (greedy), in its own process."""
-    command = [sys.executable, "-m", "reasonrl", "eval", "--model", model, "--dataset", "arithmetic",
-               "--limit", str(profile["eval_limit"]), "--max-new-tokens", str(profile["max_new_tokens"]),
-               "--protocol", "pag"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=ROOT, check=True)
-    return json.loads(done.stdout)
+    limit, tokens = str(profile["eval_limit"]), str(profile["max_new_tokens"])
+    return json.loads(reasonrl("eval", "--model", model, "--dataset", "arithmetic", "--limit", limit,
+                               "--max-new-tokens", tokens, "--protocol", "pag"))  # fmt: skip
 
 
 def train(preset: str, seed: int, steps: int, profile: dict, work: Path) -> Path:
     """One RL run; returns its directory."""
     run_dir = work / "runs" / f"{preset}-seed{seed}"
-    command = [sys.executable, "-m", "reasonrl", "train", preset, f"model.name_or_path={profile['model']}",
-               *profile["train"], f"train.rollout_steps={steps}", f"run.seed={seed}", f"run.eval_every={steps}",
-               f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}", "run.loggers=[]", "--quiet"]  # fmt: skip
-    subprocess.run(command, env=child_env(), cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    reasonrl("train", preset, f"model.name_or_path={profile['model']}", *profile["train"],
+             f"train.rollout_steps={steps}", f"run.seed={seed}", f"run.eval_every={steps}",
+             f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}", "run.loggers=[]", "--quiet")  # fmt: skip
     return run_dir
 
 

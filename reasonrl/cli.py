@@ -88,6 +88,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         samples=args.n,
         system_prompt=args.system_prompt,
         protocol=args.protocol,
+        device=args.device,
+        dtype=args.dtype,
         max_attempts=args.max_attempts,
         self_verify_bon=args.self_verify_bon,
         records=args.records,
@@ -293,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--template", default=eval_defaults.prompt_template, choices=_choices(EvalSettings, "prompt_template")
     )
     evaluate.add_argument("--seed", type=int, default=eval_defaults.seed)
+    evaluate.add_argument(
+        "--device", default=eval_defaults.device, choices=_choices(EvalSettings, "device"),
+        help="where the model generates: auto = a CUDA GPU when one is visible, else the CPU",
+    )  # fmt: skip
+    evaluate.add_argument("--dtype", default=eval_defaults.dtype, choices=_choices(EvalSettings, "dtype"))
     evaluate.add_argument("--fire", action="store_true", help="FIRE: sample the first token flaming-hot")
     evaluate.add_argument("--fire-temperature", type=float, default=eval_defaults.fire.temperature)
     evaluate.add_argument("--fire-top-k", type=int, default=eval_defaults.fire.top_k)

@@ -17,7 +17,7 @@ from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, benchmark_examples
-from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
 from reasonrl.reward.base import RewardResult
 from reasonrl.reward.code import CodeVerifier
 from reasonrl.reward.math import MathVerifier
@@ -197,7 +197,7 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
         )
     samples = settings.samples or settings.k
     tokenizer = load_tokenizer(settings.model)
-    model = load_model(settings.model)
+    model = load_model(settings.model, device=resolve_device(settings.device))
     engine = build_engine("auto", model, tokenizer, dtype=compute_dtype(settings.dtype))
     del model
     encoder = PromptEncoder(tokenizer, settings.prompt_template, 10**9, settings.system_prompt)

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from reasonrl.cli import main
 from reasonrl.eval import majority_correct, sampled_metrics
@@ -188,3 +189,10 @@ def test_eval_with_self_verify_best_of_k(tmp_path, capsys):
     assert main([*args, "--self-verify-bon"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert 0.0 <= result["self_verify_bon@k"] <= result["pass@k"]  # it keeps one of the k answers
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a CUDA device")
+def test_eval_on_cuda_without_a_gpu_says_so_before_loading(capsys):
+    argv = ["eval", "--model", "tiny-random", "--limit", "1", "--max-new-tokens", "2", "--device", "cuda"]
+    assert main(argv) != 0
+    assert "sees no CUDA device" in capsys.readouterr().err

@@ -48,6 +48,10 @@ class EvalSettings:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Weights' dtype for generation (as model.dtype)."""
 
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model generates (as model.device): auto = a CUDA GPU when one is visible (vLLM where
+    installed, else transformers' generate), else the CPU."""
+
     workers: int = 2
     """Processes that score answers in parallel (per verifier)."""
 

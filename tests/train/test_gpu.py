@@ -50,3 +50,19 @@ def test_the_fast_engine_refuses_a_cuda_model():
     model = load_model("tiny-random", device="cuda")
     with pytest.raises(ModelError, match="the fast engine generates on the CPU"):
         build_engine("fast", model, None)
+
+
+def test_eval_generates_on_the_gpu_by_default(monkeypatch, capsys):
+    import reasonrl.eval
+    from reasonrl.cli import main
+
+    devices = []
+    build = reasonrl.eval.build_engine
+
+    def recording_build(name, model, *args, **kwargs):
+        devices.append(next(model.parameters()).device.type)
+        return build(name, model, *args, **kwargs)
+
+    monkeypatch.setattr(reasonrl.eval, "build_engine", recording_build)
+    assert main(["eval", "--model", "tiny-random", "--limit", "2", "--max-new-tokens", "4"]) == 0
+    assert devices == ["cuda"]
