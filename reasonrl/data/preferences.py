@@ -25,11 +25,15 @@ def conversation_text(messages: list[dict[str, str]]) -> str:
 
 
 def hh_prompt_example(split: str, location: str, row: dict[str, Any], index: int) -> Example:
-    """An HH-RLHF pair as an RL prompt: the dialogue before the last reply, the human-chosen reply as the
-    anchor (task_type "reference": the router sends it to the pairwise judge / GenRM)."""
+    """An HH-RLHF pair as an RL prompt: the dialogue before the last reply (as chat messages, and flattened as
+    ``question``), the human-chosen reply as the anchor (task_type "reference": the router sends it to the
+    pairwise judge / GenRM, or with the bt route to the Bradley-Terry model, which reads the messages as
+    it was trained on them)."""
     from reasonrl.data.loaders import DataError
 
     messages = parse_transcript(str(row.get("chosen", "")))
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
         raise DataError(f"{location}: 'chosen' is not an HH transcript ending with an Assistant turn")
-    return Example(f"hh-rlhf:{index}", conversation_text(messages[:-1]), messages[-1]["content"], "reference")
+    dialogue = messages[:-1]  # the policy answers the real multi-turn chat; judges read it as text
+    reply = messages[-1]["content"]
+    return Example(f"hh-rlhf:{index}", conversation_text(dialogue), reply, "reference", tuple(dialogue))

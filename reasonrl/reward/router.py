@@ -117,10 +117,10 @@ class RewardRouter:
 
     def _model_scores(self, source: str, examples: Sequence[Example], responses: Sequence[str]) -> list[float]:
         scorer = self._model(source)
-        questions = [e.question for e in examples]
-        if source == "bt":
-            prompts = [[{"role": "user", "content": q}] for q in questions]
+        if source == "bt":  # the conversation as `rm train` saw it: chat messages, not flattened text
+            prompts = [[dict(m) for m in e.messages] or [{"role": "user", "content": e.question}] for e in examples]
             return [1.0 / (1.0 + math.exp(-s)) for s in scorer.score(prompts, responses)]
+        questions = [e.question for e in examples]
         return scorer.score(questions, responses, [e.answer for e in examples])  # GenRM vs the reference
 
     def close(self) -> None:

@@ -98,3 +98,30 @@ def test_a_judged_row_with_a_ground_truth_is_also_checked_by_the_verifier_but_re
     assert stats["reward/verifier_accuracy"] == 0.0
     assert stats["reward/judge_minus_verifier"] == pytest.approx(0.5)  # (0.8 + 0.2) / 2 − 0
     assert stats["reward/judge_fooled"] == 0.5  # o1: the judge says right, the verifier wrong
+
+
+def test_the_bradley_terry_source_reads_an_hh_dialogue_as_the_chat_it_was_trained_on():
+    from reasonrl.data.preferences import hh_prompt_example
+
+    class RecordingRewardModel:
+        prompts = []
+
+        def score(self, prompts, responses):
+            self.prompts.extend(prompts)
+            return [0.0 for _ in responses]
+
+    row = {"chosen": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how do I bake bread?\n\nAssistant: Knead it."}
+    example = hh_prompt_example("test", "hh.jsonl", row, 0)
+    assert example.answer == "Knead it." and "how do I bake bread?" in example.question  # judges read text
+    router = RewardRouter(resolve_routes(["reference=bt"]), {}, {"bt": RecordingRewardModel}, workers=1)
+    try:
+        router.score_examples([example], ["Use flour."])
+    finally:
+        router.close()
+    assert RecordingRewardModel.prompts == [
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "how do I bake bread?"},
+        ]
+    ]
