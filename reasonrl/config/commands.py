@@ -151,6 +151,9 @@ class RewardModelRun:
     lines beyond); set it to the policy's response cap when the model will score, or initialise the
     critic for, longer answers."""
 
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model trains (as model.device): auto = a CUDA GPU when one is visible, else the CPU."""
+
     seed: int = 0
     """Seed of the split, the shuffling and the initialisation."""
 
@@ -321,6 +324,9 @@ class ContrastivePretrainRun:
 
     max_response_tokens: int = 128
     """Reply tokens the encoder reads (the first ones are kept)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model trains (as model.device): auto = a CUDA GPU when one is visible, else the CPU."""
 
     seed: int = 0
     """Seed of the split, the views and the shuffling."""

@@ -184,10 +184,11 @@ class RewardModel:
 
     @classmethod
     def from_policy(cls, spec: str, **options) -> RewardModel:
-        """An untrained reward model on a policy's backbone (zero head)."""
+        """An untrained reward model on a policy's backbone (zero head), on ``device`` (default the CPU)."""
         from reasonrl.models.load import load_tokenizer
 
-        return cls(value_model_from_policy(spec), load_tokenizer(spec), **options)
+        model = value_model_from_policy(spec, device=options.pop("device", "cpu"))
+        return cls(model, load_tokenizer(spec), **options)
 
 
 def pair_accuracy(rm: RewardModel, pairs: Sequence[PreferencePair]) -> float:

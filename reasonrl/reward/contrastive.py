@@ -77,7 +77,7 @@ def held_out_metrics(rm: RewardModel, pairs: Sequence[PreferencePair], settings:
 
 def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
     """Split, measure, train, measure again, save; returns (and writes) the summary."""
-    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer
+    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
 
     settings.check()
     started = time.perf_counter()
@@ -91,10 +91,11 @@ def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
             f"{settings.data}: {len(train)} training and {len(held_out)} held-out conversations; contrastive "
             f"pretraining needs at least --batch-pairs ({settings.batch_pairs}) and 2"
         )
-    causal_lm = load_model(settings.model, torch.float32)  # its backbone is trained in place; its LM head kept
+    device = resolve_device(settings.device)
+    causal_lm = load_model(settings.model, torch.float32, device=device)  # its backbone trained in place, LM head kept
     tokenizer = load_tokenizer(settings.model)
     rm = RewardModel(
-        ValueModel(causal_lm.base_model), tokenizer, compute_dtype=compute_dtype("auto"),
+        ValueModel(causal_lm.base_model).to(device), tokenizer, compute_dtype=compute_dtype("auto"),
         max_prompt_tokens=settings.max_prompt_tokens, max_response_tokens=settings.max_response_tokens,
     )  # fmt: skip
     before = held_out_metrics(rm, held_out, settings)

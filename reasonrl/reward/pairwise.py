@@ -111,8 +111,9 @@ def train_pairwise_judge(
     for _ in range(steps):
         batch = rng.sample(list(pairs), min(batch_pairs, len(pairs)))
         rows = [judge.encode(q, c, r) for q, c, r in batch] + [judge.encode(q, r, c) for q, c, r in batch]
-        labels = torch.tensor([True] * len(batch) + [False] * len(batch))
-        loss = pairwise_judge_loss(*judge.verdict_logits(rows), labels)
+        logit_a, logit_b = judge.verdict_logits(rows)
+        labels = torch.tensor([True] * len(batch) + [False] * len(batch), device=logit_a.device)
+        loss = pairwise_judge_loss(logit_a, logit_b, labels)
         loss.backward()
         apply_gradients(judge.model, optimizer, 1.0)
         losses.append(loss.item())

@@ -250,7 +250,7 @@ def train_prm(
             order += rng.sample(range(len(programs)), len(programs))
         batch, order = [programs[i] for i in order[:batch_programs]], order[batch_programs:]
         scores = prm_line_scores(model, batch, compute_dtype)
-        labels = torch.tensor([y for p in batch for y in p.labels], dtype=scores.dtype)
+        labels = torch.tensor([y for p in batch for y in p.labels], dtype=scores.dtype, device=scores.device)
         loss = torch.nn.functional.mse_loss(scores, labels)
         loss.backward()
         record = {"step": step, "loss": loss.item(), "grad_norm": apply_gradients(model, optimizer, 1.0)}

@@ -49,7 +49,7 @@ def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
     """The PRM (kind prm): line-level accuracy, AUC and squared error on held-out prompts' lines, before
     and after regressing the critic's layout onto the labels; the model saved under ``out/model``."""
     from reasonrl.data.loaders import read_records
-    from reasonrl.models.load import compute_dtype, load_tokenizer
+    from reasonrl.models.load import compute_dtype, load_tokenizer, resolve_device
     from reasonrl.models.value import export_sequence_classifier, value_model_from_policy
     from reasonrl.reward.prm import labelled_programs, prm_metrics, train_prm
 
@@ -60,7 +60,7 @@ def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
         raise DataError(f"{settings.data} holds no labelled lines: give the --out file of `reasonrl prm label`")
     train, held_out = split_groups(programs, settings.held_out, settings.seed)
     dtype = compute_dtype("auto")
-    model = value_model_from_policy(settings.model)
+    model = value_model_from_policy(settings.model, device=resolve_device(settings.device))
     before = prm_metrics(model, held_out, dtype)
     train_prm(
         model, train, steps=settings.steps, batch_programs=settings.batch_pairs, lr=settings.lr,
@@ -111,8 +111,9 @@ def run_reward_model_training(settings: RewardModelRun) -> dict:
 def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict:
     """A Bradley-Terry model (kind bt) or a pairwise judge (kind pairwise): held-out pairwise accuracy
     before and after training on the pairs; the model saved under ``out/model``."""
-    from reasonrl.models.load import compute_dtype
+    from reasonrl.models.load import compute_dtype, resolve_device
 
+    device = resolve_device(settings.device)
     train, held_out = split_pairs(load_preference_pairs(settings.data), settings.held_out, settings.seed)
     held_out = held_out[: settings.eval_pairs] if settings.eval_pairs else held_out
     dtype = compute_dtype("auto")
@@ -120,6 +121,7 @@ def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict
         rm = RewardModel.from_policy(
             settings.model,
             compute_dtype=dtype,
+            device=device,
             max_prompt_tokens=settings.max_prompt_tokens,
             max_response_tokens=settings.max_response_tokens,
         )
@@ -136,7 +138,7 @@ def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict
         from reasonrl.reward.pairwise import PairwiseJudge, train_pairwise_judge
 
         tokenizer = load_tokenizer(settings.model)
-        judge = PairwiseJudge(load_model(settings.model, torch.float32), tokenizer, compute_dtype=dtype)
+        judge = PairwiseJudge(load_model(settings.model, torch.float32, device=device), tokenizer, compute_dtype=dtype)
         before = _judge_accuracy(judge, held_out)
         triples = [(conversation_text(p.prompt), p.chosen, p.rejected) for p in train]
         losses = train_pairwise_judge(
