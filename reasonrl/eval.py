@@ -13,15 +13,14 @@ from typing import Any
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_WRONG
 from reasonrl.config.commands import EvalSettings
+from reasonrl.config.routes import VERIFIER_SOURCES
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, benchmark_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
 from reasonrl.reward.base import RewardResult
-from reasonrl.reward.code import CodeVerifier
-from reasonrl.reward.math import MathVerifier
-from reasonrl.reward.router import RewardRouter, resolve_routes
+from reasonrl.reward.router import RewardRouter, program_verifiers, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.multiturn import (
     PAG_VERIFY_PROMPT,
@@ -49,7 +48,6 @@ class _VerifyOnce:
 
 
 VERIFY_ONCE = _VerifyOnce()
-VERIFIERS = {"math": MathVerifier, "code": CodeVerifier}  # the task types eval scores, and their verifiers
 
 
 def _vote_key(result: RewardResult) -> str | None:
@@ -189,11 +187,11 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
     started = time.perf_counter()
     fields = Fields(settings.question_field, settings.answer_field)
     examples = benchmark_examples(settings.dataset, settings.limit, DataSpec(fields=fields))
-    unscorable = sorted({e.task_type for e in examples} - set(VERIFIERS))
+    unscorable = sorted({e.task_type for e in examples} - set(VERIFIER_SOURCES))
     if unscorable:
         raise DataError(
             f"{settings.dataset} holds {', '.join(unscorable)} prompts, which only a judge can score; eval scores "
-            f"tasks a program checks ({', '.join(VERIFIERS)}): give such a dataset"
+            f"tasks a program checks ({', '.join(VERIFIER_SOURCES)}): give such a dataset"
         )
     samples = settings.samples or settings.k
     tokenizer = load_tokenizer(settings.model)
@@ -202,7 +200,7 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
     del model
     encoder = PromptEncoder(tokenizer, settings.prompt_template, 10**9, settings.system_prompt)
     # verifiable tasks by their task type: math answers, or code run against its tests in the sandbox
-    verifiers = {task_type: make() for task_type, make in VERIFIERS.items()}
+    verifiers = program_verifiers()
     pool = RewardRouter(resolve_routes(), verifiers, {}, workers=settings.workers, timeout=settings.timeout_seconds)
     greedy_params = SamplingParams(settings.max_new_tokens, temperature=0.0)
     sampled_params = SamplingParams(

@@ -11,10 +11,12 @@ DEFAULT_ROUTES: dict[str, str] = {
     "reference": "genrm_reference",
     "open": "genrm_bon",
     "preference": "bt",
+    "grounding": "grounding",  # a box, scored by IoU (reasonrl.reward.visual)
+    "pointing": "pointing",  # a point, scored by point-in-box
 }
-VERIFIER_SOURCES = ("math", "code")
+VERIFIER_SOURCES = ("math", "code", "grounding", "pointing")
 MODEL_SOURCES = ("genrm_reference", "genrm_bon", "bt")
-VERIFIABLE_TASKS = ("math", "code")
+VERIFIABLE_TASKS = VERIFIER_SOURCES
 
 
 class RoutingError(ValueError):

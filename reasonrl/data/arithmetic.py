@@ -48,7 +48,8 @@ class ArithmeticTask:
         return f"{min(a, b)}{op}{max(a, b)}" if op in COMMUTATIVE else f"{a}{op}{b}"
 
     @classmethod
-    def _is_eval(cls, a: int, op: str, b: int) -> bool:
+    def is_eval_problem(cls, a: int, op: str, b: int) -> bool:
+        """Whether ``a op b`` (or its commuted twin) belongs to the held-out split."""
         return int(hashlib.sha256(cls._canonical(a, op, b).encode()).hexdigest(), 16) % EVAL_BUCKETS == 0
 
     @staticmethod
@@ -61,7 +62,7 @@ class ArithmeticTask:
         rng = random.Random(f"arithmetic-train:{self.seed}:{index}")
         while True:
             a, op, b = self._draw(rng)
-            if not self._is_eval(a, op, b):
+            if not self.is_eval_problem(a, op, b):
                 return self._example(a, op, b)
 
     def eval_examples(self, count: int) -> list[Example]:
@@ -74,6 +75,6 @@ class ArithmeticTask:
             if attempts > 1000 * max(count, 1):
                 raise ValueError(f"the arithmetic eval split holds fewer than {count} distinct problems")
             a, op, b = self._draw(rng)
-            if self._is_eval(a, op, b):
+            if self.is_eval_problem(a, op, b):
                 seen.setdefault(self._canonical(a, op, b), self._example(a, op, b))
         return list(seen.values())

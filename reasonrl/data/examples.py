@@ -33,3 +33,7 @@ class Example:
 
     fields: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The row's other columns (JSON values), passed to custom reward functions as keyword arguments."""
+
+    images: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    """The prompt's images (PIL images), shown before its text; empty for a text prompt. Only a
+    vision-language model can answer a prompt with images."""

@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from reasonrl.data.code_tasks import CodeTaskError, humaneval_example, mbpp_exam
 from reasonrl.data.examples import Example
 from reasonrl.data.functions import function_examples
 from reasonrl.data.preferences import hh_prompt_example
+from reasonrl.data.visual import PROBLEMS as VISUAL_PROBLEMS
+from reasonrl.data.visual import visual_examples
 
 HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by a stable hash) for evaluation
 
@@ -62,6 +65,10 @@ BUILTIN_DATASETS = {
         dict.fromkeys(("train", "test", "validation", "prompt"), "mbpp.jsonl.gz"), Fields(), mbpp_example
     ),
     "functions": BuiltinDataset(dict.fromkeys(("train", "test")), Fields(), generate=function_examples),
+    **{
+        task: BuiltinDataset(dict.fromkeys(("train", "test")), Fields(), generate=partial(visual_examples, task))
+        for task in VISUAL_PROBLEMS
+    },
     "hh-rlhf-harmless": BuiltinDataset(
         {"test": "hh-rlhf-harmless-test.jsonl.gz"}, Fields(), hh_prompt_example, verifiable=False
     ),

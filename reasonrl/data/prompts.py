@@ -86,6 +86,13 @@ class PromptEncoder:
 
     def __call__(self, example: Example) -> list[int] | None:
         """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
+        if example.images:
+            from reasonrl.data.loaders import DataError
+
+            raise DataError(
+                f"prompt {example.id} shows images, which a text-only model cannot see; train or evaluate a "
+                "vision-language model on it, or choose a text dataset"
+            )
         if example.id not in self._cache:
             ids = chat_token_ids(self.tokenizer, self.messages(example), self.tools)
             self._cache[example.id] = ids

@@ -9,8 +9,10 @@ Each sample's ``task_type`` picks exactly one reward source:
 | `reference`  | `genrm_reference` | GenRM against the example's ground-truth answer                       |
 | `open`       | `genrm_bon`       | GenRM against the example's best-of-N reference (in its answer field) |
 | `preference` | `bt`              | the Bradley-Terry reward model, σ(score)                              |
+| `grounding`  | `grounding`       | the answered box's IoU with the reference box ≥ 0.5 (visual tasks)    |
+| `pointing`   | `pointing`        | the answered point inside the reference box (visual tasks)            |
 
-``reward.routes`` overrides entries (``task_type=source``), but a verifiable task (math, code)
+``reward.routes`` overrides entries (``task_type=source``), but a verifiable task (math, code, grounding, pointing)
 can only be routed to a verifier: verifiable tasks never reach a learned judge.  Every source
 reports a score in [0, 1] (verifiers: 1/0 or the pass fraction; GenRM: the position-debiased win
 probability, 0.5 = parity; BT: σ(score)), so one scale reaches the advantage stage; a model
@@ -129,11 +131,19 @@ class RewardRouter:
             pool.close()
 
 
+def program_verifiers() -> dict[str, Verifier]:
+    """The verifier of each verifier source (math, code, grounding, pointing): what scores verifiable tasks."""
+    from reasonrl.reward.code import CodeVerifier
+    from reasonrl.reward.math import MathVerifier
+    from reasonrl.reward.visual import GroundingVerifier, PointingVerifier
+
+    verifiers = {"math": MathVerifier(), "code": CodeVerifier(), "grounding": GroundingVerifier()}
+    return verifiers | {"pointing": PointingVerifier()}
+
+
 def build_router(cfg: Config, dtype: torch.dtype, device: torch.device | str = "cpu") -> RewardRouter:
     """The hybrid reward router of a config: verifiers for math and code, judges loaded on ``device`` on first use."""
     from reasonrl.config import ConfigError
-    from reasonrl.reward.code import CodeVerifier
-    from reasonrl.reward.math import MathVerifier
 
     judge: list = []
 
@@ -153,7 +163,7 @@ def build_router(cfg: Config, dtype: torch.dtype, device: torch.device | str = "
 
     return RewardRouter(
         resolve_routes(cfg.reward.routes),
-        {"math": MathVerifier(), "code": CodeVerifier()},
+        program_verifiers(),
         {"genrm_reference": genrm, "genrm_bon": genrm, "bt": bradley_terry},
         workers=cfg.reward.workers,
         timeout=cfg.reward.timeout_seconds,

@@ -103,11 +103,11 @@ def test_a_judged_row_with_a_ground_truth_is_also_checked_by_the_verifier_but_re
 def test_the_bradley_terry_source_reads_an_hh_dialogue_as_the_chat_it_was_trained_on():
     from reasonrl.data.preferences import hh_prompt_example
 
-    class RecordingRewardModel:
-        prompts = []
+    seen = []
 
+    class RecordingRewardModel:
         def score(self, prompts, responses):
-            self.prompts.extend(prompts)
+            seen.extend(prompts)
             return [0.0 for _ in responses]
 
     row = {"chosen": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how do I bake bread?\n\nAssistant: Knead it."}
@@ -118,7 +118,7 @@ def test_the_bradley_terry_source_reads_an_hh_dialogue_as_the_chat_it_was_traine
         router.score_examples([example], ["Use flour."])
     finally:
         router.close()
-    assert RecordingRewardModel.prompts == [
+    assert seen == [
         [
             {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"},
