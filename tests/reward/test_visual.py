@@ -41,36 +41,28 @@ def test_grounding_verifier(response, correct, iou, why):
         assert result.info["iou"] == pytest.approx(iou), why
 
 
-POINTING = [
-    ("Answer: (5, 5)", True, "the centre"),
-    ("Answer: [5, 5]", True, "square brackets"),
-    ("Answer: (10, 0)", True, "a corner: edges are inside"),
-    ("Answer: (10.01, 5)", False, "just outside"),
-    ("Answer: (-1, 5)", False, "left of the box"),
-    ("Answer: (5, 5) or (50, 50)", False, "hedging between points"),
-    ("Answer: (nan, 5)", False, "not a number"),
-    ("Answer: 5, 5", False, "a point needs brackets"),
+ANSWERS = [
+    # (verifier, reference, response, correct, why): pointing in REFERENCE's box, counting (the math verifier)
+    (PointingVerifier, REFERENCE, "Answer: (5, 5)", True, "the centre"),
+    (PointingVerifier, REFERENCE, "Answer: [5, 5]", True, "square brackets"),
+    (PointingVerifier, REFERENCE, "Answer: (10, 0)", True, "a corner: edges are inside"),
+    (PointingVerifier, REFERENCE, "Answer: (10.01, 5)", False, "just outside"),
+    (PointingVerifier, REFERENCE, "Answer: (-1, 5)", False, "left of the box"),
+    (PointingVerifier, REFERENCE, "Answer: (5, 5) or (50, 50)", False, "hedging between points"),
+    (PointingVerifier, REFERENCE, "Answer: (nan, 5)", False, "not a number"),
+    (PointingVerifier, REFERENCE, "Answer: 5, 5", False, "a point needs brackets"),
+    (MathVerifier, "3", "Answer: 3", True, "the count"),
+    (MathVerifier, "3", "Answer: 4", False, "one too many"),
+    (MathVerifier, "3", "Answer: 2", False, "one too few"),
+    (MathVerifier, "3", "Answer: 3 or 4", False, "hedging between counts"),
+    (MathVerifier, "3", "There are three squares. Answer: three", False, "a word is not the number"),
 ]
 
 
-@pytest.mark.parametrize(("response", "correct", "why"), POINTING, ids=[c[2] for c in POINTING])
-def test_pointing_verifier(response, correct, why):
-    result = PointingVerifier()(response, REFERENCE)
+@pytest.mark.parametrize(("verifier", "reference", "response", "correct", "why"), ANSWERS, ids=[c[4] for c in ANSWERS])
+def test_pointing_and_counting_answers(verifier, reference, response, correct, why):
+    result = verifier()(response, reference)
     assert result.correct is correct and result.score == float(correct), why
-
-
-COUNTING = [
-    ("Answer: 3", True, "the count"),
-    ("Answer: 4", False, "one too many"),
-    ("Answer: 2", False, "one too few"),
-    ("Answer: 3 or 4", False, "hedging between counts"),
-    ("There are three squares. Answer: three", False, "a word is not the number"),
-]
-
-
-@pytest.mark.parametrize(("response", "correct", "why"), COUNTING, ids=[c[2] for c in COUNTING])
-def test_counting_answers_use_the_math_verifier(response, correct, why):
-    assert MathVerifier()(response, "3").correct is correct, why
 
 
 def test_box_iou_is_symmetric_and_one_only_for_the_same_box():
