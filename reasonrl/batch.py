@@ -3,6 +3,10 @@
 Prompts are left-padded and responses right-padded; every mask is explicit (never derived from
 ``ids != pad``: SmolLM2's pad token is also its end-of-turn token).  Shape letters: B sequences,
 P prompt tokens, T response tokens.
+
+A vision-language batch also carries its prompts' images, once per distinct prompt (not once per sample):
+``vision`` holds the model's pixel inputs [I, N, ...] (I image prompts, N images each, zero-padded) and
+``image_index`` [B] the row of them each sequence's prompt shows (−1: a text prompt).
 """
 
 from __future__ import annotations
@@ -42,18 +46,38 @@ class RolloutBatch:
     role_ids: Tensor | None = None  # [B, T] long: multi-turn, the role of each generated token (rollout.multiturn)
     turn_ids: Tensor | None = None  # [B, T] long: multi-turn, the generated turn of each token, -1 elsewhere
     dense_rewards: Tensor | None = None  # [B, T] float: process rewards on line-end tokens, added to the outcome's
+    vision: dict[str, Tensor] | None = None  # each [I, N, ...]: the pixel inputs of the I image prompts (VLM)
+    image_index: Tensor | None = None  # [B] long: each sequence's row of ``vision``; -1 = a text prompt
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
 
     def _tensors(self) -> dict[str, Tensor | None]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The per-sequence tensors (row i = sequence i): every field but the images."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in IMAGE_FIELDS}
 
     def select(self, index: Tensor | Sequence[int]) -> RolloutBatch:
-        """The rows ``index`` (a view-free copy), padding columns trimmed to the rows kept."""
+        """The rows ``index`` (a view-free copy), padding columns trimmed to the rows kept (and images to
+        the prompts kept)."""
         index = torch.as_tensor(index, dtype=torch.long)
         rows = {k: (v[index] if v is not None else None) for k, v in self._tensors().items()}
-        return RolloutBatch(**rows).trimmed()
+        if self.vision is None or self.image_index is None:
+            return RolloutBatch(**rows).trimmed()
+        shown = self.image_index[index]  # [b]
+        kept = torch.unique(shown[shown >= 0])  # [i] the image prompts the rows show, in order
+        remap = torch.full((len(next(iter(self.vision.values()))),), -1, dtype=torch.long)
+        remap[kept] = torch.arange(len(kept))
+        vision = {k: v[kept] for k, v in self.vision.items()}
+        image_index = torch.where(shown >= 0, remap[shown.clamp(min=0)], shown)
+        return RolloutBatch(**rows, vision=vision, image_index=image_index).trimmed()
+
+    def vision_inputs(self) -> dict[str, Tensor]:
+        """The model's image inputs for these rows, one entry per sequence (a text prompt's all zero: a
+        padding image); empty when no row shows an image."""
+        if self.vision is None or self.image_index is None or not bool((self.image_index >= 0).any()):
+            return {}
+        rows, shows = self.image_index.clamp(min=0), self.image_index >= 0  # [B], [B]
+        return {k: v[rows] * shows.view(-1, *[1] * (v.dim() - 1)).to(v.dtype) for k, v in self.vision.items()}
 
     def without_loss(self) -> RolloutBatch:
         """This batch with no token in any loss (its forward and backward add nothing to a gradient):
@@ -75,7 +99,7 @@ class RolloutBatch:
                 out[key] = value[:, prompt_keep:]
             else:
                 out[key] = value[:, :response_len]
-        return RolloutBatch(**out)
+        return RolloutBatch(**out, vision=self.vision, image_index=self.image_index)
 
     @staticmethod
     def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
@@ -93,7 +117,7 @@ class RolloutBatch:
                 left = key.startswith("prompt_")
                 padded = [_pad(v, width, left) for v in values]
                 out[key] = torch.cat(padded)
-        return RolloutBatch(**out)
+        return RolloutBatch(**out, **_concat_images(batches))
 
     def micro_batch_rows(self, token_budget: int) -> list[list[int]]:
         """Row indices of micro-batches whose padded size (rows × (prompt + response width)) fits the budget.
@@ -128,7 +152,39 @@ class RolloutBatch:
         """This batch with every tensor on ``device`` (itself when they are there already)."""
         if torch.device(device) == self.prompt_ids.device:
             return self
-        return RolloutBatch(**{k: (v.to(device) if v is not None else None) for k, v in self._tensors().items()})
+        moved = {k: (v.to(device) if v is not None else None) for k, v in self._tensors().items()}
+        vision = None if self.vision is None else {k: v.to(device) for k, v in self.vision.items()}
+        image_index = None if self.image_index is None else self.image_index.to(device)
+        return RolloutBatch(**moved, vision=vision, image_index=image_index)
+
+
+IMAGE_FIELDS = ("vision", "image_index")
+
+
+def _concat_images(batches: Sequence[RolloutBatch]) -> dict:
+    """The ``vision`` and ``image_index`` of concatenated batches: image rows stacked (the images per
+    prompt zero-padded to the most), each batch's indices shifted past the rows before it."""
+    if all(b.vision is None for b in batches):
+        return {"vision": None, "image_index": None}
+    keys = next(b.vision for b in batches if b.vision is not None).keys()
+    parts: dict[str, list[Tensor]] = {k: [] for k in keys}
+    indices, offset = [], 0
+    for b in batches:
+        if b.vision is None or b.image_index is None:
+            indices.append(torch.full((len(b),), -1, dtype=torch.long))
+            continue
+        indices.append(torch.where(b.image_index >= 0, b.image_index + offset, b.image_index))
+        offset += next(iter(b.vision.values())).shape[0]
+        for k in keys:
+            parts[k].append(b.vision[k])
+    return {"vision": {k: pad_images(v) for k, v in parts.items()}, "image_index": torch.cat(indices)}
+
+
+def pad_images(values: Sequence[Tensor]) -> Tensor:
+    """[I_j, N_j, ...] tensors as one [ΣI_j, max N_j, ...], missing images all zero (a padding image)."""
+    most = max(v.shape[1] for v in values)
+    padded = [torch.cat([v, v.new_zeros(v.shape[0], most - v.shape[1], *v.shape[2:])], 1) for v in values]
+    return torch.cat(padded)
 
 
 def _pad(value: Tensor, width: int, left: bool) -> Tensor:

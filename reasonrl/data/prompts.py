@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from reasonrl.data.examples import Example
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
     from reasonrl.data.examples import Example
@@ -57,6 +59,17 @@ def chat_token_ids(
     return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
 
 
+class ImagePrompt(list):
+    """A prompt's token ids (its images' tokens in place, as the processor expands them) that also carries
+    the pixel inputs of its images: ``vision`` maps each model input (``pixel_values`` [N, 3, H, W], and
+    for Idefics3 ``pixel_attention_mask`` [N, H, W]) to its tensor, N the prompt's images.  A list, so it
+    goes wherever prompt ids go; an engine that cannot see images refuses it."""
+
+    def __init__(self, ids: Sequence[int], vision: dict[str, torch.Tensor]) -> None:
+        super().__init__(ids)
+        self.vision = vision
+
+
 class PromptEncoder:
     """Chat-formatted prompt ids per example, cached; over-long prompts are reported, never cut.  ``tools``:
     function schemas the chat template renders into every prompt (a tool rollout on a template with a
@@ -69,8 +82,10 @@ class PromptEncoder:
         max_prompt_tokens: int,
         system_prompt: str | None = None,
         tools: list[dict] | None = None,
+        processor=None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.processor = processor  # a vision-language model's: prompts with images become ImagePrompts
         self.template = template
         self.max_prompt_tokens = max_prompt_tokens
         self.system_prompt = system_prompt
@@ -86,7 +101,7 @@ class PromptEncoder:
 
     def __call__(self, example: Example) -> list[int] | None:
         """The prompt ids, or None (with a warning) when the prompt is longer than ``max_prompt_tokens``."""
-        if example.images:
+        if example.images and self.processor is None:
             from reasonrl.data.loaders import DataError
 
             raise DataError(
@@ -94,7 +109,10 @@ class PromptEncoder:
                 "vision-language model on it, or choose a text dataset"
             )
         if example.id not in self._cache:
-            ids = chat_token_ids(self.tokenizer, self.messages(example), self.tools)
+            if example.images:
+                ids = self._image_prompt(example)
+            else:
+                ids = chat_token_ids(self.tokenizer, self.messages(example), self.tools)
             self._cache[example.id] = ids
             if len(ids) > self.max_prompt_tokens:
                 self.too_long += 1
@@ -107,3 +125,15 @@ class PromptEncoder:
                 )
         ids = self._cache[example.id]
         return ids if len(ids) <= self.max_prompt_tokens else None
+
+    def _image_prompt(self, example: Example) -> ImagePrompt:
+        """The chat with the example's images before the text of its last user message, through the
+        processor: image tokens in the ids, pixel inputs beside them."""
+        messages = self.messages(example)
+        last = messages[-1]
+        images = [{"type": "image"} for _ in example.images]
+        messages[-1] = {"role": last["role"], "content": [*images, {"type": "text", "text": last["content"]}]}
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        inputs = self.processor(text=[text], images=[list(example.images)], return_tensors="pt")
+        vision = {k: v[0] for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+        return ImagePrompt(inputs["input_ids"][0].tolist(), vision)

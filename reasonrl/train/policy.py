@@ -39,6 +39,7 @@ def response_logprobs(
     response_mask: Tensor,  # [B, T]
     *,
     head_mask: Tensor | None = None,  # [B, T] bool
+    vision: dict[str, Tensor] | None = None,  # a VLM's pixel inputs per row
     temperature: float = 1.0,
     compute_dtype: torch.dtype = torch.float32,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
@@ -53,7 +54,7 @@ def response_logprobs(
     """
     device = next(model.parameters()).device
     response_hidden = response_hidden_states(
-        model.base_model, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype
+        model.base_model, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype, vision
     )  # [B, T, d]
     mask = response_mask.to(device).bool()
     if head_mask is not None:
@@ -105,6 +106,7 @@ class TokenLogprobs(torch.nn.Module):
             batch.response_ids,
             batch.response_mask,
             head_mask=head_mask,
+            vision=batch.vision_inputs(),
             temperature=self.temperature,
             compute_dtype=self.compute_dtype,
         )

@@ -1,0 +1,92 @@
+"""Vision-language models: the tiny random VLM (Idefics3, SmolVLM's architecture) built locally, prompts
+with images through its processor, and log-probs that read the images, as Hugging Face computes them."""
+
+import pytest
+import torch
+
+from reasonrl.batch import RolloutBatch, pad_rows
+from reasonrl.data.loaders import load_examples
+from reasonrl.data.prompts import ImagePrompt, PromptEncoder
+from reasonrl.models.load import is_vision_language, load_model, load_processor, load_tokenizer
+from reasonrl.train.policy import TokenLogprobs
+
+VLM = "tiny-random-vlm"
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    model, tokenizer = load_model(VLM), load_tokenizer(VLM)
+    return model, tokenizer, PromptEncoder(tokenizer, "answer_line", 4096, processor=load_processor(VLM))
+
+
+def test_the_tiny_vlm_loads_with_its_processor_and_expands_each_image_into_its_tokens(vlm):
+    model, tokenizer, encoder = vlm
+    assert is_vision_language(VLM) and not is_vision_language("tiny-random")
+    assert type(model).__name__ == "Idefics3ForConditionalGeneration"
+    assert model.get_output_embeddings().out_features == len(tokenizer)  # the processor added no token
+    example = load_examples("visual_counting", "test")[0]
+    prompt = encoder(example)
+    assert isinstance(prompt, ImagePrompt)
+    assert prompt.count(model.config.image_token_id) == 9  # (96 / 16)² patches, pixel-shuffled by 2²
+    assert prompt.vision["pixel_values"].shape == (1, 3, 96, 96)
+    assert example.question in tokenizer.decode(prompt)
+    text_prompt = encoder(load_examples("functions", "test")[0])  # a VLM answers text prompts as they are
+    assert not isinstance(text_prompt, ImagePrompt) and model.config.image_token_id not in text_prompt
+
+
+def batch_of(prompts, responses):
+    """A RolloutBatch of (prompt, response) rows; each distinct ImagePrompt's images once."""
+    distinct = list({id(p): p for p in prompts if isinstance(p, ImagePrompt)}.values())
+    row_of = {id(p): i for i, p in enumerate(distinct)}
+    mask = pad_rows([[1] * len(r) for r in responses], max(map(len, responses)), False, torch.bool)
+    width = max(map(len, prompts))
+    return RolloutBatch(
+        prompt_ids=pad_rows(prompts, width, True, torch.long),
+        prompt_mask=pad_rows([[1] * len(p) for p in prompts], width, True, torch.bool),
+        response_ids=pad_rows(responses, mask.shape[1], False, torch.long),
+        response_mask=mask,
+        policy_loss_mask=mask.clone(),
+        value_loss_mask=mask.clone(),
+        rollout_logprobs=torch.zeros(mask.shape),
+        rewards=torch.zeros(len(prompts)),
+        correct=torch.zeros(len(prompts), dtype=torch.bool),
+        truncated=torch.zeros(len(prompts), dtype=torch.bool),
+        group_ids=torch.arange(len(prompts)),
+        vision={k: torch.stack([p.vision[k] for p in distinct]) for k in distinct[0].vision},
+        image_index=torch.tensor([row_of.get(id(p), -1) for p in prompts]),
+    )
+
+
+def test_vlm_log_probs_read_the_images_as_hugging_face_does(vlm):
+    model, _, encoder = vlm
+    first, second = (encoder(e) for e in load_examples("visual_counting", "test")[:2])
+    batch = batch_of([first, second], [[10, 11, 12], [13, 14]])
+    logprobs, _ = TokenLogprobs(model, 1.0, torch.float32)(batch)
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
+    attention = torch.cat([batch.prompt_mask, batch.response_mask], 1).long()
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, **batch.vision_inputs()).logits
+    width = batch.prompt_ids.shape[1]
+    expected = torch.log_softmax(logits[:, width - 1 : width + 2], -1).gather(-1, batch.response_ids[..., None])
+    assert torch.allclose(logprobs, expected.squeeze(-1) * batch.response_mask, atol=1e-5)
+    swapped = batch_of([first, second], [[10, 11, 12], [13, 14]])
+    swapped.vision = {k: v.flip(0) for k, v in swapped.vision.items()}  # each prompt shown the other's image
+    assert not torch.allclose(TokenLogprobs(model, 1.0, torch.float32)(swapped)[0], logprobs, atol=1e-4)
+
+
+def test_a_batch_holds_each_prompts_images_once_and_keeps_them_through_select_and_concat(vlm):
+    model, _, encoder = vlm
+    first, second = (encoder(e) for e in load_examples("visual_counting", "test")[:2])
+    text = encoder(load_examples("functions", "test")[0])
+    batch = batch_of([first] * 4 + [second] * 4 + [text], [[10, 11]] * 9)  # a group of 4 per image prompt
+    assert batch.vision["pixel_values"].shape[0] == 2  # not 8
+    assert batch.image_index.tolist() == [0] * 4 + [1] * 4 + [-1]
+    reference, _ = TokenLogprobs(model, 1.0, torch.float32)(batch)
+    part = batch.select([5, 8, 1])
+    assert part.vision["pixel_values"].shape[0] == 2 and part.image_index.tolist() == [1, -1, 0]
+    assert torch.allclose(TokenLogprobs(model, 1.0, torch.float32)(part)[0], reference[[5, 8, 1]], atol=1e-5)
+    joined = RolloutBatch.concat([batch.select([8]), batch.select([6, 7]), batch.select([0])])
+    assert joined.image_index.tolist() == [-1, 0, 0, 1]
+    assert torch.equal(joined.vision["pixel_values"][0], batch.vision["pixel_values"][1])
+    assert torch.allclose(TokenLogprobs(model, 1.0, torch.float32)(joined)[0], reference[[8, 6, 7, 0]], atol=1e-5)
