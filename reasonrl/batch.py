@@ -161,6 +161,21 @@ class RolloutBatch:
 IMAGE_FIELDS = ("vision", "image_index")
 
 
+def prompt_images(prompts: Sequence[Sequence[int]]) -> dict:
+    """The ``vision`` and ``image_index`` of a batch whose row i has prompt ``prompts[i]``: each distinct
+    image prompt's pixel inputs once (a group's samples share their prompt object), text prompts -1."""
+    distinct: dict[int, ImagePrompt] = {}
+    for prompt in prompts:
+        if isinstance(prompt, ImagePrompt):
+            distinct.setdefault(id(prompt), prompt)
+    if not distinct:
+        return {"vision": None, "image_index": None}
+    row = {key: i for i, key in enumerate(distinct)}
+    keys = next(iter(distinct.values())).vision.keys()
+    vision = {k: pad_images([p.vision[k][None] for p in distinct.values()]) for k in keys}
+    return {"vision": vision, "image_index": torch.tensor([row.get(id(p), -1) for p in prompts], dtype=torch.long)}
+
+
 def _concat_images(batches: Sequence[RolloutBatch]) -> dict:
     """The ``vision`` and ``image_index`` of concatenated batches: image rows stacked (the images per
     prompt zero-padded to the most), each batch's indices shifted past the rows before it."""
@@ -185,6 +200,21 @@ def pad_images(values: Sequence[Tensor]) -> Tensor:
     most = max(v.shape[1] for v in values)
     padded = [torch.cat([v, v.new_zeros(v.shape[0], most - v.shape[1], *v.shape[2:])], 1) for v in values]
     return torch.cat(padded)
+
+
+class ImagePrompt(list):
+    """A prompt's token ids (its images' tokens in place, as the processor expands them) that also carries
+    the pixel inputs of its images: ``vision`` maps each model input (``pixel_values`` [N, 3, H, W], and
+    for Idefics3 ``pixel_attention_mask`` [N, H, W]) to its tensor, N the prompt's images.  A list, so it
+    goes wherever prompt ids go; an engine that cannot see images refuses it."""
+
+    def __init__(self, ids: Sequence[int], vision: dict[str, torch.Tensor]) -> None:
+        super().__init__(ids)
+        self.vision = vision
+
+    def extended(self, tokens: Sequence[int]) -> ImagePrompt:
+        """This prompt followed by ``tokens`` (a continuation), showing the same images."""
+        return ImagePrompt([*self, *tokens], self.vision)
 
 
 def _pad(value: Tensor, width: int, left: bool) -> Tensor:

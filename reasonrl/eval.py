@@ -18,7 +18,7 @@ from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, benchmark_examples
-from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
+from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.reward.base import RewardResult
 from reasonrl.reward.router import RewardRouter, program_verifiers, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
@@ -198,7 +198,9 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
     model = load_model(settings.model, device=resolve_device(settings.device))
     engine = build_engine("auto", model, tokenizer, dtype=compute_dtype(settings.dtype))
     del model
-    encoder = PromptEncoder(tokenizer, settings.prompt_template, 10**9, settings.system_prompt)
+    encoder = PromptEncoder(
+        tokenizer, settings.prompt_template, 10**9, settings.system_prompt, processor=vision_processor(settings.model)
+    )
     # verifiable tasks by their task type: math answers, or code run against its tests in the sandbox
     verifiers = program_verifiers()
     pool = RewardRouter(resolve_routes(), verifiers, {}, workers=settings.workers, timeout=settings.timeout_seconds)

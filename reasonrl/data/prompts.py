@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+from reasonrl.batch import ImagePrompt
 from reasonrl.data.examples import Example
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedTokenizerBase
 
     from reasonrl.data.examples import Example
@@ -57,17 +56,6 @@ def chat_token_ids(
         text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
-
-
-class ImagePrompt(list):
-    """A prompt's token ids (its images' tokens in place, as the processor expands them) that also carries
-    the pixel inputs of its images: ``vision`` maps each model input (``pixel_values`` [N, 3, H, W], and
-    for Idefics3 ``pixel_attention_mask`` [N, H, W]) to its tensor, N the prompt's images.  A list, so it
-    goes wherever prompt ids go; an engine that cannot see images refuses it."""
-
-    def __init__(self, ids: Sequence[int], vision: dict[str, torch.Tensor]) -> None:
-        super().__init__(ids)
-        self.vision = vision
 
 
 class PromptEncoder:

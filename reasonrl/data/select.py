@@ -132,14 +132,19 @@ class InitialPolicy:
         the config's prompt template."""
         from reasonrl.config.plan import vllm_engine_options
         from reasonrl.data.prompts import PromptEncoder
-        from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
+        from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device, vision_processor
         from reasonrl.rollout import build_engine
 
         dtype = compute_dtype(cfg.model.dtype)
         tokenizer = load_tokenizer(cfg.model.name_or_path)
         model = load_model(cfg.model.name_or_path, device=resolve_device(cfg.model.device))
         engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
-        encoder = PromptEncoder(tokenizer, template or cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
+        encoder = PromptEncoder(
+            tokenizer,
+            template or cfg.data.prompt_template,
+            cfg.rollout.max_prompt_tokens,
+            processor=vision_processor(cfg.model.name_or_path),
+        )
         return cls(cfg, dtype, tokenizer, engine, encoder)
 
 

@@ -163,12 +163,12 @@ def is_vision_language(spec: str) -> bool:
     return hasattr(_from_pretrained(AutoConfig.from_pretrained, spec), "vision_config")
 
 
-def load_processor(spec: str):
-    """The processor of a vision-language model spec: its image processor and tokenizer, which turn an
-    image into pixel inputs and the prompt's image placeholder into image tokens."""
+def vision_processor(spec: str):
+    """The processor of a vision-language model spec (its image processor and tokenizer, which turn an
+    image into pixel inputs and the prompt's image placeholder into image tokens); None for a text model."""
     from transformers import AutoProcessor
 
-    return _from_pretrained(AutoProcessor.from_pretrained, spec)
+    return _from_pretrained(AutoProcessor.from_pretrained, spec) if is_vision_language(spec) else None
 
 
 def load_model(

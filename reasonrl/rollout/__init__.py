@@ -26,19 +26,27 @@ def build_engine(
     ``options`` go to any engine; ``vllm_options`` (rollout.vllm settings) only to the vLLM engine.
 
     ``auto`` picks, for a model on a CUDA device, ``vllm`` where vLLM is installed, else ``hf``; for a
-    CPU model ``fast`` where it supports the architecture, else ``hf``.
+    CPU model ``fast`` where it supports the architecture, else ``hf``.  A vision-language model
+    generates with ``hf`` (the fast engine is text-only; reasonrl does not pass images to vLLM yet).
     """
+    from reasonrl.models.load import ModelError
     from reasonrl.rollout.fast import SUPPORTED
 
     on_cuda = next(model.parameters()).device.type == "cuda"
+    vision_language = hasattr(model.config, "vision_config")
     if name == "auto":
-        if on_cuda:
+        if vision_language:
+            name = "hf"
+        elif on_cuda:
             name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
         else:
             name = "fast" if model.config.model_type in SUPPORTED else "hf"
+    if vision_language and name != "hf":
+        raise ModelError(
+            f"rollout.engine={name} cannot generate from images: the fast engine is text-only, and reasonrl "
+            "does not pass images to vLLM yet; a vision-language model generates with rollout.engine=hf (or auto)"
+        )
     if name == "fast" and on_cuda:
-        from reasonrl.models.load import ModelError
-
         raise ModelError("the fast engine generates on the CPU; with model.device=cuda use rollout.engine=vllm or hf")
     if name == "hf":
         from reasonrl.rollout.hf import HFEngine

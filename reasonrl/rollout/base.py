@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from reasonrl.batch import ImagePrompt
 from reasonrl.rollout.sampling import FireParams
 
 FinishReason = Literal["stop", "length"]
@@ -110,6 +111,11 @@ def finish(token_ids: list[int], logprobs: list[float], stop_ids: frozenset[int]
     return Completion(token_ids[:max_new_tokens], logprobs[:max_new_tokens], "length")
 
 
+def extended(prompt: Sequence[int], tokens: Sequence[int]) -> list[int]:
+    """``prompt`` followed by ``tokens``; a prompt with images keeps them."""
+    return prompt.extended(tokens) if isinstance(prompt, ImagePrompt) else [*prompt, *tokens]
+
+
 def first_token_fire(
     generate: Callable[[Sequence[Sequence[int]], SamplingParams], list[Completion]],
     prompts: Sequence[Sequence[int]],
@@ -126,7 +132,7 @@ def first_token_fire(
     firsts = generate(prompts, hot)
     rest = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - 1, fire=None)
     pending = [i for i, c in enumerate(firsts) if c.finish_reason == "length" and params.max_new_tokens > 1]
-    tails = generate([list(prompts[i]) + firsts[i].token_ids for i in pending], rest) if pending else []
+    tails = generate([extended(prompts[i], firsts[i].token_ids) for i in pending], rest) if pending else []
     merged = list(firsts)
     for i, tail in zip(pending, tails, strict=True):
         merged[i] = Completion(

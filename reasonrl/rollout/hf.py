@@ -1,4 +1,7 @@
-"""The reference engine: transformers ``generate`` on the engine's own copy of the policy."""
+"""The reference engine: transformers ``generate`` on the engine's own copy of the policy.
+
+It also serves vision-language models: a prompt that carries images (``ImagePrompt``) generates from its
+pixel inputs, and a prompt holding image tokens without the images to fill them is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
+from reasonrl.batch import pad_images
 from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire, request_seed
 from reasonrl.rollout.sampling import sampling_logprobs
 
@@ -62,6 +66,20 @@ class HFEngine:
             eos_ids.add(tokenizer.eos_token_id)
         self.stop_token_ids = frozenset(eos_ids)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+        self.image_token_id = getattr(self.model.config, "image_token_id", None)  # a VLM's image placeholder
+
+    def _vision_inputs(self, prompts: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """The pixel inputs of a chunk's prompts, one entry per prompt (a text prompt's all zero: Idefics3
+        skips such padding images); empty when no prompt shows an image."""
+        shown = [getattr(p, "vision", None) for p in prompts]
+        for prompt, vision in zip(prompts, shown, strict=True):
+            if vision is None and self.image_token_id is not None and self.image_token_id in prompt:
+                raise ValueError("a prompt holds image tokens but carries no images; encode it with the processor")
+        if all(v is None for v in shown):
+            return {}
+        template = next(v for v in shown if v is not None)
+        rows = [v if v is not None else {k: t[:0] for k, t in template.items()} for v in shown]
+        return {k: pad_images([r[k][None] for r in rows]) for k in template}
 
     @torch.no_grad()
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -80,11 +98,14 @@ class HFEngine:
             attention_mask[row, width - len(prompt) :] = 1
         device = next(self.model.parameters()).device
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        vision = {k: v.to(device) for k, v in self._vision_inputs(prompts).items()}
         recorder = _LogprobRecorder(params)
         sample = params.temperature > 0
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            **vision,
+            suppress_tokens=[self.image_token_id] if self.image_token_id is not None else None,
             max_new_tokens=params.max_new_tokens,
             do_sample=sample,
             temperature=params.temperature if sample else None,

@@ -242,7 +242,7 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
             state,
             run.cfg.run.keep_checkpoints,
             run.parallel,
-            run.tokenizer,
+            run.saved_tokenizer,
         )
         return
     save_checkpoint(
@@ -254,7 +254,7 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
         state,
         run.cfg.run.keep_checkpoints,
         critic_state(run),
-        tokenizer=run.tokenizer,
+        tokenizer=run.saved_tokenizer,
     )
 
 
@@ -267,7 +267,7 @@ def export_stage(run: Run) -> Path:
         run.parallel.barrier()
         return final
     save_hf_directory(run.model, final)
-    run.tokenizer.save_pretrained(final)
+    run.saved_tokenizer.save_pretrained(final)
     return final
 
 

@@ -22,9 +22,14 @@ from reasonrl.models.forward import autocast_context, response_hidden_states
 DEFAULT_CHUNK_TOKENS = 512
 
 
-def _head_chunk(hidden: Tensor, head: torch.nn.Module, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    """(log p(target), entropy) for one chunk of hidden states [N, d] -> ([N], [N])."""
+def _head_chunk(
+    hidden: Tensor, head: torch.nn.Module, targets: Tensor, temperature: float, suppressed: tuple[int, ...] = ()
+) -> tuple[Tensor, Tensor]:
+    """(log p(target), entropy) for one chunk of hidden states [N, d] -> ([N], [N]); ``suppressed`` tokens
+    are out of the distribution (the engine never samples them)."""
     logits = head(hidden).float() / temperature  # [N, V]
+    if suppressed:
+        logits[:, list(suppressed)] = torch.finfo(logits.dtype).min
     normaliser = torch.logsumexp(logits, dim=-1)  # [N]
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
     entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
@@ -43,6 +48,7 @@ def response_logprobs(
     temperature: float = 1.0,
     compute_dtype: torch.dtype = torch.float32,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    suppressed: tuple[int, ...] = (),
 ) -> tuple[Tensor, Tensor]:
     """log π(a_t | s_t) and the policy entropy H(π(·|s_t)) at every response token; both [B, T].
 
@@ -69,6 +75,7 @@ def response_logprobs(
             head,
             flat_targets[start : start + chunk_tokens],
             temperature,
+            suppressed,
         )
         with autocast_context(compute_dtype, device):
             if torch.is_grad_enabled():
@@ -84,6 +91,14 @@ def response_logprobs(
     return logprobs, entropy
 
 
+def suppressed_tokens(model: PreTrainedModel) -> tuple[int, ...]:
+    """Tokens a policy never generates: a vision-language model's image placeholder, which in a response
+    would claim image features no image supplies.  The engines mask them out of sampling and the trainer
+    out of its log-probs, so both read the same distribution."""
+    image_token = getattr(model.config, "image_token_id", None)
+    return () if image_token is None else (image_token,)
+
+
 class TokenLogprobs(torch.nn.Module):
     """``response_logprobs`` of a policy as one module call.
 
@@ -95,6 +110,7 @@ class TokenLogprobs(torch.nn.Module):
     def __init__(self, model: PreTrainedModel, temperature: float, compute_dtype: torch.dtype) -> None:
         super().__init__()
         self.model, self.temperature, self.compute_dtype = model, temperature, compute_dtype
+        self.suppressed = suppressed_tokens(model)
 
     def forward(self, batch, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """A RolloutBatch -> (log-probs [B, T], entropy [B, T]), computed at ``head_mask`` [B, T] only
@@ -109,6 +125,7 @@ class TokenLogprobs(torch.nn.Module):
             vision=batch.vision_inputs(),
             temperature=self.temperature,
             compute_dtype=self.compute_dtype,
+            suppressed=self.suppressed,
         )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
-from reasonrl.batch import RolloutBatch, pad_rows
+from reasonrl.batch import RolloutBatch, pad_rows, prompt_images
 from reasonrl.config import Config, Plan
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
@@ -57,6 +57,7 @@ def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, 
         correct=torch.tensor([r.correct for r in scored.results]),
         truncated=truncated,
         group_ids=group_ids,
+        **prompt_images(prompts),
     )
 
 

@@ -17,7 +17,14 @@ from reasonrl.config.plan import microbatch_token_budget, vllm_engine_options
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream
-from reasonrl.models.load import attention_implementation, compute_dtype, load_model, load_tokenizer, resolve_device
+from reasonrl.models.load import (
+    attention_implementation,
+    compute_dtype,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    vision_processor,
+)
 from reasonrl.models.lora import add_lora
 from reasonrl.models.optim import trainable_parameters
 from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
@@ -78,6 +85,14 @@ class Run:
     """The data-parallel group this process trains in (one process by default)."""
     trackers: list[Tracker] = field(default_factory=list)
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
+    processor: Any = None
+    """A vision-language policy's processor (images to pixel inputs and image tokens); None for a text model."""
+
+    @property
+    def saved_tokenizer(self) -> Any:
+        """What a checkpoint and the exported model save beside the weights: the processor of a
+        vision-language model (its tokenizer, image processor and chat template), else the tokenizer."""
+        return self.processor if self.processor is not None else self.tokenizer
 
     @property
     def rollout(self) -> RolloutCollector | PoolCollector | ConversationCollector:
@@ -145,6 +160,24 @@ def preflight(cfg: Config) -> list[RewardTerm]:
         raise ConfigError(str(exc)) from None
 
 
+def check_vision_language(cfg: Config, parallel: DataParallel) -> None:
+    """Refuse, before the models load, what a vision-language policy does not support yet: multi-turn
+    and T-PPO rollouts, offline data, LoRA and data parallelism (a ConfigError naming the setting)."""
+    unsupported = {
+        "rollout.multiturn": cfg.rollout.multiturn != "none",
+        "algo.window_tokens (T-PPO)": bool(cfg.algo.window_tokens),
+        "algo.offline": cfg.algo.offline != "none",
+        "model.lora_rank": bool(cfg.model.lora_rank),
+        "data parallelism": parallel.active,
+    }
+    named = [name for name, used in unsupported.items() if used]
+    if named:
+        raise ConfigError(
+            f"{cfg.model.name_or_path} is a vision-language model, which reasonrl does not train with "
+            f"{', '.join(named)} yet; train it with single-turn rollouts, full fine-tuning, in one process"
+        )
+
+
 def build_scorer(
     cfg: Config,
     dtype: torch.dtype,
@@ -184,6 +217,9 @@ def setup(
     dtype = compute_dtype(cfg.model.dtype)
     microbatch_tokens = microbatch_token_budget(cfg, device.type)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    processor = vision_processor(cfg.model.name_or_path)
+    if processor is not None:
+        check_vision_language(cfg, parallel)
     offline = None
     if cfg.algo.offline != "none":  # a malformed file fails here, before the models load
         offline = OfflineData(
@@ -219,6 +255,7 @@ def setup(
         cfg.rollout.max_prompt_tokens,
         cfg.data.system_prompt,
         tools=prompt_tools(cfg.rollout, tokenizer),
+        processor=processor,
     )
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     warmup = plan.warmup_optimizer_steps
@@ -272,4 +309,5 @@ def setup(
         microbatch_tokens=microbatch_tokens,
         offline=offline,
         parallel=parallel,
+        processor=processor,
     )

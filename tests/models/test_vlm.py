@@ -4,10 +4,12 @@ with images through its processor, and log-probs that read the images, as Huggin
 import pytest
 import torch
 
-from reasonrl.batch import RolloutBatch, pad_rows
+from reasonrl.batch import ImagePrompt, RolloutBatch, pad_rows, prompt_images
 from reasonrl.data.loaders import load_examples
-from reasonrl.data.prompts import ImagePrompt, PromptEncoder
-from reasonrl.models.load import is_vision_language, load_model, load_processor, load_tokenizer
+from reasonrl.data.prompts import PromptEncoder
+from reasonrl.models.load import ModelError, is_vision_language, load_model, load_tokenizer, vision_processor
+from reasonrl.rollout import SamplingParams, build_engine
+from reasonrl.rollout.base import extended
 from reasonrl.train.policy import TokenLogprobs
 
 VLM = "tiny-random-vlm"
@@ -16,7 +18,7 @@ VLM = "tiny-random-vlm"
 @pytest.fixture(scope="module")
 def vlm():
     model, tokenizer = load_model(VLM), load_tokenizer(VLM)
-    return model, tokenizer, PromptEncoder(tokenizer, "answer_line", 4096, processor=load_processor(VLM))
+    return model, tokenizer, PromptEncoder(tokenizer, "answer_line", 4096, processor=vision_processor(VLM))
 
 
 def test_the_tiny_vlm_loads_with_its_processor_and_expands_each_image_into_its_tokens(vlm):
@@ -35,9 +37,7 @@ def test_the_tiny_vlm_loads_with_its_processor_and_expands_each_image_into_its_t
 
 
 def batch_of(prompts, responses):
-    """A RolloutBatch of (prompt, response) rows; each distinct ImagePrompt's images once."""
-    distinct = list({id(p): p for p in prompts if isinstance(p, ImagePrompt)}.values())
-    row_of = {id(p): i for i, p in enumerate(distinct)}
+    """A RolloutBatch of (prompt, response) rows, as the rollout stage builds it."""
     mask = pad_rows([[1] * len(r) for r in responses], max(map(len, responses)), False, torch.bool)
     width = max(map(len, prompts))
     return RolloutBatch(
@@ -52,8 +52,7 @@ def batch_of(prompts, responses):
         correct=torch.zeros(len(prompts), dtype=torch.bool),
         truncated=torch.zeros(len(prompts), dtype=torch.bool),
         group_ids=torch.arange(len(prompts)),
-        vision={k: torch.stack([p.vision[k] for p in distinct]) for k in distinct[0].vision},
-        image_index=torch.tensor([row_of.get(id(p), -1) for p in prompts]),
+        **prompt_images(prompts),
     )
 
 
@@ -67,6 +66,7 @@ def test_vlm_log_probs_read_the_images_as_hugging_face_does(vlm):
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, **batch.vision_inputs()).logits
+    logits[..., model.config.image_token_id] = torch.finfo(logits.dtype).min  # never sampled, never scored
     width = batch.prompt_ids.shape[1]
     expected = torch.log_softmax(logits[:, width - 1 : width + 2], -1).gather(-1, batch.response_ids[..., None])
     assert torch.allclose(logprobs, expected.squeeze(-1) * batch.response_mask, atol=1e-5)
@@ -90,3 +90,25 @@ def test_a_batch_holds_each_prompts_images_once_and_keeps_them_through_select_an
     assert joined.image_index.tolist() == [-1, 0, 0, 1]
     assert torch.equal(joined.vision["pixel_values"][0], batch.vision["pixel_values"][1])
     assert torch.allclose(TokenLogprobs(model, 1.0, torch.float32)(joined)[0], reference[[8, 6, 7, 0]], atol=1e-5)
+
+
+def test_the_hf_engine_generates_from_the_images_as_the_trainer_scores_them(vlm):
+    model, tokenizer, encoder = vlm
+    engine = build_engine("auto", model, tokenizer, dtype=torch.float32)
+    assert type(engine).__name__ == "HFEngine"  # a VLM generates with transformers' generate
+    first, second = (encoder(e) for e in load_examples("visual_counting", "test")[:2])
+    params = SamplingParams(4, temperature=0.0)
+    completions = engine.generate([first, second], params)
+    batch = batch_of([first, second], [c.token_ids for c in completions])
+    logprobs, _ = TokenLogprobs(model, 1.0, torch.float32)(batch)
+    engine_logprobs = pad_rows([c.logprobs for c in completions], logprobs.shape[1], False, torch.float32)
+    assert torch.allclose(logprobs, engine_logprobs, atol=1e-4)  # the engine saw the images the trainer sees
+    swapped = [ImagePrompt(first, second.vision), ImagePrompt(second, first.vision)]
+    assert [c.logprobs for c in engine.generate(swapped, params)] != [c.logprobs for c in completions]
+    continued = extended(first, completions[0].token_ids[:1])
+    assert isinstance(continued, ImagePrompt) and continued.vision is first.vision  # FIRE's second call
+    with pytest.raises(ValueError, match="image tokens but carries no images"):
+        engine.generate([list(first)], params)
+    for name in ("fast", "vllm"):
+        with pytest.raises(ModelError, match="cannot generate from images"):
+            build_engine(name, model, tokenizer)
