@@ -20,6 +20,7 @@ from typing import Any
 from reasonrl.data.code_tasks import CodeTaskError, humaneval_example, mbpp_example
 from reasonrl.data.examples import Example
 from reasonrl.data.functions import function_examples
+from reasonrl.data.images import IMAGES_FIELD, ImageError, row_images
 from reasonrl.data.preferences import hh_prompt_example
 from reasonrl.data.visual import PROBLEMS as VISUAL_PROBLEMS
 from reasonrl.data.visual import visual_examples
@@ -202,11 +203,17 @@ def _answer(location: str, row: dict[str, Any], fields: Fields) -> str:
     return answer
 
 
-def _example(location: str, row: dict[str, Any], fields: Fields, source: str, index: int) -> Example:
+def _example(
+    location: str, row: dict[str, Any], fields: Fields, source: str, index: int, base_dir: Path | None = None
+) -> Example:
     key, question, messages = _question(location, row, fields)
     answer = _answer(location, row, fields)
     task_type = str(row.get("task_type") or "math")
-    extra = json.loads(json.dumps({k: v for k, v in row.items() if k != key}, default=str))
+    extra = json.loads(json.dumps({k: v for k, v in row.items() if k not in (key, IMAGES_FIELD)}, default=str))
+    try:  # a prompt's images: paths relative to the file's folder, base64, or image records
+        images = row_images(row[IMAGES_FIELD], location, base_dir) if row.get(IMAGES_FIELD) else ()
+    except ImageError as exc:
+        raise DataError(str(exc)) from None
     return Example(
         id=f"{source}:{index}",
         question=question,
@@ -215,6 +222,7 @@ def _example(location: str, row: dict[str, Any], fields: Fields, source: str, in
         messages=messages,
         data_source=str(row.get("data_source") or source),
         fields=extra,
+        images=images,
     )
 
 
@@ -257,7 +265,8 @@ def load_examples(source: str, split: str = "train", fields: Fields | None = Non
     fields = fields or Fields()
     path = Path(source).expanduser()
     if path.exists():
-        examples = [_example(loc, row, fields, path.stem, i) for i, (loc, row) in enumerate(read_rows(path))]
+        rows = enumerate(read_rows(path))
+        examples = [_example(loc, row, fields, path.stem, i, path.parent) for i, (loc, row) in rows]
         if not examples:
             raise DataError(f"{path} holds no examples")
         return examples
