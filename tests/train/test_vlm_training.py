@@ -74,3 +74,10 @@ def test_what_a_vlm_cannot_train_with_yet_is_refused_before_loading(tmp_path, pr
     cfg = load_config(preset, [*VLM_RUN, *extra, "train.rollout_steps=1"])
     with pytest.raises(ConfigError, match=f"vision-language model.*{re.escape(named)}"):
         fit(cfg, tmp_path, show_progress=False)
+
+
+def test_a_value_based_preset_trains_a_vlm_critic(tmp_path):
+    overrides = [*VLM_RUN, "train.rollout_steps=1", "algo.value_pretrain_steps=1", "train.minibatch_sequences=8"]
+    fit(load_config("vapo", overrides), tmp_path, show_progress=False)
+    (step,) = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] == 1]
+    assert step["critic/value_loss"] > 0 and 0 < step["critic/grad_norm"] < float("inf")
