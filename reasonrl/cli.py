@@ -31,6 +31,7 @@ from reasonrl.config.commands import (
     OfflineSampleRun,
     PRMLabelRun,
     RewardModelRun,
+    VLMBuildRun,
 )
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
@@ -163,6 +164,14 @@ def _cmd_rm_pretrain(args: argparse.Namespace) -> int:
         raise ConfigError("rm pretrain: say --contrastive (COCA's contrastive pretraining, the one method)")
     settings = _settings_from_args(ContrastivePretrainRun, args)
     return _print_summary(lambda: run_contrastive_pretraining(settings))
+
+
+def _cmd_vlm_build(args: argparse.Namespace) -> int:
+    from reasonrl.models.vlm_build import build_directory, build_vlm
+
+    settings = _settings_from_args(VLMBuildRun, args)
+    out = Path(settings.out) if settings.out else build_directory(settings)
+    return _print_summary(lambda: build_vlm(settings, out, progress=not args.quiet))
 
 
 def _cmd_data_select(args: argparse.Namespace) -> int:
@@ -378,6 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--contrastive", action="store_true", help="contrastive pretraining (COCA, arXiv 2108.10510)")
     _add_settings_arguments(pretrain, ContrastivePretrainRun)
     pretrain.set_defaults(handler=_cmd_rm_pretrain)
+
+    vlm = commands.add_parser("vlm", help="vision-language models")
+    vlm_build = vlm.add_subparsers(dest="vlm_command", required=True, metavar="ACTION").add_parser(
+        "build", help="build a small VLM on a language model in Seed1.5-VL's stages (cached; smollm2-135m-vlm)"
+    )
+    _add_settings_arguments(vlm_build, VLMBuildRun)
+    vlm_build.add_argument("--quiet", action="store_true", help="no progress bar")
+    vlm_build.set_defaults(handler=_cmd_vlm_build)
 
     prm = commands.add_parser("prm", help="process rewards for code (arXiv 2410.17621)")
     prm_commands = prm.add_subparsers(dest="prm_command", required=True, metavar="ACTION")

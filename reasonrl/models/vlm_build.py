@@ -1,0 +1,239 @@
+"""``reasonrl vlm build``: a small vision-language model made here, the way Seed1.5-VL is made, in miniature.
+
+No small VLM ships its weights in a package this project can install offline, so reasonrl builds one
+(arXiv 2505.07062, §3–4, scaled to two CPU cores) on the embedded language model:
+
+1. **Assemble** an Idefics3 model (SmolVLM's architecture, which transformers and vLLM load): a
+   SigLIP-style vision encoder (random), the pixel-shuffle connector (random), and the language model's
+   weights; the tokenizer gains Idefics3's image tokens and a chat template that places images.
+2. **Encoder pretraining** on rendered images of the visual tasks: masked image modelling (half of each
+   image's patches hidden, their pixels predicted by a linear probe, dropped afterwards), the label-free
+   objective of Seed1.5-VL's first ViT stage (which distils a teacher's features instead of pixels).
+3. **Alignment**: the connector alone learns to caption images (every shape and its box, or the sum
+   written), the encoder and the language model frozen — Seed1.5-VL's projector warm-up.
+4. **Supervised fine-tuning** of the whole model on the tasks' visual questions (train splits), answers
+   in the "Answer: ..." form the verifiers read.
+
+Differences from the paper: a 1.8M-parameter ViT at 96 pixels, not a 532M native-resolution one; MIM on
+pixels, not distillation; captions and questions generated, not web data; a few hundred steps per stage;
+no video, no 2D RoPE, no MoE.  The result is cached like the GGUF conversion
+(``model.name_or_path=smollm2-135m-vlm``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from reasonrl.config.commands import VLMBuildRun
+from reasonrl.data.examples import Example
+from reasonrl.data.prompts import TEMPLATES
+from reasonrl.models.forward import autocast_context
+from reasonrl.models.tiny import CHATML_VISION_TEMPLATE, VISION_TOKENS
+
+IMAGE_SIZE, PATCH_SIZE, SCALE_FACTOR = 96, 16, 2
+IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2  # 9 per image
+MASKED_FRACTION = 0.5
+CAPTION_REQUEST = "Describe the image."
+
+
+def assemble(settings: VLMBuildRun):
+    """(the Idefics3 model with the language model's weights and random vision parts, its processor)."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    from reasonrl.models.load import load_model, load_tokenizer
+
+    language_model, tokenizer = load_model(settings.language_model), load_tokenizer(settings.language_model)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    tokenizer.chat_template = CHATML_VISION_TEMPLATE
+    vision = {
+        "hidden_size": settings.vision_hidden,
+        "intermediate_size": 4 * settings.vision_hidden,
+        "num_hidden_layers": settings.vision_layers,
+        "num_attention_heads": max(1, settings.vision_hidden // 64),
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH_SIZE,
+    }
+    text = language_model.config
+    config = Idefics3Config(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        scale_factor=SCALE_FACTOR,
+        tie_word_embeddings=text.tie_word_embeddings,
+    )
+    torch.manual_seed(settings.seed)
+    model = Idefics3ForConditionalGeneration(config)
+    model.model.text_model.load_state_dict(language_model.model.state_dict())
+    model.lm_head.load_state_dict(language_model.lm_head.state_dict())
+    model.resize_token_embeddings(len(tokenizer))  # the image tokens: new rows at the embeddings' mean
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    edge = {"longest_edge": IMAGE_SIZE}
+    images = Idefics3ImageProcessorPil(do_image_splitting=False, size=edge, max_image_size=edge)
+    processor = Idefics3Processor(images, tokenizer, image_seq_len=IMAGE_TOKENS, chat_template=CHATML_VISION_TEMPLATE)
+    return model, processor
+
+
+def batches(examples: Sequence[Example], size: int, seed: int) -> Iterator[list[Example]]:
+    """Endless seeded shuffles of ``examples`` in batches of ``size``."""
+    rng = random.Random(seed)
+    while True:
+        order = rng.sample(range(len(examples)), len(examples))
+        for start in range(0, len(order) - size + 1, size):
+            yield [examples[i] for i in order[start : start + size]]
+
+
+def pretrain_encoder(model, processor, examples, settings: VLMBuildRun, advance: Callable[[int], None]) -> list[float]:
+    """Stage 1: masked image modelling on the encoder alone; returns the per-step losses."""
+    encoder = model.model.vision_model
+    patch_pixels = 3 * PATCH_SIZE * PATCH_SIZE
+    probe = torch.nn.Linear(settings.vision_hidden, patch_pixels)  # pixels of a patch from its state
+    parameters = [*encoder.parameters(), *probe.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(settings.seed)
+    losses = []
+    encoder.train()
+    for batch in itertools.islice(batches(examples, 4 * settings.batch_size, settings.seed), settings.encoder_steps):
+        pixels = processor.image_processor([[e.images[0]] for e in batch], return_tensors="pt")["pixel_values"][:, 0]
+        patches = pixels.unfold(2, PATCH_SIZE, PATCH_SIZE).unfold(3, PATCH_SIZE, PATCH_SIZE)  # [B, 3, h, w, p, p]
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(len(batch), -1, patch_pixels)  # [B, N, 3p²]
+        hidden = torch.rand(patches.shape[:2], generator=generator) < MASKED_FRACTION  # [B, N]
+        side = IMAGE_SIZE // PATCH_SIZE
+        pixel_mask = hidden.view(-1, 1, side, 1, side, 1).expand(-1, 3, -1, PATCH_SIZE, -1, PATCH_SIZE)
+        shown = pixels * ~pixel_mask.reshape(pixels.shape)  # hidden patches at 0 (mid-grey after normalising)
+        states = encoder(pixel_values=shown).last_hidden_state  # [B, N, d]
+        loss = torch.nn.functional.mse_loss(probe(states)[hidden], patches[hidden])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        advance(1)
+    encoder.eval()
+    return losses
+
+
+def conversation(example: Example, stage: str) -> tuple[list[dict], str]:
+    """(the user turn with the image, the reply to learn): a caption in the alignment stage, else the
+    answer in the form its verifier reads."""
+    if stage == "align":
+        return _user(CAPTION_REQUEST), example.fields["caption"]
+    question = example.question  # the math tasks ask as the prompt encoder does, for an "Answer:" line
+    if example.task_type == "math":
+        question = TEMPLATES["answer_line"].format(question=question)
+    answer = example.answer
+    if example.task_type == "grounding":
+        answer = f"[{answer.replace(',', ', ')}]"
+    elif example.task_type == "pointing":
+        x1, y1, x2, y2 = map(int, answer.split(","))
+        answer = f"({(x1 + x2) // 2}, {(y1 + y2) // 2})"
+    return _user(question), f"Answer: {answer}"
+
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+
+
+def supervised_batch(processor, batch: Sequence[Example], stage: str) -> dict[str, torch.Tensor]:
+    """The model inputs of a batch of (image, question, reply) with ``labels`` on the reply only."""
+    texts, prompt_lengths = [], []
+    for example in batch:
+        user, reply = conversation(example, stage)
+        prompt = processor.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        texts.append(prompt + reply + processor.tokenizer.eos_token)
+        prompt_lengths.append(len(processor(text=[prompt], images=[[example.images[0]]])["input_ids"][0]))
+    processor.tokenizer.padding_side = "right"
+    inputs = processor(text=texts, images=[[e.images[0]] for e in batch], return_tensors="pt", padding=True)
+    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    for row, length in enumerate(prompt_lengths):
+        labels[row, :length] = -100  # the prompt (image tokens included) is never a target
+    return {**inputs, "labels": labels}
+
+
+def train_language(model, processor, examples, settings: VLMBuildRun, stage: str, advance) -> list[float]:
+    """Stage 2 (``align``: the connector alone) or 3 (``sft``: everything, the language model at its own
+    learning rate): next-token loss on the replies; returns the per-step losses."""
+    from reasonrl.models.load import compute_dtype
+
+    connector = list(model.model.connector.parameters())
+    if stage == "align":
+        groups = [{"params": connector, "lr": settings.lr}]
+    else:
+        language = list(model.model.text_model.parameters())
+        new = [*connector, *model.model.vision_model.parameters()]
+        groups = [{"params": new, "lr": settings.lr}, {"params": language, "lr": settings.language_model_lr}]
+    trained = {id(p) for group in groups for p in group["params"]}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in trained)
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+    steps = settings.align_steps if stage == "align" else settings.sft_steps
+    dtype, losses = compute_dtype("auto"), []
+    model.train()
+    for batch in itertools.islice(batches(examples, settings.batch_size, settings.seed + 1), steps):
+        with autocast_context(dtype, torch.device("cpu")):
+            loss = model(**supervised_batch(processor, batch, stage)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        advance(1)
+    model.eval()
+    model.requires_grad_(True)
+    return losses
+
+
+def build_directory(settings: VLMBuildRun) -> Path:
+    """Where a recipe's VLM is cached: one directory per recipe (its settings' fingerprint)."""
+    import hashlib
+
+    from reasonrl.models.load import cache_root
+
+    recipe = json.dumps({k: v for k, v in sorted(vars(settings).items()) if k != "out"})
+    return cache_root() / "models" / f"vlm-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+
+
+def build_vlm(settings: VLMBuildRun, out: Path, progress: bool = False) -> dict:
+    """Assemble, run the three stages, save the model and its processor to ``out``; returns the build's
+    summary (also in ``out/build.json``): each stage's first and last losses and seconds."""
+    from reasonrl.data.loaders import load_examples
+    from reasonrl.data.select import progress_bar
+
+    started = time.perf_counter()
+    examples = [e for task in settings.tasks.split(",") for e in load_examples(task.strip(), "train")]
+    model, processor = assemble(settings)
+    stages: dict[str, dict] = {}
+    total = settings.encoder_steps + settings.align_steps + settings.sft_steps
+    with progress_bar("building the VLM", total, progress) as advance:
+        for stage, run in (
+            ("encoder", lambda: pretrain_encoder(model, processor, examples, settings, advance)),
+            ("align", lambda: train_language(model, processor, examples, settings, "align", advance)),
+            ("sft", lambda: train_language(model, processor, examples, settings, "sft", advance)),
+        ):
+            begun = time.perf_counter()
+            losses = run()
+            head, tail = losses[: max(1, len(losses) // 10)], losses[-max(1, len(losses) // 10) :]
+            stages[stage] = {"steps": len(losses), "loss_first": sum(head) / len(head) if losses else None,
+                             "loss_last": sum(tail) / len(tail) if losses else None,
+                             "seconds": time.perf_counter() - begun}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    summary = {
+        "settings": vars(settings),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vision_parameters": sum(p.numel() for p in model.model.vision_model.parameters()),
+        "stages": stages,
+        "wall_seconds": time.perf_counter() - started,
+        "out": str(out),
+    }
+    (out / "build.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
