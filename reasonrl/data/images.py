@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 IMAGES_FIELD = "images"
+MAX_IMAGE_PIXELS = 4096 * 4096  # larger images (or decompression bombs) are refused, not decoded
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # never a format that runs an external program (EPS)
 
 
 class ImageError(ValueError):
@@ -42,22 +44,33 @@ def _image(entry: Any, where: str, base_dir: Path | None):
     else:
         raise ImageError(f"{where} is a {type(entry).__name__}; give a path, a base64 string or image bytes")
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                size = f"{width} x {height} pixels, over the {MAX_IMAGE_PIXELS:,} allowed"
+                raise ImageError(f"{where} ({what}) is {size}")
             return image.convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
+    except ImageError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageError(f"{where} ({what}) is not a readable image: {exc}") from None
 
 
 def _string_data(entry: str, where: str, base_dir: Path | None) -> tuple[bytes, str]:
     """(the bytes of a path, data URI or bare base64 string; how it was given)."""
+    if not entry.strip():
+        raise ImageError(f"{where} is an empty string; give a path or base64 image data")
     if entry.startswith("data:"):
         _, _, payload = entry.partition(",")
         return _decoded(payload, where), "a data URI"
-    path = Path(entry).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if path.is_file():
-        return path.read_bytes(), str(path)
+    try:  # a name too long for the file system, or "~user" of no user, is not a file
+        path = Path(entry).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if path.is_file():
+            return path.read_bytes(), str(path)
+    except (OSError, RuntimeError, ValueError):
+        path = Path(entry[:60] + "...")
     try:
         return base64.b64decode(entry, validate=True), f"base64, as there is no file {path}"
     except (binascii.Error, ValueError):

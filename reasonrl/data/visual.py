@@ -5,7 +5,8 @@ arithmetic task: each problem is an image rendered with PIL and a question whose
 - ``visual_counting``: 1–6 shapes of one kind among others ("How many red squares ..."); the count (math).
 - ``visual_grounding``: one target shape among distractors; its box [x1, y1, x2, y2] in pixels (the
   ``grounding`` verifier: IoU ≥ 0.5).
-- ``visual_pointing``: the same scenes; a point (x, y) inside the target (the ``pointing`` verifier).
+- ``visual_pointing``: the same scenes; a point (x, y) on the target (the ``pointing`` verifier, against
+  the largest box inside the shape: a point on the background of a circle's bounding box is not on it).
 
 Each problem also carries a caption of its image (``fields["caption"]``: every shape and its box, or the
 sum written), what ``reasonrl vlm build`` aligns a vision encoder with a language model on.
@@ -128,10 +129,24 @@ def grounding_problem(rng: random.Random, problem_id: str, held_out: bool) -> Ex
     return Example(problem_id, question, answer, "grounding", (), "visual_grounding", fields, (image,))
 
 
+def inner_box(shape: str, box: Box) -> Box:
+    """The largest box, 1 pixel in from the edges, that holds only the shape's pixels: a point in it is on
+    the shape (a circle's or triangle's bounding box also holds background)."""
+    x1, y1, x2, y2 = box
+    if shape == "circle":
+        half = int((x2 - x1) / 2 / 2**0.5)  # the inscribed square
+        cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
+        x1, y1, x2, y2 = cx - half, cy - half, cx + half, cy + half
+    elif shape == "triangle":  # apex at the top centre: below half height the triangle spans half the width
+        width = x2 - x1
+        x1, y1, x2 = x1 + width // 4, (y1 + y2) // 2, x2 - width // 4
+    return x1 + 1, y1 + 1, x2 - 1, y2 - 1
+
+
 def pointing_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
     image, colour, shape, (box,), caption = _scene(rng, 1, rng.randint(1, 3))
     question = f"Point at the {colour} {shape} in the image. {POINT_INSTRUCTION}"
-    answer, fields = ",".join(map(str, box)), {"caption": caption}
+    answer, fields = ",".join(map(str, inner_box(shape, box))), {"caption": caption}
     return Example(problem_id, question, answer, "pointing", (), "visual_pointing", fields, (image,))
 
 

@@ -19,7 +19,8 @@ import re
 from reasonrl.reward.base import RewardResult
 from reasonrl.reward.math import ANSWER_LINE
 
-NUMBER = r"\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*"
+NUMBER_TEXT = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+NUMBER = rf"\s*({NUMBER_TEXT})\s*"
 BOX = re.compile(r"[\[(]" + ",".join([NUMBER] * 4) + r"[\])]")
 POINT = re.compile(r"[\[(]" + ",".join([NUMBER] * 2) + r"[\])]")
 IOU_THRESHOLD = 0.5
@@ -29,7 +30,7 @@ Box = tuple[float, float, float, float]
 
 def parse_reference_box(reference: str) -> Box:
     """A reference box "x1,y1,x2,y2" (brackets optional); ValueError when it is not a box with area."""
-    numbers = [float(v) for v in re.findall(NUMBER.strip(), reference)]
+    numbers = [float(v) for v in re.findall(NUMBER_TEXT, reference)]
     if len(numbers) != 4 or not all(map(math.isfinite, numbers)):
         raise ValueError(f"reference {reference!r} is not a box x1,y1,x2,y2")
     x1, y1, x2, y2 = numbers

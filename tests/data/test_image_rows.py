@@ -4,6 +4,7 @@ images; a missing or corrupt image is an error naming the file, the line and the
 import base64
 import io
 import json
+import random
 
 import pytest
 from PIL import Image
@@ -40,6 +41,17 @@ def test_every_way_to_give_an_image_loads_it(tmp_path):
     assert "images" not in examples[0].fields  # not passed to reward functions as JSON
 
 
+def test_a_large_image_in_bare_base64_loads(tmp_path):
+    noise = Image.frombytes("RGB", (64, 64), random.Random(0).randbytes(64 * 64 * 3))
+    buffer = io.BytesIO()
+    noise.save(buffer, format="PNG")
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    assert len(encoded) > 4096  # longer than a file name may be
+    data = write(tmp_path / "data.jsonl", [{"question": "q", "answer": "a", "images": encoded}])
+    (example,) = load_examples(str(data))
+    assert example.images[0].tobytes() == noise.tobytes()
+
+
 def test_parquet_image_records_load(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
@@ -57,10 +69,15 @@ def test_parquet_image_records_load(tmp_path):
         (["data:image/png;base64,@@@"], r"data.jsonl:2: image 1 of 1: the base64 data does not decode"),
         ("corrupt.png", r"data.jsonl:2: image 1 of 1 \(.*corrupt.png\) is not a readable image"),
         ([12], r"data.jsonl:2: image 1 of 1 is a int; give a path"),
+        ([""], r"data.jsonl:2: image 1 of 1 is an empty string"),
+        ("large.png", r"data.jsonl:2: image 1 of 1 \(.*large.png\) is 5000 x 5000 pixels, over the"),
+        ("bomb.png", r"data.jsonl:2: image 1 of 1 \(.*bomb.png\) is not a readable image: .*decompression bomb"),
     ],
 )
 def test_a_missing_or_corrupt_image_names_the_file_line_and_image(tmp_path, images, message):
     (tmp_path / "corrupt.png").write_bytes(png_bytes("red")[:20])
+    Image.new("1", (5000, 5000)).save(tmp_path / "large.png")  # over reasonrl's limit
+    Image.new("1", (15000, 15000)).save(tmp_path / "bomb.png")  # 28 kB that would decode to 675 MB of RGB
     rows = [{"question": "fine", "answer": "1"}, {"question": "colour?", "answer": "red", "images": images}]
     with pytest.raises(DataError, match=message):
         load_examples(str(write(tmp_path / "data.jsonl", rows)))

@@ -53,6 +53,14 @@ def test_the_reference_box_holds_the_named_shape(task):
         assert 0 <= x1 < x2 < IMAGE_SIZE and 0 <= y1 < y2 < IMAGE_SIZE
 
 
+def test_every_point_of_the_pointing_region_is_on_the_named_shape():
+    for example in load_examples("visual_pointing", "test")[:50]:
+        x1, y1, x2, y2 = map(int, example.answer.split(","))
+        colour = COLOURS[next(c for c in COLOURS if f" {c} " in example.question)]
+        pixels = {example.images[0].getpixel((x, y)) for x in range(x1, x2 + 1) for y in range(y1, y2 + 1)}
+        assert pixels == {colour}, example.id  # no background of a circle's or triangle's bounding box
+
+
 def test_every_reference_answer_is_accepted_by_its_tasks_verifier():
     verifiers = program_verifiers()
     for task in TASKS:
