@@ -14,3 +14,14 @@ def run_smoke(script: str, work: Path, out: Path) -> subprocess.CompletedProcess
     command = [sys.executable, str(ROOT / "bench" / script), "--profile", "smoke", "--seeds", "0", "--steps", "1"]
     command += ["--work", str(work), "--out", str(out)]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+
+
+def smoke_result(script: str, work: Path, out: Path) -> dict:
+    """``run_smoke``, checked: exit status 0 and a PNG beside the JSON; returns the JSON result."""
+    import json
+
+    done = run_smoke(script, work, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stem = f"{Path(script).stem}_smoke"
+    assert (out / f"{stem}.png").stat().st_size > 0
+    return json.loads((out / f"{stem}.json").read_text())
