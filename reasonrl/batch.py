@@ -65,8 +65,8 @@ class RolloutBatch:
             return RolloutBatch(**rows).trimmed()
         shown = self.image_index[index]  # [b]
         kept = torch.unique(shown[shown >= 0])  # [i] the image prompts the rows show, in order
-        remap = torch.full((len(next(iter(self.vision.values()))),), -1, dtype=torch.long)
-        remap[kept] = torch.arange(len(kept))
+        remap = torch.full((len(next(iter(self.vision.values()))),), -1, dtype=torch.long, device=shown.device)
+        remap[kept] = torch.arange(len(kept), device=shown.device)
         vision = {k: v[kept] for k, v in self.vision.items()}
         image_index = torch.where(shown >= 0, remap[shown.clamp(min=0)], shown)
         return RolloutBatch(**rows, vision=vision, image_index=image_index).trimmed()
@@ -215,6 +215,9 @@ class ImagePrompt(list):
     def extended(self, tokens: Sequence[int]) -> ImagePrompt:
         """This prompt followed by ``tokens`` (a continuation), showing the same images."""
         return ImagePrompt([*self, *tokens], self.vision)
+
+    def __add__(self, tokens) -> ImagePrompt:  # ``prompt + continuation`` keeps the images too
+        return self.extended(tokens)
 
 
 def _pad(value: Tensor, width: int, left: bool) -> Tensor:

@@ -151,11 +151,18 @@ class InitialPolicy:
 def prompt_rows(cfg: Config, source: str, split: str = "auto", limit: int | None = None) -> list[Example]:
     """The first ``limit`` rows of one split of a dataset name or file, with the config's field names;
     split ``auto``: the train split where there is one, else the dataset's only split."""
-    from reasonrl.data.loaders import Fields, default_split, load_examples
+    from reasonrl.data.loaders import DataError, Fields, default_split, load_examples
 
     split = default_split(source) if split == "auto" else split
     rows = load_examples(source, split, Fields(cfg.data.question_field, cfg.data.answer_field))
-    return rows if limit is None else rows[:limit]
+    rows = rows if limit is None else rows[:limit]
+    shown = next((e for e in rows if e.images), None)
+    if shown is not None:  # the files they write hold text and token ids, not images
+        raise DataError(
+            f"{source} has prompts with images ({shown.id}); the data commands (select, bon, sample, prm label) "
+            "write text prompts only so far: train or evaluate on the visual set directly"
+        )
+    return rows
 
 
 def run_selection(

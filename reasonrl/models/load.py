@@ -172,12 +172,24 @@ def is_vision_language(spec: str) -> bool:
     return hasattr(_from_pretrained(AutoConfig.from_pretrained, spec), "vision_config")
 
 
+VISION_LANGUAGE_TYPES = ("idefics3", "smolvlm")  # pixel inputs [images, 3, H, W] per prompt, as batched here
+
+
 def vision_processor(spec: str):
     """The processor of a vision-language model spec (its image processor and tokenizer, which turn an
-    image into pixel inputs and the prompt's image placeholder into image tokens); None for a text model."""
-    from transformers import AutoProcessor
+    image into pixel inputs and the prompt's image placeholder into image tokens); None for a text model.
+    A family whose pixel inputs are laid out otherwise (LLaVA's, Qwen2-VL's) is refused."""
+    from transformers import AutoConfig, AutoProcessor
 
-    return _from_pretrained(AutoProcessor.from_pretrained, spec) if is_vision_language(spec) else None
+    if not is_vision_language(spec):
+        return None
+    model_type = _from_pretrained(AutoConfig.from_pretrained, spec).model_type
+    if model_type not in VISION_LANGUAGE_TYPES:
+        raise ModelError(
+            f"{spec} is a {model_type} vision-language model; reasonrl trains {', '.join(VISION_LANGUAGE_TYPES)} "
+            "models (SmolVLM's architecture) so far"
+        )
+    return _from_pretrained(AutoProcessor.from_pretrained, spec)
 
 
 def load_model(

@@ -84,6 +84,8 @@ def assemble(settings: VLMBuildRun):
 
 def batches(examples: Sequence[Example], size: int, seed: int) -> Iterator[list[Example]]:
     """Endless seeded shuffles of ``examples`` in batches of ``size``."""
+    if len(examples) < size:
+        raise ValueError(f"{len(examples)} examples cannot fill a batch of {size}")
     rng = random.Random(seed)
     while True:
         order = rng.sample(range(len(examples)), len(examples))
@@ -150,8 +152,10 @@ def supervised_batch(processor, batch: Sequence[Example], stage: str) -> dict[st
         prompt = processor.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
         texts.append(prompt + reply + processor.tokenizer.eos_token)
         prompt_lengths.append(len(processor(text=[prompt], images=[[example.images[0]]])["input_ids"][0]))
-    processor.tokenizer.padding_side = "right"
+    tokenizer, side = processor.tokenizer, processor.tokenizer.padding_side
+    tokenizer.padding_side = "right"  # training rows: padding after the reply (the saved side is kept)
     inputs = processor(text=texts, images=[[e.images[0]] for e in batch], return_tensors="pt", padding=True)
+    tokenizer.padding_side = side
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
     for row, length in enumerate(prompt_lengths):
         labels[row, :length] = -100  # the prompt (image tokens included) is never a target
@@ -167,7 +171,8 @@ def train_language(model, processor, examples, settings: VLMBuildRun, stage: str
     if stage == "align":
         groups = [{"params": connector, "lr": settings.lr}]
     else:
-        language = list(model.model.text_model.parameters())
+        language_parts = [*model.model.text_model.parameters(), *model.lm_head.parameters()]
+        language = list({id(p): p for p in language_parts}.values())  # a tied LM head counted once
         new = [*connector, *model.model.vision_model.parameters()]
         groups = [{"params": new, "lr": settings.lr}, {"params": language, "lr": settings.language_model_lr}]
     trained = {id(p) for group in groups for p in group["params"]}

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
-from reasonrl.rollout.base import RolloutEngine, SamplingParams
+from reasonrl.rollout.base import RolloutEngine, SamplingParams, extended
 
 ROLE_INJECTED = -1
 ROLE_POLICY = 0  # an attempt at the answer
@@ -137,7 +137,7 @@ class Conversation:
 
     def token_ids(self) -> list[int]:
         """The prompt and every segment: what the model reads to generate the next turn."""
-        return self.prompt_ids + [t for s in self.segments for t in s.token_ids]
+        return extended(self.prompt_ids, [t for s in self.segments for t in s.token_ids])  # a prompt keeps its images
 
 
 @dataclass(frozen=True)
@@ -263,12 +263,12 @@ def injected_ids(tokenizer, conversation: Conversation, injection: Injection) ->
     """
     last = conversation.turns()[-1]
     chat = [*conversation.messages, {"role": "assistant", "content": last.text}]
-    extended = [*chat, {"role": injection.message_role, "content": injection.text}]
+    with_message = [*chat, {"role": injection.message_role, "content": injection.text}]
     if not tokenizer.chat_template:  # plain text models: blank lines between turns
-        return list(tokenizer(f"\n\n{injection.text}\n\n", add_special_tokens=False)["input_ids"]), extended
+        return list(tokenizer(f"\n\n{injection.text}\n\n", add_special_tokens=False)["input_ids"]), with_message
     tools = conversation.tools
     closed = tokenizer.apply_chat_template(chat, tools=tools, tokenize=False)
-    opened = tokenizer.apply_chat_template(extended, tools=tools, tokenize=False, add_generation_prompt=True)
+    opened = tokenizer.apply_chat_template(with_message, tools=tools, tokenize=False, add_generation_prompt=True)
     if not opened.startswith(closed):
         raise MultiTurnError(
             "the model's chat template renders earlier turns differently once a turn is added; "
@@ -280,7 +280,7 @@ def injected_ids(tokenizer, conversation: Conversation, injection: Injection) ->
         emitted = tokenizer.decode(last.token_ids[-1:], skip_special_tokens=False)
         after_assistant = after_assistant.removeprefix(emitted)
     text = after_assistant + opened[len(closed) :]
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]), extended
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]), with_message
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:

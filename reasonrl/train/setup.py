@@ -162,13 +162,17 @@ def preflight(cfg: Config) -> list[RewardTerm]:
 
 def check_vision_language(cfg: Config, parallel: DataParallel) -> None:
     """Refuse, before the models load, what a vision-language policy does not support yet: multi-turn
-    and T-PPO rollouts, offline data, LoRA and data parallelism (a ConfigError naming the setting)."""
+    and T-PPO rollouts, offline data, LoRA, data parallelism and Ray workers, and text-only reward or
+    value models reading its prompts (a ConfigError naming the setting)."""
     unsupported = {
         "rollout.multiturn": cfg.rollout.multiturn != "none",
         "algo.window_tokens (T-PPO)": bool(cfg.algo.window_tokens),
         "algo.offline": cfg.algo.offline != "none",
         "model.lora_rank": bool(cfg.model.lora_rank),
         "data parallelism": parallel.active,
+        "dist.backend=ray": cfg.dist.backend == "ray",
+        "reward.prm_dense (a text PRM)": cfg.reward.prm_dense != "off",
+        f"critic.init={cfg.critic.init} (a text model)": cfg.critic.init in ("reward_model", "prm"),
     }
     named = [name for name, used in unsupported.items() if used]
     if named:

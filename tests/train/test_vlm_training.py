@@ -8,8 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError, load_config
-from reasonrl.config.commands import EvalSettings
-from reasonrl.data.loaders import load_examples
+from reasonrl.config.commands import EvalSettings, OfflineSampleRun
+from reasonrl.data.loaders import DataError, load_examples
+from reasonrl.data.offline import run_sampling
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.eval import run_eval
 from reasonrl.models.load import load_model, load_tokenizer, vision_processor
@@ -49,6 +50,14 @@ def test_grpo_on_a_visual_task_resumes_exactly_and_exports_a_model_eval_reads(tm
     assert result["n"] == 2 and 0.0 <= result["greedy_pass@1"] <= 1.0
 
 
+def test_pag_evaluation_and_the_data_commands_on_image_prompts(tmp_path):
+    result = run_eval(EvalSettings(model="tiny-random-vlm", dataset="visual_counting", limit=2, max_new_tokens=4,
+                                   protocol="pag"))  # fmt: skip
+    assert 0.0 <= result["acc@final"] <= 1.0  # the revision turns keep the prompt's images
+    with pytest.raises(DataError, match=r"has prompts with images .* write text prompts only"):
+        run_sampling(OfflineSampleRun(model="tiny-random-vlm", dataset="visual_counting", out=str(tmp_path / "s")))
+
+
 def test_the_image_placeholder_is_never_sampled_even_where_the_model_favours_it():
     model, tokenizer = load_model("tiny-random-vlm"), load_tokenizer("tiny-random-vlm")
     image_token = model.config.image_token_id
@@ -68,6 +77,7 @@ def test_the_image_placeholder_is_never_sampled_even_where_the_model_favours_it(
         ("t_ppo", ["algo.window_tokens=4"], "algo.window_tokens (T-PPO)"),
         ("pag", [], "rollout.multiturn"),
         ("grpo", ["model.lora_rank=4"], "model.lora_rank"),
+        ("vapo", ["critic.init=reward_model", "critic.path=runs/rm"], "critic.init=reward_model (a text model)"),
     ],
 )
 def test_what_a_vlm_cannot_train_with_yet_is_refused_before_loading(tmp_path, preset, extra, named):
