@@ -146,20 +146,33 @@ def _user(text: str) -> list[dict]:
 
 def supervised_batch(processor, batch: Sequence[Example], stage: str) -> dict[str, torch.Tensor]:
     """The model inputs of a batch of (image, question, reply) with ``labels`` on the reply only."""
-    texts, prompt_lengths = [], []
+    prompts, texts = [], []
     for example in batch:
         user, reply = conversation(example, stage)
-        prompt = processor.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
-        texts.append(prompt + reply + processor.tokenizer.eos_token)
-        prompt_lengths.append(len(processor(text=[prompt], images=[[example.images[0]]])["input_ids"][0]))
+        prompts.append(processor.apply_chat_template(user, add_generation_prompt=True, tokenize=False))
+        texts.append(prompts[-1] + reply + processor.tokenizer.eos_token)
+    images = [[e.images[0]] for e in batch]
     tokenizer, side = processor.tokenizer, processor.tokenizer.padding_side
     tokenizer.padding_side = "right"  # training rows: padding after the reply (the saved side is kept)
-    inputs = processor(text=texts, images=[[e.images[0]] for e in batch], return_tensors="pt", padding=True)
+    inputs = processor(text=texts, images=images, return_tensors="pt", padding=True)
+    prompt_lengths = processor(text=prompts, images=images, padding=True)["attention_mask"]
     tokenizer.padding_side = side
+    prompt_lengths = [sum(row) for row in prompt_lengths]  # the image tokens expanded, as in ``inputs``
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
     for row, length in enumerate(prompt_lengths):
         labels[row, :length] = -100  # the prompt (image tokens included) is never a target
     return {**inputs, "labels": labels}
+
+
+def reply_loss(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy over the reply tokens (``labels`` ≠ −100), the LM head run on those
+    positions only: the prompt's (most of a row) never reach the 49k-way softmax."""
+    labels = inputs.pop("labels")
+    hidden = model.model(**inputs).last_hidden_state  # [B, L, d]
+    targets = labels[:, 1:]  # [B, L-1]: position t predicts token t + 1
+    scored = targets != -100
+    logits = model.lm_head(hidden[:, :-1][scored]).float()  # [N, V]
+    return torch.nn.functional.cross_entropy(logits, targets[scored])
 
 
 def train_language(model, processor, examples, settings: VLMBuildRun, stage: str, advance) -> list[float]:
@@ -184,7 +197,7 @@ def train_language(model, processor, examples, settings: VLMBuildRun, stage: str
     model.train()
     for batch in itertools.islice(batches(examples, settings.batch_size, settings.seed + 1), steps):
         with autocast_context(dtype, torch.device("cpu")):
-            loss = model(**supervised_batch(processor, batch, stage)).loss
+            loss = reply_loss(model, supervised_batch(processor, batch, stage))
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
         optimizer.step()

@@ -11,7 +11,7 @@ from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.loaders import load_examples
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.models.load import is_vision_language, load_model, load_tokenizer, vision_processor
-from reasonrl.models.vlm_build import assemble, pretrain_encoder, supervised_batch
+from reasonrl.models.vlm_build import assemble, pretrain_encoder, reply_loss, supervised_batch
 from reasonrl.rollout import SamplingParams, build_engine
 
 TINY = VLMBuildRun(language_model="tiny-random", tasks="visual_counting", vision_hidden=32, vision_layers=1)
@@ -52,3 +52,10 @@ def test_the_built_vlm_loads_and_generates_from_images(tmp_path, capsys):
     prompts = [encoder(e) for e in load_examples("visual_counting", "test")[:2]]
     completions = build_engine("auto", model, tokenizer, dtype=torch.float32).generate(prompts, SamplingParams(3, 0.0))
     assert [len(c.token_ids) for c in completions] == [3, 3] or all(c.finish_reason == "stop" for c in completions)
+
+
+def test_the_reply_loss_is_hugging_faces_loss():
+    model, processor = assemble(TINY)
+    inputs = supervised_batch(processor, load_examples("visual_counting", "train")[:3], "sft")
+    expected = model(**inputs).loss
+    assert torch.allclose(reply_loss(model, dict(inputs)), expected, atol=1e-5)
