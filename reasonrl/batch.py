@@ -205,16 +205,18 @@ def pad_images(values: Sequence[Tensor]) -> Tensor:
 class ImagePrompt(list):
     """A prompt's token ids (its images' tokens in place, as the processor expands them) that also carries
     the pixel inputs of its images: ``vision`` maps each model input (``pixel_values`` [N, 3, H, W], and
-    for Idefics3 ``pixel_attention_mask`` [N, H, W]) to its tensor, N the prompt's images.  A list, so it
-    goes wherever prompt ids go; an engine that cannot see images refuses it."""
+    for Idefics3 ``pixel_attention_mask`` [N, H, W]) to its tensor, N the prompt's images; ``images`` the
+    images themselves, for an engine that processes them its own way (vLLM).  A list, so it goes
+    wherever prompt ids go; an engine that cannot see images refuses it."""
 
-    def __init__(self, ids: Sequence[int], vision: dict[str, torch.Tensor]) -> None:
+    def __init__(self, ids: Sequence[int], vision: dict[str, torch.Tensor], images: Sequence = ()) -> None:
         super().__init__(ids)
         self.vision = vision
+        self.images = list(images)
 
     def extended(self, tokens: Sequence[int]) -> ImagePrompt:
         """This prompt followed by ``tokens`` (a continuation), showing the same images."""
-        return ImagePrompt([*self, *tokens], self.vision)
+        return ImagePrompt([*self, *tokens], self.vision, self.images)
 
     def __add__(self, tokens) -> ImagePrompt:  # ``prompt + continuation`` keeps the images too
         return self.extended(tokens)

@@ -124,4 +124,4 @@ class PromptEncoder:
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         inputs = self.processor(text=[text], images=[list(example.images)], return_tensors="pt")
         vision = {k: v[0] for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-        return ImagePrompt(inputs["input_ids"][0].tolist(), vision)
+        return ImagePrompt(inputs["input_ids"][0].tolist(), vision, example.images)

@@ -97,10 +97,11 @@ VISION_TOKENS = ("<image>", "<fake_token_around_image>", "<global-img>", "<end_o
 TINY_IMAGE_SIZE, TINY_PATCH = 96, 16
 
 
-def build_tiny_random_vlm(directory: Path, seed: int = 0) -> None:
+def build_tiny_random_vlm(directory: Path, seed: int = 0, head_dim: int | None = None) -> None:
     """Write a tiny Idefics3 vision-language model (SmolVLM's architecture: a SigLIP-style encoder of 2
     layers, d = 32, on 96-pixel images in 16-pixel patches; a pixel-shuffle connector; the tiny Llama) and
-    its processor to ``directory``: each image becomes (96 / 16)² / 2² = 9 image tokens."""
+    its processor to ``directory``: each image becomes (96 / 16)² / 2² = 9 image tokens.  ``head_dim`` as
+    for ``build_tiny_random``."""
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -110,7 +111,7 @@ def build_tiny_random_vlm(directory: Path, seed: int = 0) -> None:
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
               "image_size": TINY_IMAGE_SIZE, "patch_size": TINY_PATCH}  # fmt: skip
     config = Idefics3Config(
-        text_config=tiny_llama_config(tokenizer).to_dict(),
+        text_config=tiny_llama_config(tokenizer, head_dim).to_dict(),
         vision_config=vision,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         scale_factor=2,

@@ -27,7 +27,7 @@ def build_engine(
 
     ``auto`` picks, for a model on a CUDA device, ``vllm`` where vLLM is installed, else ``hf``; for a
     CPU model ``fast`` where it supports the architecture, else ``hf``.  A vision-language model
-    generates with ``hf`` (the fast engine is text-only; reasonrl does not pass images to vLLM yet).
+    generates with ``vllm`` (on CUDA, where installed) or ``hf``: the fast engine is text-only.
     """
     from reasonrl.models.load import ModelError
     from reasonrl.rollout.fast import SUPPORTED
@@ -35,16 +35,14 @@ def build_engine(
     on_cuda = next(model.parameters()).device.type == "cuda"
     vision_language = hasattr(model.config, "vision_config")
     if name == "auto":
-        if vision_language:
-            name = "hf"
-        elif on_cuda:
+        if on_cuda:
             name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
         else:
-            name = "fast" if model.config.model_type in SUPPORTED else "hf"
-    if vision_language and name != "hf":
+            name = "fast" if model.config.model_type in SUPPORTED and not vision_language else "hf"
+    if vision_language and name == "fast":
         raise ModelError(
-            f"rollout.engine={name} cannot generate from images: the fast engine is text-only, and reasonrl "
-            "does not pass images to vLLM yet; a vision-language model generates with rollout.engine=hf (or auto)"
+            "rollout.engine=fast cannot generate from images (it is text-only); a vision-language model "
+            "generates with rollout.engine=hf or vllm (or auto)"
         )
     if name == "fast" and on_cuda:
         raise ModelError("the fast engine generates on the CPU; with model.device=cuda use rollout.engine=vllm or hf")

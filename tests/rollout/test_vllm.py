@@ -11,10 +11,13 @@ import os
 import pytest
 import torch
 
+from reasonrl.batch import ImagePrompt
+from reasonrl.data.loaders import load_examples
+from reasonrl.data.prompts import PromptEncoder
 from reasonrl.models.load import load_model, load_tokenizer
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.sampling import FireParams
-from reasonrl.rollout.vllm import weight_buckets
+from reasonrl.rollout.vllm import collapsed_image_blocks, weight_buckets
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -37,6 +40,13 @@ def test_weight_buckets_hand_over_tensors_on_the_device_and_move_the_others_in_o
     assert all(t.data_ptr() == state[name].data_ptr() for name, t in out)  # already there: not copied
     meta = list(weight_buckets(state, torch.device("meta"), bucket_bytes=2048))
     assert [name for name, _ in meta] == list(state) and all(t.device.type == "meta" for _, t in meta)
+
+
+def test_each_image_block_collapses_to_the_one_placeholder_vllm_expands():
+    fake, glob, image = 7, 8, 9  # Idefics3: <fake_token_around_image> <global-img> <image>×N <fake_token_around_image>
+    two_images = [1, fake, glob, image, image, fake, fake, glob, image, image, fake, 2, 3]
+    assert collapsed_image_blocks(two_images, image, frozenset({fake, glob})) == [1, image, image, 2, 3]
+    assert collapsed_image_blocks([1, 2, 3], image, frozenset({fake, glob})) == [1, 2, 3]
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed")
@@ -87,6 +97,59 @@ def test_sleep_is_a_no_op_on_a_cpu(engine):
     before = engine.generate([[1, 80]], params)
     engine.sleep()
     assert engine.generate([[1, 80]], params) == before
+
+
+@needs_vllm
+def test_vllm_generates_from_images_as_the_hf_engine_does(tiny_vlm_vllm):
+    """vLLM expands each image itself from the image; the trainer's prompt and the hf engine (which
+    generates as the trainer scores, tests/models/test_vlm.py) are the reference."""
+    model, tokenizer, processor = tiny_vlm_vllm
+    encoder = PromptEncoder(tokenizer, "answer_line", 4096, processor=processor)
+    first, second = (encoder(e) for e in load_examples("visual_counting", "test")[:2])
+    options = {"max_model_len": 512, "enforce_eager": True, "cpu_kv_cache_gib": 1}
+    engine = build_engine("vllm", model, tokenizer, options, dtype=torch.float32)
+    reference = build_engine("hf", model, tokenizer, dtype=torch.float32)
+    params = SamplingParams(6, temperature=0.0)
+    completions = engine.generate([first, second], params)
+    expected = reference.generate([first, second], params)
+    assert [c.token_ids for c in completions] == [c.token_ids for c in expected]
+    for ours, theirs in zip(completions, expected, strict=True):
+        assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-3)
+    swapped = [ImagePrompt(first, second.vision, second.images), ImagePrompt(second, first.vision, first.images)]
+    assert [c.logprobs for c in engine.generate(swapped, params)] != [c.logprobs for c in completions]
+    with pytest.raises(ValueError, match="image tokens but carries no images"):
+        engine.generate([list(first)], params)
+
+
+@needs_vllm
+def test_two_grpo_steps_on_a_vlm_with_vllm(tmp_path):
+    """The trainer scores what vLLM generated from the images, with the weights it sent (fp32 both)."""
+    from reasonrl.config import load_config
+    from reasonrl.models.tiny import build_tiny_random_vlm
+    from reasonrl.train.loop import fit
+
+    build_tiny_random_vlm(tmp_path / "vlm", head_dim=32)
+    overrides = [
+        f"model.name_or_path={tmp_path / 'vlm'}",
+        "model.dtype=float32",
+        "data.dataset=visual_counting",
+        "rollout.engine=vllm",
+        "rollout.vllm.enforce_eager=true",
+        "rollout.vllm.cpu_kv_cache_gib=1",
+        "rollout.rollout_prompts=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_response_tokens=8",
+        "train.minibatch_sequences=4",
+        "train.rollout_steps=2",
+        "train.lr=1e-3",
+        "data.eval_prompts=4",
+    ]
+    fit(load_config("grpo", overrides), tmp_path / "run", preset="grpo", show_progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert r["rollout/tokens_generated"] > 0
+        assert r["rollout/logprob_abs_diff"] < 1e-3  # step 2 samples from the weights step 1 sent
 
 
 @pytest.mark.slow
