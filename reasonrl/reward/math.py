@@ -15,6 +15,15 @@ from reasonrl.reward.base import RewardResult
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
+# the form the prompt template asks for: a line that starts with "Answer:" (a later "... this answer is
+# correct." must not replace it)
+TEMPLATE_ANSWER_LINE = re.compile(r"^[ \t]*(?:final answer|answer)[ \t]*:[ \t]*(.+)", re.IGNORECASE | re.MULTILINE)
+
+
+def answer_lines(text: str) -> list[str]:
+    """The final-answer lines of a response, last one last: those in the template's "Answer: ..." form
+    when there are any, else every "answer is ..." / "answer: ..." phrase."""
+    return [m.group(1) for m in TEMPLATE_ANSWER_LINE.finditer(text)] or [m.group(1) for m in ANSWER_LINE.finditer(text)]
 
 
 def last_boxed(text: str) -> str | None:
@@ -37,7 +46,7 @@ def extract_answer(text: str) -> tuple[str | None, str]:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed, "boxed"
-    lines = [m.group(1) for m in ANSWER_LINE.finditer(text)]
+    lines = answer_lines(text)
     if lines:
         return lines[-1].strip().rstrip(".").strip(), "answer_line"
     numbers = NUMBER.findall(text)

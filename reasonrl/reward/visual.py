@@ -17,7 +17,7 @@ import math
 import re
 
 from reasonrl.reward.base import RewardResult
-from reasonrl.reward.math import ANSWER_LINE
+from reasonrl.reward.math import answer_lines
 
 NUMBER_TEXT = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 NUMBER = rf"\s*({NUMBER_TEXT})\s*"
@@ -50,7 +50,7 @@ def box_iou(a: Box, b: Box) -> float:
 
 def final_answer_text(response: str) -> str:
     """The text the answer is read from: the last "Answer: ..." line, else the whole response."""
-    lines = [m.group(1) for m in ANSWER_LINE.finditer(response)]
+    lines = answer_lines(response)
     return lines[-1] if lines else response
 
 

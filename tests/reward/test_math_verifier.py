@@ -31,6 +31,9 @@ CASES = [
     ("", "122", False, "empty response"),
     ("I don't know.", "122", False, "no answer at all"),
     ("Answer: 12.2", "122", False, "decimal point matters"),
+    ("Answer: 122\nI am sure this answer is correct.", "122", True, "a remark after the answer line changes nothing"),
+    ("The answer is 121.\nAnswer: 122", "122", True, "the template's line wins over an earlier phrase"),
+    ("Answer: 122\nWait, the answer: 121", "122", True, "only lines that start with 'Answer:' are the template's"),
 ]
 
 

@@ -28,6 +28,7 @@ GROUNDING = [
     ("I first tried [50, 50, 60, 60].\nAnswer: [0, 0, 10, 10]", True, 1.0, "the answer line decides"),
     ("maybe [50, 50, 60, 60], finally [0, 0, 10, 10]", True, 1.0, "no answer line: the last box"),
     ("", False, None, "an empty response"),
+    ("Answer: [0, 0, 10, 10]\nI am confident this answer is correct.", True, 1.0, "a remark after the answer line"),
 ]
 
 
