@@ -206,17 +206,25 @@ class ImagePrompt(list):
     """A prompt's token ids (its images' tokens in place, as the processor expands them) that also carries
     the pixel inputs of its images: ``vision`` maps each model input (``pixel_values`` [N, 3, H, W], and
     for Idefics3 ``pixel_attention_mask`` [N, H, W]) to its tensor, N the prompt's images; ``images`` the
-    images themselves, for an engine that processes them its own way (vLLM).  A list, so it goes
-    wherever prompt ids go; an engine that cannot see images refuses it."""
+    images themselves, for an engine that processes them its own way (vLLM); ``processed_length`` how
+    many of the ids the processor made (the rest is a continuation).  A list, so it goes wherever
+    prompt ids go; an engine that cannot see images refuses it."""
 
-    def __init__(self, ids: Sequence[int], vision: dict[str, torch.Tensor], images: Sequence = ()) -> None:
+    def __init__(
+        self,
+        ids: Sequence[int],
+        vision: dict[str, torch.Tensor],
+        images: Sequence = (),
+        processed_length: int | None = None,
+    ) -> None:
         super().__init__(ids)
         self.vision = vision
         self.images = list(images)
+        self.processed_length = len(self) if processed_length is None else processed_length
 
     def extended(self, tokens: Sequence[int]) -> ImagePrompt:
         """This prompt followed by ``tokens`` (a continuation), showing the same images."""
-        return ImagePrompt([*self, *tokens], self.vision, self.images)
+        return ImagePrompt([*self, *tokens], self.vision, self.images, self.processed_length)
 
     def __add__(self, tokens) -> ImagePrompt:  # ``prompt + continuation`` keeps the images too
         return self.extended(tokens)

