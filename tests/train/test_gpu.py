@@ -66,3 +66,14 @@ def test_eval_generates_on_the_gpu_by_default(monkeypatch, capsys):
     monkeypatch.setattr(reasonrl.eval, "build_engine", recording_build)
     assert main(["eval", "--model", "tiny-random", "--limit", "2", "--max-new-tokens", "4"]) == 0
     assert devices == ["cuda"]
+
+
+def test_grpo_on_a_visual_task_trains_the_vlm_on_cuda(tmp_path):
+    from tests.train.test_vlm_training import VLM_RUN
+
+    fit(load_config("grpo", [*VLM_RUN, "model.device=cuda", "train.rollout_steps=2", "run.eval_every=100"]),
+        tmp_path, show_progress=False)  # fmt: skip
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert len(records) == 2
+    assert all(0 < r["perf/peak_gpu_memory_gb"] < 80 for r in records)
+    assert all(math.isfinite(r["loss/policy"]) for r in records)
