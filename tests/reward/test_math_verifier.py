@@ -34,6 +34,23 @@ CASES = [
     ("Answer: 122\nI am sure this answer is correct.", "122", True, "a remark after the answer line changes nothing"),
     ("The answer is 121.\nAnswer: 122", "122", True, "the template's line wins over an earlier phrase"),
     ("Answer: 122\nWait, the answer: 121", "122", True, "only lines that start with 'Answer:' are the template's"),
+    # red-team findings: an answer must be the number, not an expression that evaluates to it
+    ("\\boxed{47 + 38}", "85", False, "an unevaluated sum (the question's operands copied) is not the answer"),
+    ("\\boxed{47 38}", "85", False, "operands side by side (math-verify would add them) are not the answer"),
+    ("\\boxed{47\\;38}", "85", False, "operands apart by LaTeX spacing are two numbers"),
+    ("\\boxed{93-38}", "55", False, "an unevaluated difference is not the answer"),
+    ("\\boxed{47 \\times 38}", "1786", False, "an unevaluated product is not the answer"),
+    ("Answer: 44+44", "88", False, "an expression of equal operands is not the answer either"),
+    ("\\boxed{\\sqrt{7225}}", "85", False, "one literal under an operator is an expression"),
+    ("Answer: 4,6", "46", False, "a comma between single digits separates two numbers, not thousands"),
+    ("Answer: " + "1" * 5000, "1", False, "a 5000-digit literal is refused, not a crash"),
+    ("Answer: 3 red squares", "3", True, "words around the one number (a counting answer)"),
+    ("There are 2 blue circles.", "2", True, "the last number when there is no answer line"),
+    ("Answer: **46**", "46", True, "markdown emphasis around the answer"),
+    ("Answer: `46`", "46", True, "inline code around the answer"),
+    ("Answer: $\\text{46 apples}$", "46", True, "LaTeX text with a unit"),
+    ("Put it in \\boxed{}.\nAnswer: 46", "46", True, "an empty box is not an answer"),
+    ("Answer: x = 4", "4", True, "a variable named beside the one number"),
 ]
 
 
@@ -61,3 +78,9 @@ def test_format_reward():
     assert FormatVerifier()("Answer: 5", "").score == 1.0
     assert FormatVerifier()("\\boxed{5}", "").score == 1.0
     assert FormatVerifier()("it is 5", "").score == 0.0
+
+
+def test_unbalanced_boxes_are_read_in_one_pass():
+    assert last_boxed("\\boxed{" * 20_000) is None
+    assert last_boxed("\\boxed{" * 20_000 + "\\boxed{7}") == "7"
+    assert last_boxed("\\boxed{5} \\boxed{ }") == "5"
