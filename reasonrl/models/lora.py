@@ -4,8 +4,9 @@ Each target weight W [out, in] gains W' = W + (α / r)·B·A with A [r, in] and 
 so a fresh adapter leaves the model unchanged.  Only A and B train: the base weights stay frozen and
 bit-identical, and with them the KL reference (the base with its adapters switched off) costs no copy.
 
-The adapter is PEFT's ``LoraConfig`` injected through transformers' PEFT integration
-(``PreTrainedModel.add_adapter``), so a LoRA model is still a ``PreTrainedModel``: the policy's chunked
+The adapter is PEFT's ``LoraConfig`` injected in place with PEFT's ``inject_adapter_in_model`` (not
+transformers' ``add_adapter`` integration, which refuses PEFT versions it was not released with), so a
+LoRA model is still a ``PreTrainedModel``: the policy's chunked
 log-prob forward, the critic's backbone and every engine take it unchanged.  Its ``state_dict`` names
 change (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``), so the engines receive
 ``merged_state_dict``: the plain model's names, the adapters folded in.
@@ -38,6 +39,7 @@ ADAPTER_DIR = "adapter"
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_NAME = "default"  # PEFT's name for a model's only adapter
 PEFT_PREFIX = "base_model.model."  # what PEFT's adapter files put before the model's own names
+ADAPTER_MARK = "lora_"  # in the name of every adapter tensor (lora_A, lora_B), in no base tensor
 
 
 def add_lora(model: PreTrainedModel, settings: ModelConfig) -> PreTrainedModel:
@@ -49,7 +51,7 @@ def add_lora(model: PreTrainedModel, settings: ModelConfig) -> PreTrainedModel:
     """
     if settings.lora_rank <= 0:
         return model
-    from peft import LoraConfig
+    from peft import LoraConfig, inject_adapter_in_model
 
     targets = settings.lora_target_modules
     config = LoraConfig(
@@ -60,12 +62,14 @@ def add_lora(model: PreTrainedModel, settings: ModelConfig) -> PreTrainedModel:
         bias="none",
     )
     try:
-        model.add_adapter(config, adapter_name=ADAPTER_NAME)
+        inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
     except ValueError as exc:  # PEFT: no module matched the targets
         raise ModelError(
             f"model.lora_target_modules={targets!r} matches no layer of this model ({exc}); "
             "use 'all-linear' or names of its linear layers such as [q_proj, v_proj]"
         ) from None
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(ADAPTER_MARK in name)
     return model
 
 
@@ -92,7 +96,7 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
         merged: dict[str, Tensor] = {}
         for key, tensor in model.state_dict().items():
             parts = key.split(".")
-            if any(part.startswith("lora_") for part in parts):  # the adapter's own A, B (and embedding) tensors
+            if any(part.startswith(ADAPTER_MARK) for part in parts):  # the adapter's own A, B (and embedding) tensors
                 continue
             plain = ".".join(part for part in parts if part != "base_layer")
             merged[plain] = tensor + deltas[plain].to(tensor.dtype) if plain in deltas else tensor
@@ -102,11 +106,16 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
 @contextlib.contextmanager
 def adapters_disabled(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
     """``model`` with its adapters switched off: the frozen base, which is a LoRA run's KL reference."""
-    model.disable_adapters()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
     try:
         yield model
     finally:
-        model.enable_adapters()
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 def save_lora_model(model: PreTrainedModel, directory: Path) -> Path:
@@ -116,8 +125,20 @@ def save_lora_model(model: PreTrainedModel, directory: Path) -> Path:
     model.config.save_pretrained(directory)
     if model.can_generate():
         model.generation_config.save_pretrained(directory)
-    model.save_pretrained(directory / ADAPTER_DIR)  # transformers writes the adapter alone, in PEFT's format
+    _save_adapter(model, directory / ADAPTER_DIR)
     return directory
+
+
+def _save_adapter(model: PreTrainedModel, directory: Path) -> None:
+    """The adapter alone in PEFT's format (``adapter_config.json`` and its tensors under a ``PeftModel``'s
+    names), so ``PeftModel.from_pretrained(base, directory)`` loads it."""
+    from peft import get_peft_model_state_dict
+
+    directory.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
+    tensors = {PEFT_PREFIX + name: tensor.contiguous() for name, tensor in state.items()}
+    save_file(tensors, directory / ADAPTER_FILE, metadata={"format": "pt"})
+    model.peft_config[ADAPTER_NAME].save_pretrained(directory)
 
 
 def save_hf_directory(model: PreTrainedModel, directory: Path) -> Path:
