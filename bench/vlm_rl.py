@@ -25,7 +25,8 @@ PROFILES = {
     # the test suite: the tiny random LM, a one-layer encoder, a few steps of everything
     "smoke": {
         "build": ["--language-model", "tiny-random", "--tasks", "visual_counting", "--vision-hidden", "32",
-                  "--vision-layers", "1", "--encoder-steps", "2", "--align-steps", "2", "--sft-steps", "2",
+                  "--vision-layers", "1", "--encoder-steps", "2", "--contrastive-steps", "2", "--align-steps", "2",
+                  "--sft-steps", "2",
                   "--batch-size", "2"],
         "task": "visual_counting",
         "eval_limit": 4,

@@ -7,16 +7,23 @@ No small VLM ships its weights in a package this project can install offline, so
    SigLIP-style vision encoder (random), the pixel-shuffle connector (random), and the language model's
    weights; the tokenizer gains Idefics3's image tokens and a chat template that places images.
 2. **Encoder pretraining** on rendered images of the visual tasks: masked image modelling (half of each
-   image's patches hidden, their pixels predicted by a linear probe, dropped afterwards), the label-free
-   objective of Seed1.5-VL's first ViT stage (which distils a teacher's features instead of pixels).
-3. **Alignment**: the connector alone learns to caption images (every shape and its box, or the sum
-   written), the encoder and the language model frozen — Seed1.5-VL's projector warm-up.
-4. **Supervised fine-tuning** of the whole model on the tasks' visual questions (train splits), answers
+   image's patches hidden, the pixels of every patch predicted by a linear probe, dropped afterwards), the
+   label-free objective of Seed1.5-VL's first ViT stage (which distils a teacher's features instead of
+   pixels).
+3. **Image-text contrastive learning** of the encoder on the images' captions (CLIP's loss against a small
+   text tower over the language model's frozen token embeddings, dropped afterwards): Seed1.5-VL's second
+   ViT stage.
+4. **Alignment**: the connector alone learns to caption images (every shape and its box, or the sum
+   written), the encoder and the language model frozen — Seed1.5-VL's projector warm-up. The connector
+   starts at the scale of the language model's token embeddings.
+5. **Supervised fine-tuning** of the whole model on the tasks' visual questions (train splits), answers
    in the "Answer: ..." form the verifiers read.
 
-Differences from the paper: a 1.8M-parameter ViT at 96 pixels, not a 532M native-resolution one; MIM on
-pixels, not distillation; captions and questions generated, not web data; a few hundred steps per stage;
-no video, no 2D RoPE, no MoE.  The result is cached like the GGUF conversion
+Differences from the paper: a 1.9M-parameter ViT at 96 pixels, not a 532M native-resolution one; MIM on
+pixels, not distillation, and on every patch: these images are white with a few small shapes, and a loss
+on the hidden patches alone left the features of the visible ones uninformative (docs/benchmarks.md,
+"Vision-language RL"); captions and questions generated, not web data; a few hundred steps per stage; no
+video, no 2D RoPE, no MoE.  The result is cached like the GGUF conversion
 (``model.name_or_path=smollm2-135m-vlm``).
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from reasonrl.algo.contrastive import image_text_contrastive
 from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.examples import Example
 from reasonrl.data.prompts import TEMPLATES
@@ -41,6 +50,8 @@ IMAGE_SIZE, PATCH_SIZE, SCALE_FACTOR = 96, 16, 2
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2  # 9 per image
 MASKED_FRACTION = 0.5
 CAPTION_REQUEST = "Describe the image."
+CONTRASTIVE_DIM = 128  # the shared image-text space of stage 3
+INITIAL_TEMPERATURE = 0.07  # CLIP's
 
 
 def assemble(settings: VLMBuildRun):
@@ -93,8 +104,18 @@ def batches(examples: Sequence[Example], size: int, seed: int) -> Iterator[list[
             yield [examples[i] for i in order[start : start + size]]
 
 
+def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, parameters: list) -> float:
+    """Backpropagate ``loss``, clip the gradient norm of ``parameters`` at 1, step and clear; returns the loss."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def pretrain_encoder(model, processor, examples, settings: VLMBuildRun, advance: Callable[[int], None]) -> list[float]:
-    """Stage 1: masked image modelling on the encoder alone; returns the per-step losses."""
+    """Stage 2: masked image modelling on the encoder alone, every patch's pixels predicted from the image with
+    half its patches hidden; returns the per-step losses."""
     encoder = model.model.vision_model
     patch_pixels = 3 * PATCH_SIZE * PATCH_SIZE
     probe = torch.nn.Linear(settings.vision_hidden, patch_pixels)  # pixels of a patch from its state
@@ -112,15 +133,58 @@ def pretrain_encoder(model, processor, examples, settings: VLMBuildRun, advance:
         pixel_mask = hidden.view(-1, 1, side, 1, side, 1).expand(-1, 3, -1, PATCH_SIZE, -1, PATCH_SIZE)
         shown = pixels * ~pixel_mask.reshape(pixels.shape)  # hidden patches at 0 (mid-grey after normalising)
         states = encoder(pixel_values=shown).last_hidden_state  # [B, N, d]
-        loss = torch.nn.functional.mse_loss(probe(states)[hidden], patches[hidden])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        loss = torch.nn.functional.mse_loss(probe(states), patches)  # every patch: the visible ones too
+        losses.append(optimizer_step(loss, optimizer, parameters))
         advance(1)
     encoder.eval()
     return losses
+
+
+def contrast_images_and_captions(model, processor, examples, settings: VLMBuildRun, advance) -> list[float]:
+    """Stage 3: CLIP's image-text loss between the encoder's mean-pooled patches and each image's caption,
+    read by a text tower (one transformer layer over the language model's frozen token embeddings), both
+    centred over the batch; returns the per-step losses."""
+    encoder, embeddings = model.model.vision_model, model.model.text_model.get_input_embeddings()
+    width = settings.vision_hidden
+    image_head = torch.nn.Linear(width, CONTRASTIVE_DIM)
+    text_in = torch.nn.Linear(embeddings.embedding_dim, width)
+    text_layer = torch.nn.TransformerEncoderLayer(width, max(1, width // 64), 4 * width, dropout=0.0, batch_first=True)
+    text_head = torch.nn.Linear(width, CONTRASTIVE_DIM)
+    log_scale = torch.nn.Parameter(torch.tensor(-math.log(INITIAL_TEMPERATURE)))  # learnt, as CLIP's
+    towers = [image_head, text_in, text_layer, text_head]
+    parameters = [*encoder.parameters(), *(p for t in towers for p in t.parameters()), log_scale]
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0)
+    tokenizer, losses = processor.tokenizer, []
+    encoder.train()
+    shuffled = batches(examples, 4 * settings.batch_size, settings.seed + 2)
+    for batch in itertools.islice(shuffled, settings.contrastive_steps):
+        pixels = processor.image_processor([[e.images[0]] for e in batch], return_tensors="pt")["pixel_values"][:, 0]
+        images = image_head(encoder(pixel_values=pixels).last_hidden_state.mean(1))  # [B, D]
+        captions = tokenizer([e.fields["caption"] for e in batch], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            tokens = embeddings(captions["input_ids"])  # [B, L, d_lm]
+        states = text_layer(text_in(tokens), src_key_padding_mask=captions["attention_mask"] == 0)  # [B, L, w]
+        kept = captions["attention_mask"].unsqueeze(-1).to(states.dtype)  # [B, L, 1]
+        texts = text_head((states * kept).sum(1) / kept.sum(1))  # [B, D]
+        # centred over the batch: the features of these images (and captions) share a large common part,
+        # which left every cosine near 1 and the loss at ln B for hundreds of steps; the heads are dropped after
+        loss, _ = image_text_contrastive(images - images.mean(0), texts - texts.mean(0), log_scale.exp())
+        losses.append(optimizer_step(loss, optimizer, parameters))
+        advance(1)
+    encoder.eval()
+    return losses
+
+
+def match_connector_scale(model, processor, examples: Sequence[Example]) -> None:
+    """Scale the connector so that its image tokens start at the mean norm of the language model's token
+    embeddings: at a random init's scale they are several times larger, and the next stages then made them
+    one large constant vector that carries no image (docs/benchmarks.md, "Vision-language RL")."""
+    pixels = processor.image_processor([[e.images[0]] for e in examples], return_tensors="pt")["pixel_values"][:, 0]
+    projection = model.model.connector.modality_projection.proj
+    with torch.no_grad():
+        image_tokens = model.model.connector(model.model.vision_model(pixel_values=pixels).last_hidden_state)
+        text_norm = model.model.text_model.get_input_embeddings().weight.norm(dim=-1).mean()
+        projection.weight.mul_(text_norm / image_tokens.norm(dim=-1).mean())
 
 
 def conversation(example: Example, stage: str) -> tuple[list[dict], str]:
@@ -175,19 +239,25 @@ def reply_loss(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, targets[scored])
 
 
+def align_connector(model, processor, examples, settings: VLMBuildRun, advance) -> list[float]:
+    """Stage 4: the connector rescaled to the language model's scale, then trained alone to caption images."""
+    match_connector_scale(model, processor, next(batches(examples, 4 * settings.batch_size, settings.seed + 3)))
+    return train_language(model, processor, examples, settings, "align", advance)
+
+
 def train_language(model, processor, examples, settings: VLMBuildRun, stage: str, advance) -> list[float]:
-    """Stage 2 (``align``: the connector alone) or 3 (``sft``: everything, the language model at its own
+    """Stage 4 (``align``: the connector alone) or 5 (``sft``: everything, the language model at its own
     learning rate): next-token loss on the replies; returns the per-step losses."""
     from reasonrl.models.load import compute_dtype
 
     connector = list(model.model.connector.parameters())
     if stage == "align":
-        groups = [{"params": connector, "lr": settings.lr}]
+        groups = [{"params": connector, "lr": settings.adapter_lr}]
     else:
         language_parts = [*model.model.text_model.parameters(), *model.lm_head.parameters()]
         language = list({id(p): p for p in language_parts}.values())  # a tied LM head counted once
         new = [*connector, *model.model.vision_model.parameters()]
-        groups = [{"params": new, "lr": settings.lr}, {"params": language, "lr": settings.language_model_lr}]
+        groups = [{"params": new, "lr": settings.adapter_lr}, {"params": language, "lr": settings.language_model_lr}]
     trained = {id(p) for group in groups for p in group["params"]}
     for parameter in model.parameters():
         parameter.requires_grad_(id(parameter) in trained)
@@ -198,11 +268,7 @@ def train_language(model, processor, examples, settings: VLMBuildRun, stage: str
     for batch in itertools.islice(batches(examples, settings.batch_size, settings.seed + 1), steps):
         with autocast_context(dtype, torch.device("cpu")):
             loss = reply_loss(model, supervised_batch(processor, batch, stage))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(optimizer_step(loss, optimizer, [p for group in groups for p in group["params"]]))
         advance(1)
     model.eval()
     model.requires_grad_(True)
@@ -220,7 +286,7 @@ def build_directory(settings: VLMBuildRun) -> Path:
 
 
 def build_vlm(settings: VLMBuildRun, out: Path, progress: bool = False) -> dict:
-    """Assemble, run the three stages, save the model and its processor to ``out``; returns the build's
+    """Assemble, run the four training stages, save the model and its processor to ``out``; returns the build's
     summary (also in ``out/build.json``): each stage's first and last losses and seconds."""
     from reasonrl.data.loaders import load_examples
     from reasonrl.data.select import progress_bar
@@ -229,11 +295,12 @@ def build_vlm(settings: VLMBuildRun, out: Path, progress: bool = False) -> dict:
     examples = [e for task in settings.tasks.split(",") for e in load_examples(task.strip(), "train")]
     model, processor = assemble(settings)
     stages: dict[str, dict] = {}
-    total = settings.encoder_steps + settings.align_steps + settings.sft_steps
+    total = settings.encoder_steps + settings.contrastive_steps + settings.align_steps + settings.sft_steps
     with progress_bar("building the VLM", total, progress) as advance:
         for stage, run in (
             ("encoder", lambda: pretrain_encoder(model, processor, examples, settings, advance)),
-            ("align", lambda: train_language(model, processor, examples, settings, "align", advance)),
+            ("contrastive", lambda: contrast_images_and_captions(model, processor, examples, settings, advance)),
+            ("align", lambda: align_connector(model, processor, examples, settings, advance)),
             ("sft", lambda: train_language(model, processor, examples, settings, "sft", advance)),
         ):
             begun = time.perf_counter()

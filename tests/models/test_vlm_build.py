@@ -4,6 +4,7 @@ is a VLM that reasonrl loads and generates with (the real recipe's numbers: docs
 import dataclasses
 import json
 
+import pytest
 import torch
 
 from reasonrl.cli import main
@@ -11,7 +12,14 @@ from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.loaders import load_examples
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.models.load import is_vision_language, load_model, load_tokenizer, vision_processor
-from reasonrl.models.vlm_build import assemble, pretrain_encoder, reply_loss, supervised_batch
+from reasonrl.models.vlm_build import (
+    assemble,
+    contrast_images_and_captions,
+    match_connector_scale,
+    pretrain_encoder,
+    reply_loss,
+    supervised_batch,
+)
 from reasonrl.rollout import SamplingParams, build_engine
 
 TINY = VLMBuildRun(language_model="tiny-random", tasks="visual_counting", vision_hidden=32, vision_layers=1)
@@ -22,6 +30,28 @@ def test_masked_image_modelling_lowers_its_loss():
     examples = load_examples("visual_counting", "train")[:64]
     losses = pretrain_encoder(model, processor, examples, dataclasses.replace(TINY, encoder_steps=30), lambda n: None)
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5  # measured: 1.2 -> 0.48 in 20 steps
+
+
+def test_contrastive_pretraining_matches_images_to_their_captions():
+    model, processor = assemble(TINY)
+    examples = load_examples("visual_counting", "train")[:64]
+    settings = dataclasses.replace(TINY, contrastive_steps=40)
+    before = [p.detach().clone() for p in model.model.vision_model.parameters()]
+    losses = contrast_images_and_captions(model, processor, examples, settings, lambda n: None)
+    assert losses[0] > 0.95 * 3.466  # 32 images, nothing matched yet: ln 32
+    assert sum(losses[-5:]) / 5 < 0.7 * losses[0]  # measured: 4.1 -> 0.13 in 40 steps
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.model.vision_model.parameters(), strict=True))
+
+
+def test_the_connector_starts_at_the_text_scale():
+    model, processor = assemble(TINY)
+    examples = load_examples("visual_counting", "train")[:8]
+    match_connector_scale(model, processor, examples)
+    pixels = processor.image_processor([[e.images[0]] for e in examples], return_tensors="pt")["pixel_values"][:, 0]
+    with torch.no_grad():
+        tokens = model.model.connector(model.model.vision_model(pixel_values=pixels).last_hidden_state)
+    text = model.model.text_model.get_input_embeddings().weight.norm(dim=-1).mean()
+    assert tokens.norm(dim=-1).mean().item() == pytest.approx(text.item(), rel=1e-4)
 
 
 def test_only_the_reply_is_a_target():
@@ -40,11 +70,11 @@ def test_only_the_reply_is_a_target():
 def test_the_built_vlm_loads_and_generates_from_images(tmp_path, capsys):
     out = tmp_path / "vlm"
     argv = ["vlm", "build", "--language-model", "tiny-random", "--tasks", "visual_counting", "--vision-hidden", "32",
-            "--vision-layers", "1", "--encoder-steps", "2", "--align-steps", "2", "--sft-steps", "2",
-            "--batch-size", "2", "--out", str(out), "--quiet"]  # fmt: skip
+            "--vision-layers", "1", "--encoder-steps", "2", "--contrastive-steps", "2", "--align-steps", "2",
+            "--sft-steps", "2", "--batch-size", "2", "--out", str(out), "--quiet"]  # fmt: skip
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert [s["steps"] for s in summary["stages"].values()] == [2, 2, 2]
+    assert [s["steps"] for s in summary["stages"].values()] == [2, 2, 2, 2]
     assert summary == json.loads((out / "build.json").read_text())
     assert is_vision_language(str(out))
     model, tokenizer = load_model(str(out)), load_tokenizer(str(out))
