@@ -113,6 +113,14 @@ def held_out_pairs(seed: int, count: int) -> list:
     return split_pairs(load_preference_pairs(HH), 0.2, seed)[1][:count]
 
 
+def rm_command(out: Path, *arguments: str) -> dict:
+    """``reasonrl rm ARGUMENTS --out OUT``, run once: a directory that holds its ``summary.json`` is done, so a
+    restarted benchmark does not train a finished reward model again; returns that summary."""
+    if not (out / "summary.json").exists():
+        reasonrl("rm", *arguments, "--out", str(out))
+    return json.loads((out / "summary.json").read_text())
+
+
 def coca_stage(seed: int, profile: dict, work: Path) -> dict:
     """BT with and without COCA pretraining of its encoder; accuracy and robustness (cached)."""
 
@@ -120,11 +128,9 @@ def coca_stage(seed: int, profile: dict, work: Path) -> dict:
         root, model = work / "coca", profile["model"]
         plain, encoder, pretrained = root / f"plain-{seed}", root / f"encoder-{seed}", root / f"pretrained-{seed}"
         common = ["--data", HH, "--seed", str(seed)]
-        reasonrl("rm", "train", "--kind", "bt", "--model", model, *common, *profile["rm"], "--out", str(plain))
-        summary = json.loads(reasonrl("rm", "pretrain", "--contrastive", "--model", model, *common,
-                                      *profile["pretrain"], "--out", str(encoder)))  # fmt: skip
-        reasonrl("rm", "train", "--kind", "bt", "--model", str(encoder / "model"), *common, *profile["rm"],
-                 "--out", str(pretrained))  # fmt: skip
+        rm_command(plain, "train", "--kind", "bt", "--model", model, *common, *profile["rm"])
+        summary = rm_command(encoder, "pretrain", "--contrastive", "--model", model, *common, *profile["pretrain"])
+        rm_command(pretrained, "train", "--kind", "bt", "--model", str(encoder / "model"), *common, *profile["rm"])
         held_out = held_out_pairs(seed, profile["eval_pairs"])
         return {
             "seed": seed,
@@ -212,8 +218,8 @@ def pairwise_stage(seed: int, steps: int, profile: dict, work: Path, referee: Pa
 
     def produce() -> dict:
         judge = work / "pairwise" / f"judge-{seed}"
-        reasonrl("rm", "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH, "--seed", str(seed),
-                 *profile["rm"], "--out", str(judge))  # fmt: skip
+        rm_command(judge, "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH, "--seed", str(seed),
+                   *profile["rm"])  # fmt: skip
         held_out = held_out_pairs(seed, profile["eval_pairs"])
         probabilities = preference_probabilities(work, seed, held_out)
         runs = {}
@@ -322,9 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     profile, work, seeds = PROFILES[args.profile], args.work, args.seeds
     coca = {s: coca_stage(s, profile, work) for s in seeds}
     referee = work / "pairwise" / "referee"
-    if not (referee / "summary.json").exists():  # a judge from a seed no policy trains against
-        reasonrl("rm", "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH,
-                 "--seed", str(1000 + max(seeds)), *profile["rm"], "--out", str(referee))  # fmt: skip
+    # a judge from a seed no policy trains against
+    rm_command(referee, "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH,
+               "--seed", str(1000 + max(seeds)), *profile["rm"])  # fmt: skip
     pairwise = {s: pairwise_stage(s, args.steps, profile, work, referee) for s in seeds}
     data = hacking_data(profile, work, work / "coca" / f"plain-{seeds[0]}")
     hacking = {arm: hacking_stage(arm, args.steps, profile, work, data[arm]) for arm in HACKING_ARMS}

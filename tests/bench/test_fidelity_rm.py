@@ -28,3 +28,9 @@ def test_the_reward_model_benchmark_runs_every_stage_and_resumes(tmp_path):
     second = run_smoke("fidelity_rm.py", work, out)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (work / "results" / "hacking-verifier.json").stat().st_mtime_ns == mtime  # nothing trained again
+    (work / "results" / "coca-seed0.json").unlink()  # a stage killed after its reward models were trained
+    trained = (work / "coca" / "plain-0" / "summary.json").stat().st_mtime_ns
+    third = run_smoke("fidelity_rm.py", work, out)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert (work / "results" / "coca-seed0.json").exists()
+    assert (work / "coca" / "plain-0" / "summary.json").stat().st_mtime_ns == trained  # not trained again
