@@ -400,8 +400,9 @@ class VLMBuildRun:
 
     adapter_lr: float = 3e-4
     """Learning rate of the vision encoder and the connector in stages 4 and 5, where the language model
-    reads them (at 1e-3 the image tokens grew into one constant vector 30× a text token's norm; at 1e-4
-    the built model's captions and answers did not depend on the image)."""
+    reads them (at 1e-3 the image tokens grew into one constant vector 30× a text token's norm; at 1e-4 and
+    at 3e-4 the image tokens stay at the text scale, but after SFT the answers do not depend on the image:
+    docs/benchmarks.md, "Vision-language RL")."""
 
     language_model_lr: float = 3e-5
     """Learning rate of the language model's weights in stage 5."""
