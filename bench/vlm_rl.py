@@ -34,10 +34,10 @@ PROFILES = {
         "train": ["rollout.rollout_prompts=2", "rollout.samples_per_prompt=2", "rollout.max_response_tokens=8",
                   "train.minibatch_sequences=4", "data.eval_prompts=4", "reward.workers=1"],
     },
-    # this machine (2 CPU cores): the default recipe on SmolLM2-135M-Instruct, GRPO on counting
+    # this machine (2 CPU cores): the default recipe on SmolLM2-135M-Instruct, GRPO on the sums in images
     "cpu": {
         "build": [],
-        "task": "visual_counting",
+        "task": "visual_arithmetic",
         "eval_limit": 100,
         "max_new_tokens": 32,
         "train": ["rollout.rollout_prompts=8", "rollout.samples_per_prompt=4", "rollout.max_response_tokens=32",

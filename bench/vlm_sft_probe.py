@@ -38,13 +38,13 @@ def probe(model, processor, problems, swapped) -> dict:
     model.eval()
     result = {}
     with torch.no_grad():
-        for stage in ("align", "sft"):
-            true, other = (vlm_build.reply_loss(model, vlm_build.supervised_batch(processor, batch, stage)).item()
+        for reply in ("caption", "answer"):
+            true, other = (vlm_build.reply_loss(model, vlm_build.supervised_batch(processor, batch, reply)).item()
                            for batch in (problems, swapped))  # fmt: skip
-            result[f"{'caption' if stage == 'align' else 'answer'}_loss"] = {"true": true, "other": other}
+            result[f"{reply}_loss"] = {"true": true, "other": other}
         accuracy = {}
         for name, batch in (("true", problems[:COUNTING]), ("other", swapped[:COUNTING])):
-            inputs = vlm_build.supervised_batch(processor, batch, "sft")
+            inputs = vlm_build.supervised_batch(processor, batch, "answer")
             labels = inputs.pop("labels")
             logits = model(**inputs).logits  # [B, L, V]
             right = 0
@@ -103,9 +103,9 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         model.train()
         caption_step = args.caption_every and step % args.caption_every == 0
-        batch, stage = (next(captions), "align") if caption_step else (next(questions), "sft")
+        batch, reply = (next(captions), "caption") if caption_step else (next(questions), "answer")
         with autocast_context(compute_dtype("auto"), torch.device("cpu")):
-            loss = vlm_build.reply_loss(model, vlm_build.supervised_batch(processor, batch, stage))
+            loss = vlm_build.reply_loss(model, vlm_build.supervised_batch(processor, batch, reply))
         vlm_build.optimizer_step(loss, optimizer, [p for group in groups for p in group["params"]])
         warmup.step()
         if step % args.probe_every == 0:

@@ -1,15 +1,18 @@
 """Generated visual tasks (the verifiable visual RL of Seed1.5-VL, arXiv 2505.07062, §5), seeded like the
 arithmetic task: each problem is an image rendered with PIL and a question whose answer a program checks.
 
-- ``visual_arithmetic``: a two-digit sum written in the image ("47 + 38"); the number (math verifier).
+- ``visual_arithmetic``: a two-digit sum written in the image ("47+38", one character per 16-pixel cell of
+  a grid, as on a terminal's screen); the number (math verifier).
 - ``visual_counting``: 1–6 shapes of one kind among others ("How many red squares ..."); the count (math).
 - ``visual_grounding``: one target shape among distractors; its box [x1, y1, x2, y2] in pixels (the
   ``grounding`` verifier: IoU ≥ 0.5).
 - ``visual_pointing``: the same scenes; a point (x, y) on the target (the ``pointing`` verifier, against
   the largest box inside the shape: a point on the background of a circle's bounding box is not on it).
 
-Each problem also carries a caption of its image (``fields["caption"]``: every shape and its box, or the
-sum written), what ``reasonrl vlm build`` aligns a vision encoder with a language model on.
+Each problem also carries what ``reasonrl vlm build`` aligns a vision encoder with a language model on: a
+caption of its image (``fields["caption"]``: every shape and its box, or the sum written) and the word each
+``CELL``-pixel cell of the image holds (``fields["cells"]``, row by row: the character written there, the
+colour of the shape whose centre lies there, or "" for an empty cell).
 
 Images are ``IMAGE_SIZE`` pixels square, white, the origin at the top left.  Every problem is drawn from
 its own seeded generator ("visual_counting:test:17"), so the splits are the same on every machine and
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
 IMAGE_SIZE = 96
+CELL = 16  # the grid of ``fields["cells"]``: a vision encoder's 16-pixel patches
+GRID = IMAGE_SIZE // CELL
 SPLIT_SIZES = {"train": 2000, "test": 200}
 COLOURS = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 70, 220), "yellow": (230, 190, 20)}
 SHAPES = ("square", "circle", "triangle")
@@ -76,7 +81,8 @@ def _place(rng: random.Random, taken: list[Box], size: int) -> Box:
 
 def _scene(rng: random.Random, targets: int, distractors: int) -> tuple[Image, str, str, list[Box], str]:
     """An image with ``targets`` shapes of one (colour, shape) and ``distractors`` shapes of any other
-    kind: (image, colour, shape, the targets' boxes, a caption naming every shape and its box)."""
+    kind: (image, colour, shape, the targets' boxes, its fields: a caption naming every shape and its box,
+    the cells' words)."""
     colour, shape = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
     others = [(c, s) for c in COLOURS for s in SHAPES if (c, s) != (colour, shape)]
     image, draw = _canvas()
@@ -92,40 +98,47 @@ def _scene(rng: random.Random, targets: int, distractors: int) -> tuple[Image, s
         if kind == (colour, shape):
             boxes.append(box)
     caption = "The image shows " + ", ".join(text for _, _, text in sorted(drawn)) + "."  # top to bottom
-    return image, colour, shape, boxes, caption
+    cells = [""] * GRID**2
+    for kind, box in zip(kinds, taken, strict=True):  # the colour of the shape centred in a cell
+        cells[(box[1] + box[3]) // 2 // CELL * GRID + (box[0] + box[2]) // 2 // CELL] = kind[0]
+    return image, colour, shape, boxes, {"caption": caption, "cells": cells}
 
 
 def arithmetic_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
-    """A sum of the arithmetic task's split: no test sum (nor its commuted twin) is ever trained on."""
+    """A sum of the arithmetic task's split (no test sum, nor its commuted twin, is ever trained on), written
+    one character per cell at a random row and column."""
     from PIL import ImageFont
 
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     while ArithmeticTask.is_eval_problem(a, "+", b) != held_out:
         a, b = rng.randint(10, 99), rng.randint(10, 99)
     image, draw = _canvas()
-    font = ImageFont.load_default(size=20)
-    text = f"{a} + {b}"
-    left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
-    x = rng.randint(2, max(2, IMAGE_SIZE - (right - left) - 2)) - left
-    y = rng.randint(2, IMAGE_SIZE - (bottom - top) - 2) - top
-    draw.text((x, y), text, fill="black", font=font)
+    font = ImageFont.load_default(size=CELL - 1)
+    text = f"{a}+{b}"
+    row, column = rng.randint(0, GRID - 1), rng.randint(0, GRID - len(text))
+    cells = [""] * GRID**2
+    for k, character in enumerate(text):
+        left, top, right, bottom = draw.textbbox((0, 0), character, font=font)
+        x = (column + k) * CELL + (CELL - (right - left)) // 2 - left  # centred in its cell
+        y = row * CELL + (CELL - (bottom - top)) // 2 - top
+        draw.text((x, y), character, fill="black", font=font)
+        cells[row * GRID + column + k] = character
     question = "What is the value of the sum written in the image?"
-    caption = {"caption": f"The image shows the sum {text} written in black."}
-    return Example(problem_id, question, str(a + b), data_source="visual_arithmetic", fields=caption, images=(image,))
+    fields = {"caption": f"The image shows the sum {text} written in black.", "cells": cells}
+    return Example(problem_id, question, str(a + b), data_source="visual_arithmetic", fields=fields, images=(image,))
 
 
 def counting_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
     count = rng.randint(1, 6)
-    image, colour, shape, _, caption = _scene(rng, count, rng.randint(0, 3))
+    image, colour, shape, _, fields = _scene(rng, count, rng.randint(0, 3))
     question = f"How many {colour} {shape}s are in the image?"
-    fields = {"caption": caption}
     return Example(problem_id, question, str(count), data_source="visual_counting", fields=fields, images=(image,))
 
 
 def grounding_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
-    image, colour, shape, (box,), caption = _scene(rng, 1, rng.randint(1, 3))
+    image, colour, shape, (box,), fields = _scene(rng, 1, rng.randint(1, 3))
     question = f"Where is the {colour} {shape} in the image? {BOX_INSTRUCTION}"
-    answer, fields = ",".join(map(str, box)), {"caption": caption}
+    answer = ",".join(map(str, box))
     return Example(problem_id, question, answer, "grounding", (), "visual_grounding", fields, (image,))
 
 
@@ -144,9 +157,9 @@ def inner_box(shape: str, box: Box) -> Box:
 
 
 def pointing_problem(rng: random.Random, problem_id: str, held_out: bool) -> Example:
-    image, colour, shape, (box,), caption = _scene(rng, 1, rng.randint(1, 3))
+    image, colour, shape, (box,), fields = _scene(rng, 1, rng.randint(1, 3))
     question = f"Point at the {colour} {shape} in the image. {POINT_INSTRUCTION}"
-    answer, fields = ",".join(map(str, inner_box(shape, box))), {"caption": caption}
+    answer = ",".join(map(str, inner_box(shape, box)))
     return Example(problem_id, question, answer, "pointing", (), "visual_pointing", fields, (image,))
 
 

@@ -13,17 +13,21 @@ No small VLM ships its weights in a package this project can install offline, so
 3. **Image-text contrastive learning** of the encoder on the images' captions (CLIP's loss against a small
    text tower over the language model's frozen token embeddings, dropped afterwards): Seed1.5-VL's second
    ViT stage.
-4. **Alignment**: the connector alone learns to caption images (every shape and its box, or the sum
-   written), the encoder and the language model frozen — Seed1.5-VL's projector warm-up. The connector
-   starts at the scale of the language model's token embeddings.
+4. **Alignment**, the language model frozen (Seed1.5-VL's projector warm-up): each image token (one per
+   16-pixel patch) learns to be read as the word its cell holds — the character written there, the colour
+   of the shape centred there, or a space — scored against the language model's own token embeddings. The
+   connector starts at the scale of those embeddings.
 5. **Supervised fine-tuning** of the whole model on the tasks' visual questions (train splits), answers
    in the "Answer: ..." form the verifiers read.
 
 Differences from the paper: a 1.9M-parameter ViT at 96 pixels, not a 532M native-resolution one; MIM on
 pixels, not distillation, and on every patch: these images are white with a few small shapes, and a loss
 on the hidden patches alone left the features of the visible ones uninformative (docs/benchmarks.md,
-"Vision-language RL"); captions and questions generated, not web data; a few hundred steps per stage; no
-video, no 2D RoPE, no MoE.  The result is cached like the GGUF conversion
+"Vision-language RL"); alignment on each patch's word, not on captions, and with the encoder trained too:
+a caption read through the frozen language model carried 0.08 nats of the image per token after 200 steps
+and SFT then lost it, where the per-patch target makes the image tokens text the language model already
+reads; one image token per patch (no pixel shuffle: 36 tokens); captions and questions generated, not web
+data; a few hundred steps per stage; no video, no 2D RoPE, no MoE.  The result is cached like the GGUF conversion
 (``model.name_or_path=smollm2-135m-vlm``).
 """
 
@@ -43,11 +47,12 @@ from reasonrl.algo.contrastive import image_text_contrastive
 from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.examples import Example
 from reasonrl.data.prompts import TEMPLATES
+from reasonrl.data.visual import CELL
 from reasonrl.models.forward import autocast_context
 from reasonrl.models.tiny import CHATML_VISION_TEMPLATE, VISION_TOKENS
 
-IMAGE_SIZE, PATCH_SIZE, SCALE_FACTOR = 96, 16, 2
-IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2  # 9 per image
+IMAGE_SIZE, PATCH_SIZE, SCALE_FACTOR = 96, CELL, 1  # one image token per patch: per cell of ``fields["cells"]``
+IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2  # 36 per image
 MASKED_FRACTION = 0.5
 CAPTION_REQUEST = "Describe the image."
 CONTRASTIVE_DIM = 128  # the shared image-text space of stage 3
@@ -187,10 +192,11 @@ def match_connector_scale(model, processor, examples: Sequence[Example]) -> None
         projection.weight.mul_(text_norm / image_tokens.norm(dim=-1).mean())
 
 
-def conversation(example: Example, stage: str) -> tuple[list[dict], str]:
-    """(the user turn with the image, the reply to learn): a caption in the alignment stage, else the
-    answer in the form its verifier reads."""
-    if stage == "align":
+def conversation(example: Example, reply: str) -> tuple[list[dict], str]:
+    """(the user turn with the image, the reply to learn): ``caption``, the image's caption (what
+    ``bench/vlm_sft_probe.py`` measures image dependence on), or ``answer``, the answer in the form its
+    verifier reads."""
+    if reply == "caption":
         return _user(CAPTION_REQUEST), example.fields["caption"]
     question = example.question  # the math tasks ask as the prompt encoder does, for an "Answer:" line
     if example.task_type == "math":
@@ -208,13 +214,13 @@ def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
 
 
-def supervised_batch(processor, batch: Sequence[Example], stage: str) -> dict[str, torch.Tensor]:
+def supervised_batch(processor, batch: Sequence[Example], reply: str) -> dict[str, torch.Tensor]:
     """The model inputs of a batch of (image, question, reply) with ``labels`` on the reply only."""
     prompts, texts = [], []
     for example in batch:
-        user, reply = conversation(example, stage)
+        user, target = conversation(example, reply)
         prompts.append(processor.apply_chat_template(user, add_generation_prompt=True, tokenize=False))
-        texts.append(prompts[-1] + reply + processor.tokenizer.eos_token)
+        texts.append(prompts[-1] + target + processor.tokenizer.eos_token)
     images = [[e.images[0]] for e in batch]
     tokenizer, side = processor.tokenizer, processor.tokenizer.padding_side
     tokenizer.padding_side = "right"  # training rows: padding after the reply (the saved side is kept)
@@ -239,35 +245,53 @@ def reply_loss(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, targets[scored])
 
 
+def cell_targets(tokenizer, batch: Sequence[Example]) -> torch.Tensor:
+    """The first token of each image cell's word (row by row; a space for an empty cell): [B * cells]."""
+    words = {word for example in batch for word in example.fields["cells"]}
+    first = {word: tokenizer.encode(word or " ", add_special_tokens=False)[0] for word in words}
+    return torch.tensor([first[word] for example in batch for word in example.fields["cells"]])
+
+
 def align_connector(model, processor, examples, settings: VLMBuildRun, advance) -> list[float]:
-    """Stage 4: the connector rescaled to the language model's scale, then trained alone to caption images."""
+    """Stage 4: the connector, rescaled to the language model's scale, and the encoder learn to put each
+    image token where the language model reads its cell's word: cross-entropy of the token's scores against
+    every token embedding (the language model frozen); returns the per-step losses."""
     match_connector_scale(model, processor, next(batches(examples, 4 * settings.batch_size, settings.seed + 3)))
-    return train_language(model, processor, examples, settings, "align", advance)
+    vision, connector = model.model.vision_model, model.model.connector
+    parameters = [*vision.parameters(), *connector.parameters()]
+    embeddings = model.model.text_model.get_input_embeddings().weight.detach()  # [V, d]
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0)
+    losses = []
+    vision.train()
+    for batch in itertools.islice(batches(examples, 4 * settings.batch_size, settings.seed + 3), settings.align_steps):
+        pixels = processor.image_processor([[e.images[0]] for e in batch], return_tensors="pt")["pixel_values"][:, 0]
+        tokens = connector(vision(pixel_values=pixels).last_hidden_state)  # [B, cells, d]
+        scores = tokens.reshape(-1, tokens.shape[-1]) @ embeddings.T  # [B * cells, V]
+        loss = torch.nn.functional.cross_entropy(scores.float(), cell_targets(processor.tokenizer, batch))
+        losses.append(optimizer_step(loss, optimizer, parameters))
+        advance(1)
+    vision.eval()
+    return losses
 
 
-def train_language(model, processor, examples, settings: VLMBuildRun, stage: str, advance) -> list[float]:
-    """Stage 4 (``align``: the connector alone) or 5 (``sft``: everything, the language model at its own
-    learning rate): next-token loss on the replies; returns the per-step losses."""
+def supervised_fine_tuning(model, processor, examples, settings: VLMBuildRun, advance) -> list[float]:
+    """Stage 5: everything trained on the visual questions (the language model at its own learning rate):
+    next-token loss on the answers; returns the per-step losses."""
     from reasonrl.models.load import compute_dtype
 
-    connector = list(model.model.connector.parameters())
-    if stage == "align":
-        groups = [{"params": connector, "lr": settings.adapter_lr}]
-    else:
-        language_parts = [*model.model.text_model.parameters(), *model.lm_head.parameters()]
-        language = list({id(p): p for p in language_parts}.values())  # a tied LM head counted once
-        new = [*connector, *model.model.vision_model.parameters()]
-        groups = [{"params": new, "lr": settings.adapter_lr}, {"params": language, "lr": settings.language_model_lr}]
+    language_parts = [*model.model.text_model.parameters(), *model.lm_head.parameters()]
+    language = list({id(p): p for p in language_parts}.values())  # a tied LM head counted once
+    new = [*model.model.connector.parameters(), *model.model.vision_model.parameters()]
+    groups = [{"params": new, "lr": settings.adapter_lr}, {"params": language, "lr": settings.language_model_lr}]
     trained = {id(p) for group in groups for p in group["params"]}
     for parameter in model.parameters():
         parameter.requires_grad_(id(parameter) in trained)
     optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-    steps = settings.align_steps if stage == "align" else settings.sft_steps
     dtype, losses = compute_dtype("auto"), []
     model.train()
-    for batch in itertools.islice(batches(examples, settings.batch_size, settings.seed + 1), steps):
+    for batch in itertools.islice(batches(examples, settings.batch_size, settings.seed + 1), settings.sft_steps):
         with autocast_context(dtype, torch.device("cpu")):
-            loss = reply_loss(model, supervised_batch(processor, batch, stage))
+            loss = reply_loss(model, supervised_batch(processor, batch, "answer"))
         losses.append(optimizer_step(loss, optimizer, [p for group in groups for p in group["params"]]))
         advance(1)
     model.eval()
@@ -301,7 +325,7 @@ def build_vlm(settings: VLMBuildRun, out: Path, progress: bool = False) -> dict:
             ("encoder", lambda: pretrain_encoder(model, processor, examples, settings, advance)),
             ("contrastive", lambda: contrast_images_and_captions(model, processor, examples, settings, advance)),
             ("align", lambda: align_connector(model, processor, examples, settings, advance)),
-            ("sft", lambda: train_language(model, processor, examples, settings, "sft", advance)),
+            ("sft", lambda: supervised_fine_tuning(model, processor, examples, settings, advance)),
         ):
             begun = time.perf_counter()
             losses = run()

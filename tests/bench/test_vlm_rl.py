@@ -10,7 +10,7 @@ from tests.bench.smoke import smoke_result
 def test_the_vlm_benchmark_builds_trains_and_resumes(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     result = smoke_result("vlm_rl.py", work, out)
-    assert [s["steps"] for s in result["build"]["stages"].values()] == [2, 2, 2]
+    assert [s["steps"] for s in result["build"]["stages"].values()] == [2, 2, 2, 2]
     assert (
         set(result["base"])
         == set(result["after"])
