@@ -4,14 +4,14 @@ held-out `visual_arithmetic` problems at several step counts (JSON lines on stdo
     reasonrl vlm build --sft-steps 0 --out ALIGNED
     python bench/vlm_sft_steps.py ALIGNED --at 60,80,100,115,130,150 [--problems 100]
 
-The learning rate is constant and the batches are those of the build (same seed), so the model after N steps
+It runs the build's own SFT stage (constant learning rate, the build's batches), so the model after N steps
 here is the model a build with ``--sft-steps N`` makes.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import dataclasses
 import json
 import time
 
@@ -19,29 +19,27 @@ import torch
 
 from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.loaders import load_examples
-from reasonrl.data.prompts import TEMPLATES
 from reasonrl.models import vlm_build
-from reasonrl.models.forward import autocast_context
-from reasonrl.models.load import compute_dtype
 from reasonrl.reward.router import program_verifiers
 
 
 def accuracy(model, processor, problems, batch: int = 25) -> float:
-    """Greedy accuracy (32 new tokens, the math verifier) with the build's question form."""
+    """Greedy accuracy (32 new tokens, the math verifier) on the build's own question form."""
     verify, tokenizer, right = program_verifiers()["math"], processor.tokenizer, 0
+    was_training = model.training
     model.eval()
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     with torch.no_grad():
         for start in range(0, len(problems), batch):
             part = problems[start : start + batch]
-            users = [vlm_build._user(TEMPLATES["answer_line"].format(question=p.question)) for p in part]
+            users = [vlm_build.conversation(p, "answer")[0] for p in part]
             prompts = [processor.apply_chat_template(u, add_generation_prompt=True, tokenize=False) for u in users]
             inputs = processor(text=prompts, images=[[p.images[0]] for p in part], return_tensors="pt", padding=True)
             out = model.generate(**inputs, max_new_tokens=32, do_sample=False)
             replies = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
             right += sum(verify(r, p.answer).correct for p, r in zip(part, replies, strict=True))
     tokenizer.padding_side = side
-    model.train()
+    model.train(was_training)
     return right / len(problems)
 
 
@@ -55,24 +53,19 @@ def main() -> None:
     args = parser.parse_args()
     model = Idefics3ForConditionalGeneration.from_pretrained(args.aligned, dtype=torch.float32)
     processor = AutoProcessor.from_pretrained(args.aligned)
-    settings = VLMBuildRun()  # the default recipe's SFT settings
+    checks = sorted(map(int, args.at.split(",")))
+    settings = dataclasses.replace(VLMBuildRun(), sft_steps=checks[-1])  # the default recipe's SFT
     examples = load_examples("visual_arithmetic", "train")
     problems = load_examples("visual_arithmetic", "test")[: args.problems]
-    language = {id(p): p for p in [*model.model.text_model.parameters(), *model.lm_head.parameters()]}
-    new = [*model.model.connector.parameters(), *model.model.vision_model.parameters()]
-    groups = [{"params": new, "lr": settings.adapter_lr},
-              {"params": list(language.values()), "lr": settings.language_model_lr}]  # fmt: skip
-    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-    checks, started = sorted(map(int, args.at.split(","))), time.perf_counter()
-    model.train()
-    shuffled = vlm_build.batches(examples, settings.batch_size, settings.seed + 1)  # the build's SFT order
-    for step, batch in enumerate(itertools.islice(shuffled, checks[-1]), 1):
-        with autocast_context(compute_dtype("auto"), torch.device("cpu")):
-            loss = vlm_build.reply_loss(model, vlm_build.supervised_batch(processor, batch, "answer"))
-        vlm_build.optimizer_step(loss, optimizer, [p for group in groups for p in group["params"]])
-        if step in checks:
-            print(json.dumps({"sft_steps": step, "loss": loss.item(), "accuracy": accuracy(model, processor, problems),
+    done, started = [0], time.perf_counter()
+
+    def after_steps(count: int) -> None:  # the build's progress callback, called after every step
+        done[0] += count
+        if done[0] in checks:
+            print(json.dumps({"sft_steps": done[0], "accuracy": accuracy(model, processor, problems),
                               "seconds": time.perf_counter() - started}), flush=True)  # fmt: skip
+
+    vlm_build.supervised_fine_tuning(model, processor, examples, settings, after_steps)
 
 
 if __name__ == "__main__":

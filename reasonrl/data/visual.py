@@ -79,7 +79,7 @@ def _place(rng: random.Random, taken: list[Box], size: int) -> Box:
     raise RuntimeError("no room left for another shape")  # not reached at these sizes and counts
 
 
-def _scene(rng: random.Random, targets: int, distractors: int) -> tuple[Image, str, str, list[Box], str]:
+def _scene(rng: random.Random, targets: int, distractors: int) -> tuple[Image, str, str, list[Box], dict]:
     """An image with ``targets`` shapes of one (colour, shape) and ``distractors`` shapes of any other
     kind: (image, colour, shape, the targets' boxes, its fields: a caption naming every shape and its box,
     the cells' words)."""

@@ -27,8 +27,8 @@ on the hidden patches alone left the features of the visible ones uninformative 
 a caption read through the frozen language model carried 0.08 nats of the image per token after 200 steps
 and SFT then lost it, where the per-patch target makes the image tokens text the language model already
 reads; one image token per patch (no pixel shuffle: 36 tokens); captions and questions generated, not web
-data; a few hundred steps per stage; no video, no 2D RoPE, no MoE.  The result is cached like the GGUF conversion
-(``model.name_or_path=smollm2-135m-vlm``).
+data; a few hundred steps per stage; no video, no 2D RoPE, no MoE.  The result is cached like the GGUF
+conversion (``model.name_or_path=smollm2-135m-vlm``).
 """
 
 from __future__ import annotations
