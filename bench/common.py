@@ -24,9 +24,9 @@ def child_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
 
 
-def seeded_bench_arguments(description: str, profiles: dict, name: str, argv: list[str] | None):
+def seeded_bench_arguments(description: str, profiles: dict, name: str, argv: list[str] | None, add_arguments=None):
     """The options of a per-seed fidelity benchmark: --profile, --seeds, --steps, --work (default
-    runs/NAME-PROFILE) and --out, parsed from ``argv``."""
+    runs/NAME-PROFILE) and --out, and any that ``add_arguments(parser)`` adds, parsed from ``argv``."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
@@ -35,6 +35,8 @@ def seeded_bench_arguments(description: str, profiles: dict, name: str, argv: li
     parser.add_argument("--steps", type=int, default=10, help="RL steps of every run")
     parser.add_argument("--work", type=Path, help=f"runs and per-run results (default runs/{name}-PROFILE)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args(argv)
     args.work = args.work or ROOT / "runs" / f"{name}-{args.profile}"
     return args

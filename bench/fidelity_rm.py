@@ -1,7 +1,8 @@
 """Reward models on the embedded model: COCA pretraining, Pairwise-RL vs Bradley-Terry, and reward hacking by
 source (arXiv 2108.10510, 2504.04950, 2503.22230; JSON + PNG).
 
-    python bench/fidelity_rm.py [--profile cpu|smoke] [--seeds 0 1 2] [--steps 10] [--out bench/results]
+    python bench/fidelity_rm.py [--profile cpu|smoke] [--seeds 0 1 2] [--pairwise-seeds 0 1] [--steps 10]
+                                [--out bench/results]
 
 Stages, each in its own process and cached under ``--work`` (default runs/fidelity-rm-PROFILE; a killed
 benchmark started again continues where it stopped):
@@ -292,6 +293,16 @@ def hacking_stage(arm: str, steps: int, profile: dict, work: Path, data: Path) -
     return cached(work / "results" / f"hacking-{arm}.json", produce)
 
 
+def hacking_gap(run: dict) -> dict:
+    """The hacking signal of one run: the training reward minus the verifier's accuracy on the same responses,
+    averaged over the steps (0 for the verifier itself), and the same on the final held-out evaluation."""
+    gaps = [g for g in run["train_metrics"]["reward/judge_minus_verifier"] if g is not None]
+    final = run["eval"]
+    return {"train_mean": sum(gaps) / len(gaps) if gaps else 0.0,
+            "eval": final.get("eval/judge_minus_verifier", 0.0),
+            "eval_verifier_accuracy": final.get("eval/verifier_accuracy", final.get("eval/accuracy"))}  # fmt: skip
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -312,7 +323,7 @@ def plot(result: dict, path: Path) -> None:
         bins = result["pairwise"]["reliability"][arm]
         axes[1].plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], "o-", label=arm)
     axes[1].plot([0.5, 1], [0.5, 1], "k:", lw=0.8)
-    axes[1].set_title("reliability (seed 0)")
+    axes[1].set_title(f"reliability (seed {result['pairwise_seeds'][0]})")
     axes[1].legend()
     for arm, run in result["hacking"].items():
         gap = [g if g is not None else float("nan") for g in run["train_metrics"]["reward/judge_minus_verifier"]]
@@ -324,14 +335,21 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = seeded_bench_arguments(__doc__.splitlines()[0], PROFILES, "fidelity-rm", argv)
+    def pairwise_seeds_option(parser):
+        parser.add_argument("--pairwise-seeds", type=int, nargs="+",
+                            help="seeds of the pairwise stage, a subset of --seeds (default: all of them)")  # fmt: skip
+
+    args = seeded_bench_arguments(__doc__.splitlines()[0], PROFILES, "fidelity-rm", argv, pairwise_seeds_option)
     profile, work, seeds = PROFILES[args.profile], args.work, args.seeds
+    pairwise_seeds = args.pairwise_seeds or seeds
+    if not set(pairwise_seeds) <= set(seeds):
+        raise SystemExit(f"--pairwise-seeds {pairwise_seeds} must be among --seeds {seeds}")
     coca = {s: coca_stage(s, profile, work) for s in seeds}
     referee = work / "pairwise" / "referee"
     # a judge from a seed no policy trains against
-    rm_command(referee, "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH,
-               "--seed", str(1000 + max(seeds)), *profile["rm"])  # fmt: skip
-    pairwise = {s: pairwise_stage(s, args.steps, profile, work, referee) for s in seeds}
+    referee_summary = rm_command(referee, "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH,
+                                 "--seed", str(1000 + max(seeds)), *profile["rm"])  # fmt: skip
+    pairwise = {s: pairwise_stage(s, args.steps, profile, work, referee) for s in pairwise_seeds}
     data = hacking_data(profile, work, work / "coca" / f"plain-{seeds[0]}")
     hacking = {arm: hacking_stage(arm, args.steps, profile, work, data[arm]) for arm in HACKING_ARMS}
 
@@ -343,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python bench/fidelity_rm.py", *(argv if argv is not None else sys.argv[1:])]),
         "model": profile["model"],
         "seeds": seeds,
+        "pairwise_seeds": pairwise_seeds,
         "coca": {
             arm: {
                 how: over_seeds([coca[s][arm][how]["accuracy"] for s in seeds]) for how in ("as_is", "drop", "reorder")
@@ -350,14 +369,18 @@ def main(argv: list[str] | None = None) -> int:
             for arm in ("plain", "pretrained")
         },
         "pairwise": {
-            "accuracy": {arm: over_seeds([pairwise[s][arm]["accuracy"] for s in seeds]) for arm in ("bt", "judge")},
-            "reliability": {arm: pairwise[seeds[0]][arm]["reliability"] for arm in ("bt", "judge")},
+            "accuracy": {
+                arm: over_seeds([pairwise[s][arm]["accuracy"] for s in pairwise_seeds]) for arm in ("bt", "judge")
+            },
+            "reliability": {arm: pairwise[pairwise_seeds[0]][arm]["reliability"] for arm in ("bt", "judge")},
+            "referee": {"seed": 1000 + max(seeds), "held_out_accuracy": referee_summary["held_out_accuracy"]},
             "referee_win_probability": {
-                arm: over_seeds([pairwise[s]["runs"][arm]["referee"]["mean_win_probability"] for s in seeds])
+                arm: over_seeds([pairwise[s]["runs"][arm]["referee"]["mean_win_probability"] for s in pairwise_seeds])
                 for arm in ("pairwise_ppo", "ppo_bt")
             },
         },
         "hacking": hacking,
+        "hacking_gap": {arm: hacking_gap(run) for arm, run in hacking.items()},
         "per_seed": {"coca": coca, "pairwise": pairwise},
     }
     write_result(args.out, f"fidelity_rm_{args.profile}", result, plot, ("coca", "pairwise"))

@@ -24,6 +24,9 @@ def test_the_reward_model_benchmark_runs_every_stage_and_resumes(tmp_path):
     gaps = {arm: run["train_metrics"]["reward/judge_minus_verifier"] for arm, run in result["hacking"].items()}
     assert gaps["verifier"] == [None]  # the verifier's own reward: nothing to compare
     assert gaps["genrm_ground_truth"][0] is not None and gaps["genrm_best_of_n"][0] is not None
+    assert result["hacking_gap"]["verifier"]["train_mean"] == 0.0
+    assert result["hacking_gap"]["genrm_ground_truth"]["train_mean"] == gaps["genrm_ground_truth"][0]
+    assert 0 <= result["pairwise"]["referee"]["held_out_accuracy"] <= 1 and result["pairwise_seeds"] == [0]
     mtime = (work / "results" / "hacking-verifier.json").stat().st_mtime_ns
     second = run_smoke("fidelity_rm.py", work, out)
     assert second.returncode == 0, second.stderr[-3000:]
