@@ -190,16 +190,16 @@ def calibration(probabilities: list[float], held_out: list) -> dict:
     return {"accuracy": sum(right) / len(right), "by_length": by_length, "reliability": bins}
 
 
-def win_rate(run_dir: Path, referee: Path, profile: dict) -> dict:
-    """The final policy's greedy replies to the first held-out HH prompts, scored by the referee judge against
-    the human anchor (position-debiased win probability; 0.5 = parity)."""
+def win_rate(policy_model: str, referee: Path, profile: dict) -> dict:
+    """The policy's greedy replies to the first held-out HH prompts, scored by the referee judge against the
+    human anchor (position-debiased win probability; 0.5 = parity)."""
     from reasonrl.config import load_config
     from reasonrl.data.select import InitialPolicy
     from reasonrl.data.source import DataSpec, eval_examples
     from reasonrl.reward.genrm import GenRM
     from reasonrl.rollout import SamplingParams
 
-    cfg = load_config("pairwise_ppo", [f"model.name_or_path={run_dir / 'final'}", *profile["rl"]])
+    cfg = load_config("pairwise_ppo", [f"model.name_or_path={policy_model}", *profile["rl"]])
     examples = [e for e in eval_examples(DataSpec(HH), profile["win_prompts"]) if e.answer]  # the held-out prompts
     policy = InitialPolicy.load(cfg)
     kept = [e for e in examples if policy.encoder(e) is not None]
@@ -237,7 +237,7 @@ def pairwise_stage(seed: int, steps: int, profile: dict, work: Path, referee: Pa
                          f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}", "run.loggers=[]",
                          "--quiet")  # fmt: skip
             runs[arm] = {"summary": json.loads((run_dir / "summary.json").read_text()),
-                         "referee": win_rate(run_dir, referee, profile)}  # fmt: skip
+                         "referee": win_rate(str(run_dir / "final"), referee, profile)}  # fmt: skip
         return {"seed": seed, "bt": calibration(probabilities["bt"], held_out),
                 "judge": calibration(probabilities["judge"], held_out), "runs": runs}  # fmt: skip
 
@@ -291,6 +291,13 @@ def hacking_stage(arm: str, steps: int, profile: dict, work: Path, data: Path) -
                 "eval": {k: v for k, v in records[-1].items() if k.startswith("eval/")}}  # fmt: skip
 
     return cached(work / "results" / f"hacking-{arm}.json", produce)
+
+
+def calibration_error(reliability: list[dict]) -> float:
+    """Expected calibration error of a folded reliability curve, each bin at its centre's confidence:
+    Σ_b n_b / N · |accuracy_b − confidence_b|."""
+    total = sum(b["n"] for b in reliability)
+    return sum(b["n"] * abs(b["accuracy"] - b["confidence"]) for b in reliability if b["n"]) / total
 
 
 def hacking_gap(run: dict) -> dict:
@@ -350,11 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     referee_summary = rm_command(referee, "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH,
                                  "--seed", str(1000 + max(seeds)), *profile["rm"])  # fmt: skip
     pairwise = {s: pairwise_stage(s, args.steps, profile, work, referee) for s in pairwise_seeds}
+    base_win = cached(work / "results" / "pairwise-base.json", lambda: win_rate(profile["model"], referee, profile))
     data = hacking_data(profile, work, work / "coca" / f"plain-{seeds[0]}")
     hacking = {arm: hacking_stage(arm, args.steps, profile, work, data[arm]) for arm in HACKING_ARMS}
 
     def over_seeds(values):
         return mean_se([v for v in values if v is not None])
+
+    def win(seed: int, arm: str) -> float:
+        return pairwise[seed]["runs"][arm]["referee"]["mean_win_probability"]
 
     result = {
         "profile": args.profile,
@@ -372,12 +383,22 @@ def main(argv: list[str] | None = None) -> int:
             "accuracy": {
                 arm: over_seeds([pairwise[s][arm]["accuracy"] for s in pairwise_seeds]) for arm in ("bt", "judge")
             },
+            "judge_minus_bt_accuracy": over_seeds(
+                [pairwise[s]["judge"]["accuracy"] - pairwise[s]["bt"]["accuracy"] for s in pairwise_seeds]
+            ),
+            "calibration_error": {
+                arm: over_seeds([calibration_error(pairwise[s][arm]["reliability"]) for s in pairwise_seeds])
+                for arm in ("bt", "judge")
+            },
             "reliability": {arm: pairwise[pairwise_seeds[0]][arm]["reliability"] for arm in ("bt", "judge")},
             "referee": {"seed": 1000 + max(seeds), "held_out_accuracy": referee_summary["held_out_accuracy"]},
+            "referee_base_win_probability": base_win["mean_win_probability"],  # the policy before either RL
             "referee_win_probability": {
-                arm: over_seeds([pairwise[s]["runs"][arm]["referee"]["mean_win_probability"] for s in pairwise_seeds])
-                for arm in ("pairwise_ppo", "ppo_bt")
+                arm: over_seeds([win(s, arm) for s in pairwise_seeds]) for arm in ("pairwise_ppo", "ppo_bt")
             },
+            "pairwise_ppo_minus_ppo_bt_win_probability": over_seeds(
+                [win(s, "pairwise_ppo") - win(s, "ppo_bt") for s in pairwise_seeds]
+            ),
         },
         "hacking": hacking,
         "hacking_gap": {arm: hacking_gap(run) for arm, run in hacking.items()},

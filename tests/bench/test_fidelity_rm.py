@@ -27,6 +27,8 @@ def test_the_reward_model_benchmark_runs_every_stage_and_resumes(tmp_path):
     assert result["hacking_gap"]["verifier"]["train_mean"] == 0.0
     assert result["hacking_gap"]["genrm_ground_truth"]["train_mean"] == gaps["genrm_ground_truth"][0]
     assert 0 <= result["pairwise"]["referee"]["held_out_accuracy"] <= 1 and result["pairwise_seeds"] == [0]
+    assert 0 <= result["pairwise"]["referee_base_win_probability"] <= 1
+    assert 0 <= result["pairwise"]["calibration_error"]["judge"]["mean"] <= 0.5
     mtime = (work / "results" / "hacking-verifier.json").stat().st_mtime_ns
     second = run_smoke("fidelity_rm.py", work, out)
     assert second.returncode == 0, second.stderr[-3000:]
