@@ -300,6 +300,16 @@ def calibration_error(reliability: list[dict]) -> float:
     return sum(b["n"] * abs(b["accuracy"] - b["confidence"]) for b in reliability if b["n"]) / total
 
 
+def pooled_reliability(curves: list[list[dict]]) -> list[dict]:
+    """Reliability curves of several seeds as one: per bin, the pairs of all seeds and their accuracy."""
+    pooled = []
+    for bins in zip(*curves, strict=True):
+        n = sum(b["n"] for b in bins)
+        right = sum(b["n"] * b["accuracy"] for b in bins if b["n"])
+        pooled.append({"confidence": bins[0]["confidence"], "n": n, "accuracy": right / n if n else None})
+    return pooled
+
+
 def hacking_gap(run: dict) -> dict:
     """The hacking signal of one run: the training reward minus the verifier's accuracy on the same responses,
     averaged over the steps (0 for the verifier itself), and the same on the final held-out evaluation."""
@@ -325,17 +335,22 @@ def plot(result: dict, path: Path) -> None:
         axes[0].bar([i + offset for i in range(3)], means, 0.4, yerr=errors, label=arm)
     axes[0].set_xticks(range(3), names)
     axes[0].set_title("BT held-out accuracy (COCA or not)")
-    axes[0].legend()
+    axes[0].legend(loc="lower right")
     for arm in ("bt", "judge"):
-        bins = result["pairwise"]["reliability"][arm]
+        bins = [b for b in result["pairwise"]["reliability"][arm] if b["n"]]
         axes[1].plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], "o-", label=arm)
+        for b in bins:
+            axes[1].annotate(f"n={b['n']}", (b["confidence"], b["accuracy"]), fontsize=7, xytext=(3, -9),
+                             textcoords="offset points")  # fmt: skip
     axes[1].plot([0.5, 1], [0.5, 1], "k:", lw=0.8)
-    axes[1].set_title(f"reliability (seed {result['pairwise_seeds'][0]})")
+    axes[1].set_xlabel("predicted P(preferred reply)")
+    axes[1].set_title("reliability (held-out pairs, seeds pooled)")
     axes[1].legend()
-    for arm, run in result["hacking"].items():
-        gap = [g if g is not None else float("nan") for g in run["train_metrics"]["reward/judge_minus_verifier"]]
+    for arm, run in result["hacking"].items():  # the verifier's reward is its accuracy: a gap of 0
+        gap = [g if g is not None else 0.0 for g in run["train_metrics"]["reward/judge_minus_verifier"]]
         axes[2].plot(range(1, len(gap) + 1), gap, label=arm)
-    axes[2].set_title("judge reward − verifier accuracy")
+    axes[2].set_title("training reward − verifier accuracy")
+    axes[2].set_xlabel("step")
     axes[2].legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -390,7 +405,10 @@ def main(argv: list[str] | None = None) -> int:
                 arm: over_seeds([calibration_error(pairwise[s][arm]["reliability"]) for s in pairwise_seeds])
                 for arm in ("bt", "judge")
             },
-            "reliability": {arm: pairwise[pairwise_seeds[0]][arm]["reliability"] for arm in ("bt", "judge")},
+            "reliability": {
+                arm: pooled_reliability([pairwise[s][arm]["reliability"] for s in pairwise_seeds])
+                for arm in ("bt", "judge")
+            },
             "referee": {"seed": 1000 + max(seeds), "held_out_accuracy": referee_summary["held_out_accuracy"]},
             "referee_base_win_probability": base_win["mean_win_probability"],  # the policy before either RL
             "referee_win_probability": {
