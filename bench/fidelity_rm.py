@@ -275,22 +275,23 @@ def hacking_data(profile: dict, work: Path, bt: Path) -> dict[str, Path]:
     return paths
 
 
-def hacking_stage(arm: str, steps: int, profile: dict, work: Path, data: Path) -> dict:
+def hacking_stage(arm: str, seed: int, steps: int, profile: dict, work: Path, data: Path) -> dict:
     """One grpo run rewarded by ``arm``'s source; its per-step reward and true accuracy (cached)."""
 
     def produce() -> dict:
-        run_dir = work / "hacking" / "runs" / arm
+        run_dir = work / "hacking" / "runs" / f"{arm}-seed{seed}"
         reasonrl("train", "grpo", f"model.name_or_path={profile['model']}", f"data.dataset={data}",
                  *profile["rl"], *profile["hacking"], f"rollout.max_response_tokens={profile['max_new_tokens']}",
-                 f"train.rollout_steps={steps}", f"run.eval_every={steps}", f"run.output_dir={run_dir.parent}",
-                 f"run.name={run_dir.name}", "run.loggers=[]", "--quiet")  # fmt: skip
+                 f"train.rollout_steps={steps}", f"run.eval_every={steps}", f"run.seed={seed}",
+                 f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}", "run.loggers=[]",
+                 "--quiet")  # fmt: skip
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         steps_done = [r for r in records if r["step"] >= 1]
         keys = ("reward/mean", "reward/accuracy", "reward/verifier_accuracy", "reward/judge_minus_verifier")
         return {"arm": arm, "train_metrics": {k: [r.get(k) for r in steps_done] for k in keys},
                 "eval": {k: v for k, v in records[-1].items() if k.startswith("eval/")}}  # fmt: skip
 
-    return cached(work / "results" / f"hacking-{arm}.json", produce)
+    return cached(work / "results" / f"hacking-{arm}-seed{seed}.json", produce)
 
 
 def calibration_error(reliability: list[dict]) -> float:
@@ -317,6 +318,7 @@ def hacking_gap(run: dict) -> dict:
     final = run["eval"]
     return {"train_mean": sum(gaps) / len(gaps) if gaps else 0.0,
             "eval": final.get("eval/judge_minus_verifier", 0.0),
+            "eval_judge_fooled": final.get("eval/judge_fooled", 0.0),
             "eval_verifier_accuracy": final.get("eval/verifier_accuracy", final.get("eval/accuracy"))}  # fmt: skip
 
 
@@ -346,10 +348,12 @@ def plot(result: dict, path: Path) -> None:
     axes[1].set_xlabel("predicted P(preferred reply)")
     axes[1].set_title("reliability (held-out pairs, seeds pooled)")
     axes[1].legend()
-    for arm, run in result["hacking"].items():  # the verifier's reward is its accuracy: a gap of 0
-        gap = [g if g is not None else 0.0 for g in run["train_metrics"]["reward/judge_minus_verifier"]]
-        axes[2].plot(range(1, len(gap) + 1), gap, label=arm)
-    axes[2].set_title("training reward − verifier accuracy")
+    for arm, runs in result["per_seed"]["hacking"].items():  # the verifier's reward is its accuracy: a gap of 0
+        gaps = [[g if g is not None else 0.0 for g in run["train_metrics"]["reward/judge_minus_verifier"]]
+                for run in runs.values()]  # fmt: skip
+        mean_gap = [sum(step) / len(step) for step in zip(*gaps, strict=True)]
+        axes[2].plot(range(1, len(mean_gap) + 1), mean_gap, label=arm)
+    axes[2].set_title("training reward − verifier accuracy (seed mean)")
     axes[2].set_xlabel("step")
     axes[2].legend()
     fig.tight_layout()
@@ -374,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     pairwise = {s: pairwise_stage(s, args.steps, profile, work, referee) for s in pairwise_seeds}
     base_win = cached(work / "results" / "pairwise-base.json", lambda: win_rate(profile["model"], referee, profile))
     data = hacking_data(profile, work, work / "coca" / f"plain-{seeds[0]}")
-    hacking = {arm: hacking_stage(arm, args.steps, profile, work, data[arm]) for arm in HACKING_ARMS}
+    hacking = {arm: {s: hacking_stage(arm, s, args.steps, profile, work, data[arm]) for s in seeds}
+               for arm in HACKING_ARMS}  # fmt: skip
 
     def over_seeds(values):
         return mean_se([v for v in values if v is not None])
@@ -418,9 +423,14 @@ def main(argv: list[str] | None = None) -> int:
                 [win(s, "pairwise_ppo") - win(s, "ppo_bt") for s in pairwise_seeds]
             ),
         },
-        "hacking": hacking,
-        "hacking_gap": {arm: hacking_gap(run) for arm, run in hacking.items()},
-        "per_seed": {"coca": coca, "pairwise": pairwise},
+        "hacking": {
+            arm: {
+                key: over_seeds([hacking_gap(run)[key] for run in runs.values()])
+                for key in ("train_mean", "eval", "eval_judge_fooled", "eval_verifier_accuracy")
+            }
+            for arm, runs in hacking.items()
+        },
+        "per_seed": {"coca": coca, "pairwise": pairwise, "hacking": hacking},
     }
     write_result(args.out, f"fidelity_rm_{args.profile}", result, plot, ("coca", "pairwise"))
     return 0
