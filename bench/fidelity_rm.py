@@ -15,9 +15,10 @@ benchmark started again continues where it stopped):
             judge's debiased win rate against the human anchor) vs ``ppo`` rewarded by the BT RM, same prompts
             and steps; each final policy's win rate against the anchors, judged by a referee judge trained on
             another seed's split, which neither policy trained against;
-  hacking   one policy (grpo on arithmetic, ``--steps`` steps) rewarded by (a) the math verifier, (b) GenRM with
-            the ground-truth answer, (c) GenRM with a best-of-N reference (``data bon``); every step logs the
-            judge's reward and the verifier's accuracy on the same responses (``reward/judge_minus_verifier``).
+  hacking   per seed, one policy (grpo on arithmetic, ``--steps`` steps) rewarded by (a) the math verifier,
+            (b) GenRM with the ground-truth answer, (c) GenRM with a best-of-N reference (``data bon``); every
+            step logs the judge's reward and the verifier's accuracy on the same responses
+            (``reward/judge_minus_verifier``).
 Results: mean ± standard error over seeds in OUT/fidelity_rm_PROFILE.json and .png.
 """
 
