@@ -314,7 +314,8 @@ def pooled_reliability(curves: list[list[dict]]) -> list[dict]:
 
 def hacking_gap(run: dict) -> dict:
     """The hacking signal of one run: the training reward minus the verifier's accuracy on the same responses,
-    averaged over the steps (0 for the verifier itself), and the same on the final held-out evaluation."""
+    averaged over the steps (0 for the verifier itself); on the final held-out evaluation, the same gap, the
+    share of wrong answers the judge calls right, and the verifier's accuracy."""
     gaps = [g for g in run["train_metrics"]["reward/judge_minus_verifier"] if g is not None]
     final = run["eval"]
     return {"train_mean": sum(gaps) / len(gaps) if gaps else 0.0,
@@ -372,10 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     if not set(pairwise_seeds) <= set(seeds):
         raise SystemExit(f"--pairwise-seeds {pairwise_seeds} must be among --seeds {seeds}")
     coca = {s: coca_stage(s, profile, work) for s in seeds}
-    referee = work / "pairwise" / "referee"
-    # a judge from a seed no policy trains against
+    referee, referee_seed = work / "pairwise" / "referee", 1000 + max(seeds)  # a split no policy trains against
     referee_summary = rm_command(referee, "train", "--kind", "pairwise", "--model", profile["model"], "--data", HH,
-                                 "--seed", str(1000 + max(seeds)), *profile["rm"])  # fmt: skip
+                                 "--seed", str(referee_seed), *profile["rm"])  # fmt: skip
     pairwise = {s: pairwise_stage(s, args.steps, profile, work, referee) for s in pairwise_seeds}
     base_win = cached(work / "results" / "pairwise-base.json", lambda: win_rate(profile["model"], referee, profile))
     data = hacking_data(profile, work, work / "coca" / f"plain-{seeds[0]}")
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 arm: pooled_reliability([pairwise[s][arm]["reliability"] for s in pairwise_seeds])
                 for arm in ("bt", "judge")
             },
-            "referee": {"seed": 1000 + max(seeds), "held_out_accuracy": referee_summary["held_out_accuracy"]},
+            "referee": {"seed": referee_seed, "held_out_accuracy": referee_summary["held_out_accuracy"]},
             "referee_base_win_probability": base_win["mean_win_probability"],  # the policy before either RL
             "referee_win_probability": {
                 arm: over_seeds([win(s, arm) for s in pairwise_seeds]) for arm in ("pairwise_ppo", "ppo_bt")
