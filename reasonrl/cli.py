@@ -96,7 +96,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         records=args.records,
     )
     try:
-        result = run_eval(settings)
+        result = run_eval(settings, progress=args.progress)
     except (DataError, ModelError) as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
@@ -154,7 +154,7 @@ def _cmd_rm_train(args: argparse.Namespace) -> int:
     from reasonrl.reward.training import run_reward_model_training
 
     settings = _settings_from_args(RewardModelRun, args)
-    return _print_summary(lambda: run_reward_model_training(settings))
+    return _print_summary(lambda: run_reward_model_training(settings, progress=args.progress))
 
 
 def _cmd_rm_pretrain(args: argparse.Namespace) -> int:
@@ -163,7 +163,7 @@ def _cmd_rm_pretrain(args: argparse.Namespace) -> int:
     if not args.contrastive:
         raise ConfigError("rm pretrain: say --contrastive (COCA's contrastive pretraining, the one method)")
     settings = _settings_from_args(ContrastivePretrainRun, args)
-    return _print_summary(lambda: run_contrastive_pretraining(settings))
+    return _print_summary(lambda: run_contrastive_pretraining(settings, progress=args.progress))
 
 
 def _cmd_vlm_build(args: argparse.Namespace) -> int:
@@ -171,7 +171,7 @@ def _cmd_vlm_build(args: argparse.Namespace) -> int:
 
     settings = _settings_from_args(VLMBuildRun, args)
     out = Path(settings.out) if settings.out else build_directory(settings)
-    return _print_summary(lambda: build_vlm(settings, out, progress=not args.quiet))
+    return _print_summary(lambda: build_vlm(settings, out, progress=args.progress))
 
 
 def _cmd_data_select(args: argparse.Namespace) -> int:
@@ -188,7 +188,7 @@ def _cmd_data_select(args: argparse.Namespace) -> int:
             overrides=args.overrides,
             split=args.split,
             limit=args.limit,
-            progress=not args.quiet,
+            progress=args.progress,
         )
     )
 
@@ -196,7 +196,12 @@ def _cmd_data_select(args: argparse.Namespace) -> int:
 def _cmd_data_bon(args: argparse.Namespace) -> int:
     from reasonrl.data.select import best_of_n_references
 
-    options = {"n": args.n, "max_new_tokens": args.max_new_tokens, "overrides": args.overrides}
+    options = {
+        "n": args.n,
+        "max_new_tokens": args.max_new_tokens,
+        "overrides": args.overrides,
+        "progress": args.progress,
+    }
     return _print_summary(lambda: best_of_n_references(args.prompts, args.reward_model, Path(args.out), **options))
 
 
@@ -204,14 +209,14 @@ def _cmd_prm_label(args: argparse.Namespace) -> int:
     from reasonrl.reward.prm_label import run_labelling
 
     settings = _settings_from_args(PRMLabelRun, args)
-    return _print_summary(lambda: run_labelling(settings, progress=not args.quiet))
+    return _print_summary(lambda: run_labelling(settings, progress=args.progress))
 
 
 def _cmd_data_sample(args: argparse.Namespace) -> int:
     from reasonrl.data.offline import run_sampling
 
     settings = _settings_from_args(OfflineSampleRun, args)
-    return _print_summary(lambda: run_sampling(settings, progress=not args.quiet))
+    return _print_summary(lambda: run_sampling(settings, progress=args.progress))
 
 
 def _add_settings_arguments(parser: argparse.ArgumentParser, settings: type) -> None:
@@ -230,6 +235,18 @@ def _add_settings_arguments(parser: argparse.ArgumentParser, settings: type) -> 
             f"--{item.name.replace('_', '-')}", default=default, choices=choices,
             type=None if choices else kind, help=help_text,
         )  # fmt: skip
+
+
+def _add_progress_options(parser: argparse.ArgumentParser) -> None:
+    """The progress options every long command shares (``reasonrl.timing.Progress``): a live bar on stderr
+    when it is a terminal; ``--progress`` also elsewhere (plain lines), ``--quiet`` never. stdout keeps the
+    command's output alone either way."""
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress", dest="progress", action="store_const", const=True, default=None,
+        help="show progress on stderr even when it is not a terminal (plain lines)",
+    )  # fmt: skip
+    shown.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress on stderr")
 
 
 def _settings_from_args(settings: type, args: argparse.Namespace):
@@ -261,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR|auto",
         help="continue a run from its latest checkpoint: a run directory, or auto (the newest run of the preset)",
     )
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_progress_options(train)
     train.set_defaults(handler=cmd_train)
 
     evaluate = commands.add_parser("eval", help="evaluate a model on a dataset")
@@ -325,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--records", help="also write every greedy answer (id, response, tokens, score, verdict) to this .jsonl"
     )
+    _add_progress_options(evaluate)
     evaluate.set_defaults(handler=_cmd_eval)
 
     presets = commands.add_parser("presets", help="list the run presets")
@@ -380,12 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
         "report held-out accuracy",
     )
     _add_settings_arguments(rm_train, RewardModelRun)
+    _add_progress_options(rm_train)
     rm_train.set_defaults(handler=_cmd_rm_train)
     pretrain = rm_commands.add_parser(
         "pretrain", help="COCA contrastive pretraining of a reward-model / critic encoder on conversation histories"
     )
     pretrain.add_argument("--contrastive", action="store_true", help="contrastive pretraining (COCA, arXiv 2108.10510)")
     _add_settings_arguments(pretrain, ContrastivePretrainRun)
+    _add_progress_options(pretrain)
     pretrain.set_defaults(handler=_cmd_rm_pretrain)
 
     vlm = commands.add_parser("vlm", help="vision-language models")
@@ -393,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         "build", help="build a small VLM on a language model in Seed1.5-VL's stages (cached; smollm2-135m-vlm)"
     )
     _add_settings_arguments(vlm_build, VLMBuildRun)
-    vlm_build.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_progress_options(vlm_build)
     vlm_build.set_defaults(handler=_cmd_vlm_build)
 
     prm = commands.add_parser("prm", help="process rewards for code (arXiv 2410.17621)")
@@ -402,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         "label", help="sample programs and label their lines by binary search over K completions (resumable)"
     )
     _add_settings_arguments(label, PRMLabelRun)
-    label.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_progress_options(label)
     label.set_defaults(handler=_cmd_prm_label)
 
     data = commands.add_parser("data", help="prepare training data")
@@ -423,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="split of built-in datasets (auto: train where there is one, else the only split, e.g. math500's test)",
     )
     select.add_argument("--limit", type=int, default=None, help="score the first N candidates only")
-    select.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_progress_options(select)
     select.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides: model.name_or_path, reward.* ..."
     )
@@ -440,12 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
     bon.add_argument("--n", type=int, default=4)
     bon.add_argument("--max-new-tokens", type=int, default=128)
     bon.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. model.name_or_path")
+    _add_progress_options(bon)
     bon.set_defaults(handler=_cmd_data_bon)
     sample = data_commands.add_parser(
         "sample", help="offline dataset for dpo/dqo: n scored responses per prompt with behaviour log-probs (resumable)"
     )
     _add_settings_arguments(sample, OfflineSampleRun)
-    sample.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_progress_options(sample)
     sample.set_defaults(handler=_cmd_data_sample)
     return parser
 
@@ -474,12 +495,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _configure_logging() -> None:
     from rich.logging import RichHandler
 
-    from reasonrl.train.metrics import CONSOLE
+    from reasonrl.timing import stderr_console
 
     logging.basicConfig(
         level=logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(console=CONSOLE, show_time=False, show_path=False)],
+        handlers=[RichHandler(console=stderr_console(), show_time=False, show_path=False)],
         force=True,
     )
     # notices (resuming, checkpoint sizes) from rank 0; errors from every rank

@@ -22,6 +22,7 @@ from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, reso
 from reasonrl.reward.base import RewardResult
 from reasonrl.reward.router import RewardRouter, program_verifiers, resolve_routes
 from reasonrl.rollout import SamplingParams, build_engine
+from reasonrl.rollout.base import share_params
 from reasonrl.rollout.multiturn import (
     PAG_VERIFY_PROMPT,
     ROLE_INJECTED,
@@ -31,16 +32,20 @@ from reasonrl.rollout.multiturn import (
     Injection,
     PAGRule,
     Segment,
+    TurnRule,
     injected_ids,
     parse_verdict,
     probability_correct,
     run_conversations,
 )
 from reasonrl.rollout.sampling import fire_params
-from reasonrl.rollout.scored import sample_and_score
+from reasonrl.rollout.scored import Scored, sample_and_score
+from reasonrl.timing import Progress
+
+VLLM_BATCH_SEQUENCES = 256  # the vLLM engine's default max_batch_sequences (it keeps no attribute for it)
 
 
-class _VerifyOnce:
+class _VerifyOnce(TurnRule):
     """A TurnRule that ends every conversation after the turn it generates."""
 
     def after(self, conversation: Conversation) -> None:
@@ -181,8 +186,29 @@ def write_records(scored, tokenizer, path: Path) -> None:
             handle.write(json.dumps(record) + "\n")
 
 
-def run_eval(settings: EvalSettings) -> dict[str, Any]:
-    """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints)."""
+def scored_in_batches(
+    engine, tokenizer, pool, encoder, examples, params, progress: Progress, repeats: int = 1
+) -> Scored:
+    """``sample_and_score`` one engine batch of problems at a time, telling ``progress`` the problems done,
+    the share of answers right so far and the tokens generated.  Each prompt keeps the sampling stream it
+    has in one call (``share_params``), so the fast and vLLM engines answer exactly as in one call."""
+    size = max(1, getattr(engine, "max_batch_sequences", VLLM_BATCH_SEQUENCES) // repeats)
+    parts: list[Scored] = []
+    answers = right = 0
+    for start in range(0, len(examples), size):
+        chunk = examples[start : start + size]
+        part_params = share_params(params, answers, answers + len(chunk) * repeats)
+        parts.append(sample_and_score(engine, tokenizer, pool, encoder, chunk, part_params, repeats))
+        answers += len(parts[-1].results)
+        right += sum(r.correct for r in parts[-1].results)
+        tokens = sum(len(c.token_ids) for c in parts[-1].completions)
+        progress.advance(len(chunk), tokens=tokens, status=f"acc {right / max(1, answers):.2f}")
+    return Scored.concat(parts)
+
+
+def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str, Any]:
+    """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints).
+    ``progress``: show the passes on stderr (``reasonrl.timing.Progress``'s ``show``)."""
     settings.check()
     started = time.perf_counter()
     fields = Fields(settings.question_field, settings.answer_field)
@@ -212,18 +238,28 @@ def run_eval(settings: EvalSettings) -> dict[str, Any]:
         seed=settings.seed,
         fire=fire_params(settings.fire),
     )
+    n = len(examples)
     try:
-        greedy = sample_and_score(engine, tokenizer, pool, encoder, examples, greedy_params)
-        sampled = sample_and_score(engine, tokenizer, pool, encoder, examples, sampled_params, repeats=samples)
-        pag = (
-            pag_protocol(engine, tokenizer, pool, encoder, examples, greedy_params, settings)
-            if settings.protocol == "pag"
-            else {}
-        )
-        if settings.self_verify_bon:
-            pag["self_verify_bon@k"] = self_verify_best_of_n(
-                engine, tokenizer, encoder, sampled, samples, greedy_params
-            )
+        with Progress("eval", progress) as shown:
+            shown.stage("greedy", n, "problems")
+            greedy = scored_in_batches(engine, tokenizer, pool, encoder, examples, greedy_params, shown)
+            shown.stage("sampled", n, "problems")
+            sampled = scored_in_batches(engine, tokenizer, pool, encoder, examples, sampled_params, shown, samples)
+            pag: dict[str, float] = {}
+            if settings.protocol == "pag":
+                pag = shown.measure(
+                    "pag",
+                    n,
+                    "problems",
+                    lambda: pag_protocol(engine, tokenizer, pool, encoder, examples, greedy_params, settings),
+                )
+            if settings.self_verify_bon:
+                pag["self_verify_bon@k"] = shown.measure(
+                    "self-verify",
+                    n,
+                    "problems",
+                    lambda: self_verify_best_of_n(engine, tokenizer, encoder, sampled, samples, greedy_params),
+                )
     finally:
         pool.close()
     if settings.records:

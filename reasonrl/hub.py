@@ -4,13 +4,16 @@ What goes up, in one commit: the model directory (``final/`` by default, or a ch
 weights, config and tokenizer, never the optimiser state or the critic), ``README.md`` (the model
 card: base model, data, preset and paper, results, the whole config, how to load it), and the run's
 record under ``reasonrl/`` (``config.yaml``, ``run.json``, ``summary.json``, ``metrics.jsonl``,
-``training_curves.png``, whichever exist).  Authentication is huggingface_hub's own (``HF_TOKEN``
-or ``huggingface-cli login``).
+``training_curves.png``, whichever exist).  No local absolute path goes up: in every text file (the card,
+the record, the model's JSON files: a LoRA adapter's config names its base model's path) a path inside
+the run directory becomes relative to it and any other keeps only its file name.  Authentication is
+huggingface_hub's own (``HF_TOKEN`` or ``huggingface-cli login``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,34 @@ def upload_files(run_dir: Path, model_dir: Path) -> dict[str, Path]:
         files.update({f"{ADAPTER_DIR}/{p.name}": p for p in sorted(adapter.iterdir()) if p.is_file()})
     files.update({f"reasonrl/{name}": run_dir / name for name in RUN_RECORD if (run_dir / name).is_file()})
     return files
+
+
+LOCAL_PATH = re.compile(r"(?<![\w.:/~-])~?/[^\s'\",;:()\[\]{}<>|*`]+")
+"""An absolute (or home-relative) local path inside text: a path component after a separator, not a URL's
+``//host``, a metric key (``reward/mean``) or a fraction."""
+TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".md", ".txt", ".jinja")
+
+
+def without_local_paths(text: str, run_dir: Path) -> str:
+    """``text`` with no local absolute path: a path inside the run directory becomes relative to it, any
+    other keeps only its file name (a dataset, a model, a reward-function file: the name says which)."""
+    root = run_dir.resolve()
+
+    def relative(match: re.Match) -> str:
+        found = Path(match.group(0)).expanduser()
+        try:
+            return str(found.resolve().relative_to(root))
+        except ValueError:
+            return found.name or "."
+
+    return LOCAL_PATH.sub(relative, text)
+
+
+def upload_content(local: Path, run_dir: Path) -> bytes | str:
+    """What is uploaded for a local file: a text file's bytes without local paths, any other file as it is."""
+    if local.suffix in TEXT_SUFFIXES:
+        return without_local_paths(local.read_text(encoding="utf-8", errors="replace"), run_dir).encode()
+    return str(local)
 
 
 def _hub_id(spec: str | None) -> str | None:
@@ -179,7 +210,7 @@ def push_run(
     """
     model_dir = model_directory(run_dir, checkpoint)
     files = upload_files(run_dir, model_dir)
-    card = model_card(run_dir, model_dir, repo_id)
+    card = without_local_paths(model_card(run_dir, model_dir, repo_id), run_dir)
     report: dict[str, Any] = {"repo": repo_id, "model": str(model_dir), "files": ["README.md", *files]}
     if dry_run:
         return {**report, "model_card": card}
@@ -187,7 +218,7 @@ def push_run(
 
     api = HfApi()
     operations = [CommitOperationAdd("README.md", card.encode())]
-    operations += [CommitOperationAdd(path, str(local)) for path, local in files.items()]
+    operations += [CommitOperationAdd(path, upload_content(local, run_dir)) for path, local in files.items()]
     try:
         url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         api.create_commit(

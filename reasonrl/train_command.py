@@ -102,9 +102,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         if cfg.dist.backend == "ray":
             from reasonrl.dist.training import fit_on_ray
 
-            summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
+            summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=args.progress)
         else:
-            summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=not args.quiet)
+            summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=args.progress)
     except (DataError, ModelError, DynamicSamplingError, DiskFullError, ClusterError, WorkerDiedError) as exc:
         if main_rank():
             print(f"reasonrl: error: {exc}", file=sys.stderr)

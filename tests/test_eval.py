@@ -1,6 +1,7 @@
 """Evaluation metrics and the `reasonrl eval` / `reasonrl train` commands on tiny-random."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -69,6 +70,52 @@ def test_eval_command_reports_bad_data(tmp_path, capsys):
     bad.write_text("{not json}\n")
     assert main(["eval", "--model", "tiny-random", "--dataset", str(bad)]) == 1
     assert f"{bad}:1: malformed JSON line" in capsys.readouterr().err
+
+
+def test_eval_shows_progress_on_stderr_only_when_asked_and_stdout_stays_json(tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3))
+    )
+    argv = ["eval", "--model", "tiny-random", "--dataset", str(data), "--k", "2", "--max-new-tokens", "4"]
+    assert main(argv) == 0
+    quiet = capsys.readouterr()  # stderr is no terminal here: no progress unless asked
+    assert main([*argv, "--progress"]) == 0
+    shown = capsys.readouterr()
+    quiet_result, shown_result = json.loads(quiet.out), json.loads(shown.out)  # stdout holds the JSON alone
+    assert quiet_result.pop("wall_seconds") > 0 and shown_result.pop("wall_seconds") > 0
+    assert quiet_result == shown_result
+    assert "problems" not in quiet.err and "eval" not in quiet.err
+    last = {line.split(":")[0]: line for line in shown.err.splitlines()}  # each pass's last line
+    for phase in ("eval greedy", "eval sampled"):
+        assert re.fullmatch(
+            rf"{phase}: 3/3 problems  acc [01]\.\d\d  \d+ tok/s  elapsed 0:00:\d\d  left 0:00:00", last[phase]
+        )
+
+
+def test_eval_in_engine_batches_samples_what_one_call_samples():
+    from reasonrl.data.examples import Example
+    from reasonrl.data.prompts import PromptEncoder
+    from reasonrl.eval import scored_in_batches
+    from reasonrl.models.load import load_model, load_tokenizer
+    from reasonrl.rollout import SamplingParams, build_engine
+    from reasonrl.rollout.scored import sample_and_score
+    from reasonrl.timing import Progress
+
+    class Unscored:
+        def score_examples(self, examples, responses):
+            return [result(None, False) for _ in responses]
+
+    tokenizer = load_tokenizer("tiny-random")
+    engine = build_engine("fast", load_model("tiny-random"), tokenizer, dtype=torch.float32, max_batch_sequences=4)
+    examples = [Example(f"q{i}", f"What is {i} + 1?", str(i + 1)) for i in range(5)]
+    encoder, params = PromptEncoder(tokenizer, "plain", 10**9), SamplingParams(6, temperature=1.0, seed=3)
+    progress = Progress("eval", show=False)
+    progress.stage("sampled", len(examples), "problems")
+    batched = scored_in_batches(engine, tokenizer, Unscored(), encoder, examples, params, progress, repeats=3)
+    whole = sample_and_score(engine, tokenizer, Unscored(), encoder, examples, params, repeats=3)
+    assert [c.token_ids for c in batched.completions] == [c.token_ids for c in whole.completions]
+    assert progress.state.done == 5 and progress.state.tokens == sum(len(c.token_ids) for c in whole.completions)
 
 
 def test_train_command_writes_a_run_directory(tmp_path, capsys):

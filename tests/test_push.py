@@ -105,3 +105,36 @@ def test_a_lora_runs_adapter_is_uploaded_beside_the_merged_model(tmp_path):
     for name in names:
         (model_dir / name).write_text("{}")
     assert set(names) <= set(upload_files(tmp_path, model_dir))
+
+
+def test_a_push_publishes_no_local_absolute_path(run_dir, hub, monkeypatch, tmp_path):
+    from reasonrl.hub import without_local_paths
+
+    # a LoRA adapter's config names its base model by path; a reward file and a dataset are local paths
+    adapter = run_dir / "final" / "adapter"
+    adapter.mkdir(exist_ok=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path / "base")}))
+    try:
+        assert main(["push", str(run_dir), "--repo", "me/tiny"]) == 0
+    finally:
+        (adapter / "adapter_config.json").unlink()
+        adapter.rmdir()
+    uploaded = hub[-1][2]
+    texts = {name: content.decode() for name, content in uploaded.items() if isinstance(content, bytes)}
+    assert {
+        "README.md",
+        "config.json",
+        "adapter/adapter_config.json",
+        "reasonrl/config.yaml",
+        "reasonrl/run.json",
+    } <= set(texts)
+    for name, text in texts.items():
+        assert str(run_dir.parent) not in text and str(tmp_path) not in text, name
+    assert json.loads(texts["adapter/adapter_config.json"]) == {"base_model_name_or_path": "base"}
+    assert "output_dir: " in texts["reasonrl/config.yaml"]
+    line = "functions: ['/home/me/rewards.py:score']; data /tmp/x/runs/r/final; eval/accuracy 1/2 https://hf.co/a/b"
+    assert (
+        without_local_paths(line, tmp_path)
+        == "functions: ['rewards.py:score']; data final; eval/accuracy 1/2 https://hf.co/a/b"
+    )
+    assert without_local_paths(f"model {tmp_path}/final/adapter", tmp_path) == "model final/adapter"

@@ -24,9 +24,13 @@ def test_rm_train_reports_held_out_accuracy_for_both_kinds(tmp_path, capsys):
     for kind in ("bt", "pairwise"):
         out = tmp_path / kind
         args = ["rm", "train", "--kind", kind, "--model", "tiny-random", "--data", str(pairs_file(tmp_path))]
-        assert main([*args, "--out", str(out), "--steps", "2", "--batch-pairs", "2", "--eval-pairs", "4"]) == 0
-        summary = json.loads(capsys.readouterr().out)
+        args += ["--out", str(out), "--steps", "2", "--batch-pairs", "2", "--eval-pairs", "4", "--progress"]
+        assert main(args) == 0
+        captured = capsys.readouterr()
+        summary = json.loads(captured.out)  # stdout: the JSON alone; progress on stderr
         assert summary == json.loads((out / "summary.json").read_text())
+        for stage in ("held-out before: 2/2 pairs", "training: 2/2 steps  loss ", "held-out after: 2/2 pairs"):
+            assert f"rm train {stage}" in captured.err, kind
         assert 0.0 <= summary["held_out_accuracy"] <= 1.0 and summary["held_out_pairs"] == 2
         assert (out / "model" / "config.json").exists()
     # the Bradley-Terry model also in the Hugging Face reward-model format, scoring as it does here
@@ -94,10 +98,12 @@ def test_data_bon_keeps_the_reward_models_favourite_as_an_open_reference(tmp_pat
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"question": f"Tell me about {w}.", "answer": "-"} for w in "abc"])
     out = tmp_path / "bon.jsonl"
     args = ["data", "bon", "--prompts", str(prompts), "--reward-model", str(rm_dir), "--out", str(out)]
-    assert main([*args, "--n", "2", "--max-new-tokens", "4", "model.name_or_path=tiny-random"]) == 0
+    assert main([*args, "--n", "2", "--max-new-tokens", "4", "model.name_or_path=tiny-random", "--progress"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 and all(r["task_type"] == "open" for r in rows)
-    assert json.loads(capsys.readouterr().out)["written"] == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["written"] == 3
+    assert "data bon sampling and scoring: 3/3 prompts" in captured.err and " tok/s " in captured.err
 
 
 def test_data_select_takes_the_readme_command_a_split_and_a_limit(tmp_path, capsys):
@@ -112,11 +118,11 @@ def test_data_select_takes_the_readme_command_a_split_and_a_limit(tmp_path, caps
         "rollout.max_prompt_tokens=2000",
         "train.microbatch_tokens=4096",
     ]
-    assert main(args) == 0  # math500 has a test split only: auto takes it
+    assert main([*args, "--progress"]) == 0  # math500 has a test split only: auto takes it
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert summary["candidates"] == 3 and summary["base"] == 500 and summary["selected"] == 1
-    assert "scoring candidates" in captured.err and "3/3" in captured.err  # progress
+    assert "data select scoring candidates: 3/3 prompts" in captured.err
     assert main([*args, "--split", "train"]) == 1
     assert "built-in dataset 'math500' has no 'train' split (it has test)" in capsys.readouterr().err
 

@@ -152,6 +152,11 @@ class RolloutConfig:
     """rollout.multiturn=tool: wall-clock limit of one tool call in the sandbox; a call past it returns
     an error message to the model, never an error to the run."""
 
+    tool_batch_timeout_seconds: float = 30.0
+    """rollout.multiturn=tool: wall-clock limit of one turn's tool calls, all conversations together (they
+    run at once, up to one sandbox per CPU core); a call the budget leaves no time for returns an error
+    message.  At least tool_timeout_seconds."""
+
     max_attempts: int = 2
     """Multi-turn: at most this many policy attempts per conversation (PAG's T_max = 2)."""
 

@@ -202,6 +202,11 @@ def _algorithm(cfg: Config) -> list[str]:
             problems.append(
                 "rollout.max_tool_calls must be >= 1 and rollout.tool_timeout_seconds > 0 with rollout.multiturn=tool"
             )
+        if r.multiturn == "tool" and r.tool_batch_timeout_seconds < r.tool_timeout_seconds:
+            problems.append(
+                f"rollout.tool_batch_timeout_seconds={r.tool_batch_timeout_seconds:g} must be >= "
+                f"rollout.tool_timeout_seconds={r.tool_timeout_seconds:g}: a turn's calls share it"
+            )
         if r.max_attempts < 1 or (r.multiturn == "direct" and r.max_attempts < 2):
             problems.append(f"rollout.max_attempts={r.max_attempts} must be >= 1 (>= 2 with rollout.multiturn=direct)")
         if r.max_conversation_tokens is not None and r.max_conversation_tokens < r.max_response_tokens:

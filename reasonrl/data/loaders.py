@@ -108,6 +108,41 @@ def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
 
 
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of lists and objects a data row may have: real rows nest a few levels (chat messages,
+test cases); a row nested deeper would only exhaust the recursion of whatever reads it next."""
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and dicts nest in ``value`` (iterative: any depth is measured without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:  # deeper than the limit is enough to refuse
+                stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def json_object(text: str, where: str) -> dict[str, Any]:
+    """One JSON object of a data file (``where``: 'file:line'): malformed JSON, anything but an object, or
+    nesting deeper than MAX_JSON_DEPTH is a DataError naming the place."""
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: malformed JSON line ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
+        raise DataError(f"{where}: unreadable JSON line ({exc})") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
+    if _depth(row) > MAX_JSON_DEPTH:
+        raise DataError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return row
+
+
 def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(location, row) pairs of a .jsonl(.gz) or .parquet file; location is 'file:line'."""
     name = path.name.lower()
@@ -116,22 +151,23 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             import pyarrow.parquet as pq
         except ImportError:
             raise DataError(f"reading {path} needs pyarrow: pip install 'reasonrl[data]'") from None
-        for index, row in enumerate(pq.read_table(path).to_pylist()):
+        import pyarrow
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pyarrow.ArrowException, OSError) as exc:  # truncated, not parquet, unreadable
+            raise DataError(f"{path}: not a readable parquet file ({' '.join(str(exc).split())[:200]})") from None
+        for index, row in enumerate(rows):
+            if _depth(row) > MAX_JSON_DEPTH:
+                raise DataError(f"{path}:row {index}: nested deeper than {MAX_JSON_DEPTH} levels")
             yield f"{path}:row {index}", row
         return
     if not (name.endswith(".jsonl") or name.endswith(".jsonl.gz") or name.endswith(".json")):
         raise DataError(f"{path}: unsupported file type; give a .jsonl, .jsonl.gz or .parquet file")
     with _open_text(path) as handle:
         for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: malformed JSON line ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
-            yield f"{path}:{number}", row
+            if line.strip():
+                yield f"{path}:{number}", json_object(line, f"{path}:{number}")
 
 
 MISSING = object()
@@ -300,7 +336,8 @@ def read_records(path: Path) -> list[dict]:
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
         path.write_text(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    lines = enumerate(text.splitlines(), start=1)
+    return [json_object(line, f"{path}:{number}") for number, line in lines if line.strip()]
 
 
 def append_record(path: Path, record: dict) -> None:

@@ -16,7 +16,6 @@ feeds the file to the offline presets: DQO trains on every response, DPO on the 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from collections import defaultdict
@@ -25,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reasonrl.config.commands import OfflineSampleRun
-from reasonrl.data.loaders import DataError, append_record, read_records
+from reasonrl.data.loaders import DataError, append_record, json_object, read_records
+from reasonrl.timing import Progress
 
 PROMPTS_PER_CALL = 16  # prompts sampled (× samples_per_prompt) per engine call
 REQUIRED = ("id", "example_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "reward", "correct")
@@ -92,12 +92,7 @@ def read_samples(path: str | Path) -> list[OfflineSample]:
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise DataError(f"{path}:{number}: not JSON ({exc})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{number}: a line must be a JSON object")
+        row = json_object(line, f"{path}:{number}")
         sample = _sample(f"{path}:{number}", row)
         if sample.id in seen:
             raise DataError(f"{path}:{number}: id {sample.id!r} is already the id of line {seen[sample.id]}")
@@ -155,11 +150,12 @@ def sampled_prompts(cfg, settings: OfflineSampleRun) -> list:
     return list(problems.values())
 
 
-def run_sampling(settings: OfflineSampleRun, progress: bool = False) -> dict:
+def run_sampling(settings: OfflineSampleRun, progress: bool | None = False) -> dict:
     """Sample ``samples_per_prompt`` responses to each prompt and score them into ``settings.out``;
-    a killed run started again keeps the prompts it finished and samples the rest.  Returns a summary."""
+    a killed run started again keeps the prompts it finished and samples the rest.  Returns a summary.
+    ``progress``: show the sampling on stderr (``reasonrl.timing.Progress``'s ``show``)."""
     from reasonrl.config import load_config
-    from reasonrl.data.select import InitialPolicy, progress_bar
+    from reasonrl.data.select import InitialPolicy
     from reasonrl.reward.router import build_router
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.scored import sample_and_score
@@ -183,12 +179,13 @@ def run_sampling(settings: OfflineSampleRun, progress: bool = False) -> dict:
     policy = InitialPolicy.load(cfg)
     scorer = build_router(policy.cfg, policy.dtype)
     try:
-        with progress_bar("sampling", len(examples), progress) as advance:
+        with Progress("data sample", progress) as shown:
+            shown.stage("sampling", len(examples), "prompts")
             # fixed chunks with fixed seeds: a resumed run samples what an uninterrupted one would have
             for start in range(0, len(examples), PROMPTS_PER_CALL):
                 chunk = examples[start : start + PROMPTS_PER_CALL]
                 if all(counts[e.id] >= n for e in chunk):
-                    advance(len(chunk))
+                    shown.advance(len(chunk))
                     continue
                 params = SamplingParams(settings.max_new_tokens, settings.temperature, seed=_seed(settings.seed, start))
                 scored = sample_and_score(policy.engine, policy.tokenizer, scorer, policy.encoder, chunk, params, n)
@@ -205,7 +202,7 @@ def run_sampling(settings: OfflineSampleRun, progress: bool = False) -> dict:
                         "correct": bool(result.correct), "truncated": completion.finish_reason == "length",
                         "response": policy.tokenizer.decode(ids, skip_special_tokens=True), "sampling": sampled_with,
                     })  # fmt: skip
-                advance(len(chunk))
+                shown.advance(len(chunk), tokens=sum(len(c.token_ids) for c in scored.completions))
     finally:
         scorer.close()
     return summarise(out, time.perf_counter() - started)

@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Literal
 
 from reasonrl.batch import ImagePrompt
+from reasonrl.data.control_tokens import control_tokens
 from reasonrl.data.examples import Example
 
 if TYPE_CHECKING:
@@ -48,14 +49,23 @@ def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, question: str, template
 
 
 def chat_token_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], tools: list[dict] | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, str]],
+    tools: list[dict] | None = None,
+    generation_prompt: bool = True,
 ) -> list[int]:
     """A conversation through the chat template (with the function schemas ``tools``, where given), ending
-    with the assistant header (plain text without a template)."""
+    with the assistant header unless ``generation_prompt`` is False (plain text without a template).  The
+    contents are untrusted: a control token they spell is encoded as plain text (``data/control_tokens.py``)."""
+    controls = control_tokens(tokenizer)
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
+        return controls.encode(controls.render(messages, tools, generation_prompt))
+    return controls.encode("\n\n".join(controls.mark(m["content"]) for m in messages), add_special_tokens=True)
+
+
+def text_token_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Untrusted ``text`` by itself (a response a reward model reads after its prompt), as plain text."""
+    return control_tokens(tokenizer).text_ids(text)
 
 
 class PromptEncoder:
@@ -121,7 +131,15 @@ class PromptEncoder:
         last = messages[-1]
         images = [{"type": "image"} for _ in example.images]
         messages[-1] = {"role": last["role"], "content": [*images, {"type": "text", "text": last["content"]}]}
-        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        inputs = self.processor(text=[text], images=[list(example.images)], return_tensors="pt")
+        controls = control_tokens(self.processor.tokenizer)
+        marked = controls.mark_messages(messages)
+        text = self.processor.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+        inputs = {}
+
+        def encode(text: str) -> list[int]:
+            inputs.update(self.processor(text=[text], images=[list(example.images)], return_tensors="pt"))
+            return inputs["input_ids"][0].tolist()
+
+        ids = controls.encode_through(text, encode)  # a control token the question spells is text, not an image
         vision = {k: v[0] for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-        return ImagePrompt(inputs["input_ids"][0].tolist(), vision, example.images)
+        return ImagePrompt(ids, vision, example.images)

@@ -8,10 +8,9 @@ hardest, least hackable prompts — and merge them into the base set.  `reasonrl
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ import torch
 
 from reasonrl.algo.preference import domain_zscores
 from reasonrl.data.examples import Example
+from reasonrl.timing import Progress
 
 if TYPE_CHECKING:
     from reasonrl.config import Config
@@ -94,28 +94,6 @@ def mean_prompt_scores(
     return [sum(totals[e.id]) / len(totals[e.id]) if e.id in totals else None for e in examples]
 
 
-@contextlib.contextmanager
-def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[int], None]]:
-    """A progress bar on stderr; yields ``advance(n)``."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (TextColumn(label), BarColumn(bar_width=20), MofNCompleteColumn(), TimeElapsedColumn())
-    bar = Progress(
-        *columns, TimeRemainingColumn(), console=Console(stderr=True, quiet=not enabled), speed_estimate_period=3600
-    )
-    task = bar.add_task(label, total=total)
-    with bar:
-        yield lambda n: bar.advance(task, n)
-
-
 @dataclass
 class InitialPolicy:
     """What the data commands sample with: a config, its compute dtype, tokenizer, engine and prompt encoder."""
@@ -176,11 +154,12 @@ def run_selection(
     overrides: Sequence[str] = (),
     split: str = "auto",
     limit: int | None = None,
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> dict:
     """Score the first ``limit`` rows of ``candidates_source`` with the initial policy and the run's reward
     router, keep the hardest ``fraction``, merge into ``base_source`` and write ``out``; returns a summary.
-    ``split`` picks the split of both sources (auto: train where a dataset has one, else its only split)."""
+    ``split`` picks the split of both sources (auto: train where a dataset has one, else its only split);
+    ``progress``: show the scoring on stderr (``reasonrl.timing.Progress``'s ``show``)."""
     from reasonrl.config import load_config
     from reasonrl.reward.router import build_router
 
@@ -190,10 +169,11 @@ def run_selection(
     policy = InitialPolicy.load(cfg)
     scorer = build_router(policy.cfg, policy.dtype)
     try:
-        with progress_bar("scoring candidates", len(candidates), progress) as advance:
+        with Progress("data select", progress) as shown:
+            shown.stage("scoring candidates", len(candidates), "prompts")
             scores = mean_prompt_scores(
                 policy.engine, policy.tokenizer, scorer, policy.encoder, candidates, samples, max_new_tokens,
-                policy.cfg.run.seed, advance,
+                policy.cfg.run.seed, shown.advance,
             )  # fmt: skip
     finally:
         scorer.close()
@@ -216,16 +196,26 @@ def run_selection(
 
 
 def best_of_n_references(
-    prompts_source: str, reward_model: str, out: Path, *, n: int = 4, max_new_tokens: int = 128, overrides=()
+    prompts_source: str,
+    reward_model: str,
+    out: Path,
+    *,
+    n: int = 4,
+    max_new_tokens: int = 128,
+    overrides=(),
+    progress: bool | None = False,
 ) -> dict:
     """For every prompt, sample ``n`` responses from the initial policy and keep the one the Bradley-Terry
     model scores highest as its reference: rows with task_type ``open`` (GenRM vs best-of-N, Data-Scaling RLHF §3);
     a math prompt's true answer goes to the row's ``verifier_answer`` (``reward/verifier_accuracy`` measures the
-    judge against it)."""
+    judge against it).  The prompts go SCORING_CHUNK at a time, each keeping its sampling stream in the whole
+    call (``share_params``), so the fast and vLLM engines sample what one call would; ``progress`` as in
+    ``run_selection``."""
     from reasonrl.config import load_config
     from reasonrl.models.value import is_sequence_classifier, value_model_dir
     from reasonrl.reward.bt import RewardModel
     from reasonrl.rollout import SamplingParams
+    from reasonrl.rollout.base import share_params
 
     cfg = load_config(None, list(overrides))
     if not is_sequence_classifier(reward_model):  # a bad path fails before any sampling
@@ -234,10 +224,19 @@ def best_of_n_references(
     policy = InitialPolicy.load(cfg, template="plain")
     kept = [e for e in examples if policy.encoder(e) is not None]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=policy.cfg.run.seed)
-    completions = policy.engine.generate([policy.encoder(e) for e in kept for _ in range(n)], params)
-    texts = policy.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
     rm = RewardModel.load(reward_model, compute_dtype=policy.dtype)
-    scores = rm.score([[{"role": "user", "content": e.question}] for e in kept for _ in range(n)], texts)
+    texts: list[str] = []
+    scores: list[float] = []
+    with Progress("data bon", progress) as shown:
+        shown.stage("sampling and scoring", len(kept), "prompts")
+        for start in range(0, len(kept), SCORING_CHUNK):
+            chunk = [e for e in kept[start : start + SCORING_CHUNK] for _ in range(n)]
+            chunk_params = share_params(params, len(texts), len(texts) + len(chunk))
+            completions = policy.engine.generate([policy.encoder(e) for e in chunk], chunk_params)
+            replies = policy.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            scores += rm.score([[{"role": "user", "content": e.question}] for e in chunk], replies)
+            texts += replies
+            shown.advance(len(chunk) // n, tokens=sum(len(c.token_ids) for c in completions))
     rows = []
     for i, example in enumerate(kept):
         best = max(range(i * n, (i + 1) * n), key=lambda j: scores[j])

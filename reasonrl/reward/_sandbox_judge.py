@@ -59,6 +59,12 @@ class RemoteError(Exception):
     """An exception of the solution that has no built-in counterpart here."""
 
 
+# Built-in errors the interpreter acts on by itself: a StopIteration (StopAsyncIteration) out of a call
+# ends the iteration around it, so ``all(map(lambda c: candidate(c) == ..., cases))`` would stop early and
+# pass; MemoryError is the ``memory`` status.  From the solution they arrive as a RemoteError.
+NEVER_REBUILT = (StopIteration, StopAsyncIteration, MemoryError)
+
+
 class OpaqueValueError(TypeError):
     """A test compared, truth-tested or iterated an object of the solution: only the solution may look inside it."""
 
@@ -212,11 +218,15 @@ class Child:
 
 
 def _remote_exception(reply: dict) -> BaseException:
+    """What the test sees of the solution's exception, whatever the child sends: the built-in type it
+    names if that is an ordinary error (``except ValueError``, ``assertRaises(KeyError)`` work), else a
+    ``RemoteError``.  A type outside ``Exception`` (``SystemExit``, ``GeneratorExit``...) or in
+    ``NEVER_REBUILT`` never crosses, so all a call of the solution can tell the test is that it raised."""
     name, message = str(reply.get("exc")), str(reply.get("msg", ""))
     if reply.get("memory"):
         return ChildFailure("memory", f"MemoryError: {message}")
     cls = getattr(builtins, name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not MemoryError:
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, NEVER_REBUILT):
         with contextlib.suppress(Exception):
             return cls(message)
     return RemoteError(f"{name}: {message}")

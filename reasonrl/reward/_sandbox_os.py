@@ -5,9 +5,10 @@ the interpreter and the system libraries (with every site-packages directory cov
 one), a few /dev nodes, /proc (hidepid=2), world-writable /tmp and /dev/shm on the same
 size-limited tmpfs, and /work owned by the sandbox uid; then chroot.  As root inside the new IPC
 namespace: System V shared memory and message queues capped at the run's memory limit (they are
-not covered by RLIMIT_AS).  And the process sweep that kills whatever the solution started, and the
-wipe of the scratch directories between tests.  Standard library only (the judge loads this file by
-path; it runs with ``-I -S``).
+not covered by RLIMIT_AS).  A seccomp filter that denies the kernel keyring system calls (keys are not
+namespaced: they would outlive the run and be visible to others).  And the process sweep that kills
+whatever the solution started, and the wipe of the scratch directories between tests.  Standard
+library only (the judge loads this file by path; it runs with ``-I -S``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ import signal
 import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
+PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 22, 36, 38
 DEVICES = ("null", "zero", "full", "random", "urandom")
+SECCOMP_MODE_FILTER, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 2, 0x7FFF0000, 0x00050000
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+EPERM, ENOSYS, X32_SYSCALL_BIT = 1, 38, 0x40000000
+# machine: (its audit architecture, the numbers of add_key, request_key and keyctl)
+KEYRING_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
 
 
 # --- the filesystem view -------------------------------------------------------------------------------------
@@ -138,11 +144,51 @@ def limit_ipc(memory_mb: int) -> bool:
     return True
 
 
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def keyring_filter(arch: int, numbers: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    """A seccomp program (code, jump if true, jump if false, k): EPERM for the system calls ``numbers``,
+    ENOSYS for any call through another ABI of the machine (i386's ``int 0x80``, x32), which numbers
+    its calls differently, and the rest allowed.  A jump counts instructions from the one after it."""
+    allow = 4 + len(numbers)  # the four loads and checks before the number tests, then the returns
+    eperm, enosys = allow + 1, allow + 2
+    return [
+        (BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        (BPF_JEQ_K, 0, enosys - 2, arch),
+        (BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+        (BPF_JGE_K, enosys - 4, 0, X32_SYSCALL_BIT),
+        *((BPF_JEQ_K, eperm - 5 - i, 0, number) for i, number in enumerate(numbers)),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
+    ]
+
+
+def deny_keyrings(libc) -> bool:
+    """Deny this process and all it starts the kernel keyring system calls (add_key, request_key,
+    keyctl), which fail with EPERM: keyrings are not namespaced, so a key would outlive the run,
+    stay charged to its uid and be readable by later runs.  False on a machine without the table."""
+    machine = os.uname().machine
+    if machine not in KEYRING_SYSCALLS or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return False
+    program = keyring_filter(*KEYRING_SYSCALLS[machine])
+    instructions = (_SockFilter * len(program))(*program)
+    fprog = _SockFprog(len(program), instructions)
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
+
+
 def isolate(job: dict) -> tuple[dict, int | None, str, str, list[str]]:
     """Build what this process can: (isolation report, child uid, workdir, child script path, scratch dirs)."""
     libc = ctypes.CDLL(None, use_errno=True)
     iso = {"pid_namespace": os.getpid() == 1, "no_new_privs": libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0}
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the solution come back here to be killed
+    iso["keyrings_denied"] = deny_keyrings(libc)  # after no_new_privs, which an unprivileged filter needs
     with open(job["child_path"]) as handle:
         child_source = handle.read()
     root = os.geteuid() == 0

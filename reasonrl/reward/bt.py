@@ -10,7 +10,6 @@ or any jsonl with ``prompt`` / ``chosen`` / ``rejected`` fields.
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -22,9 +21,9 @@ import torch
 
 from reasonrl.algo.preference import bradley_terry_loss, pairwise_accuracy
 from reasonrl.batch import pad_rows
-from reasonrl.data.loaders import DataError
+from reasonrl.data.loaders import DataError, json_object
 from reasonrl.data.preferences import parse_transcript
-from reasonrl.data.prompts import chat_token_ids
+from reasonrl.data.prompts import chat_token_ids, text_token_ids
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import (
     HEAD_FILE,
@@ -78,8 +77,8 @@ def load_preference_pairs(source: str) -> list[PreferencePair]:
                 continue
             where = f"{path}:{number}"
             try:
-                pairs.append(_pair_from_row(json.loads(line), where))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                pairs.append(_pair_from_row(json_object(line, where), where))
+            except (KeyError, TypeError) as exc:
                 raise DataError(f"{where}: not a preference pair ({exc!r}); need chosen/rejected [+ prompt]") from exc
     return pairs
 
@@ -115,14 +114,12 @@ class RewardModel:
     def encode(self, prompt: Messages, response: str) -> tuple[list[int], list[int]]:
         """(prompt ids, keeping the most recent tokens; response ids, keeping the first tokens, + EOS).  The
         score is read at the EOS slot: the state after the reply's text, or with ``conversation_end`` after
-        the chat template's end of the reply."""
+        the chat template's end of the reply.  The texts are others': a control token they spell stays text."""
         prompt_ids = chat_token_ids(self.tokenizer, prompt)
-        response_ids = self.tokenizer(response, add_special_tokens=False)["input_ids"]
+        response_ids = text_token_ids(self.tokenizer, response)
         if self.conversation_end and self.tokenizer.chat_template:
-            whole = self.tokenizer.apply_chat_template(
-                [*prompt, {"role": "assistant", "content": response}], tokenize=False
-            )
-            ids = list(self.tokenizer(whole, add_special_tokens=False)["input_ids"])
+            reply = {"role": "assistant", "content": response}
+            ids = chat_token_ids(self.tokenizer, [*prompt, reply], generation_prompt=False)
             pad = getattr(self.model.backbone.config, "pad_token_id", None)
             while ids and ids[-1] == pad:  # Hugging Face reads the last token that is not padding
                 ids.pop()

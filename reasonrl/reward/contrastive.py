@@ -13,6 +13,7 @@ value head, so `rm train --model OUT/model` (bt, pairwise) and critics
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -31,6 +32,7 @@ from reasonrl.models.forward import response_hidden_states
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import HEAD_FILE, ValueModel
 from reasonrl.reward.bt import PreferencePair, RewardModel, load_preference_pairs, split_pairs
+from reasonrl.timing import Progress
 
 
 def representations(rm: RewardModel, histories: Sequence, replies: Sequence[str]) -> torch.Tensor:
@@ -75,8 +77,31 @@ def held_out_metrics(rm: RewardModel, pairs: Sequence[PreferencePair], settings:
     return {"loss": sum(losses) / max(1, len(losses)), "accuracy": sum(accuracies) / max(1, len(accuracies))}
 
 
-def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
-    """Split, measure, train, measure again, save; returns (and writes) the summary."""
+def train_encoder(
+    rm: RewardModel, train: Sequence[PreferencePair], settings: ContrastivePretrainRun, path: Path, progress: Progress
+) -> None:
+    """``settings.steps`` InfoNCE steps on seeded batches of ``train``, each step's loss, accuracy and gradient
+    norm a line of ``path`` (metrics.jsonl)."""
+    optimizer = torch.optim.AdamW(rm.model.backbone.parameters(), lr=settings.lr, weight_decay=0.0)
+    rng, order = random.Random(settings.seed), []
+    with path.open("w") as metrics:
+        for step in range(1, settings.steps + 1):
+            if len(order) < settings.batch_pairs:  # a new seeded shuffle (the last one's leftovers dropped:
+                order = rng.sample(range(len(train)), len(train))  # no conversation twice in a batch)
+            batch, order = [train[i] for i in order[: settings.batch_pairs]], order[settings.batch_pairs :]
+            rm.model.train()
+            loss, accuracy = contrastive_loss(rm, batch, settings, rng)
+            loss.backward()
+            grad_norm = apply_gradients(rm.model, optimizer, 5.0)  # COCA clips at 5
+            record = {"step": step, "loss": loss.item(), "train_accuracy": accuracy.item(), "grad_norm": grad_norm}
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+            progress.advance(status=f"loss {record['loss']:.3f}  acc {record['train_accuracy']:.2f}")
+
+
+def run_contrastive_pretraining(settings: ContrastivePretrainRun, progress: bool | None = False) -> dict:
+    """Split, measure, train, measure again, save; returns (and writes) the summary.  ``progress``: show the
+    measurements and the steps on stderr (``reasonrl.timing.Progress``'s ``show``)."""
     from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
 
     settings.check()
@@ -98,22 +123,12 @@ def run_contrastive_pretraining(settings: ContrastivePretrainRun) -> dict:
         ValueModel(causal_lm.base_model).to(device), tokenizer, compute_dtype=compute_dtype("auto"),
         max_prompt_tokens=settings.max_prompt_tokens, max_response_tokens=settings.max_response_tokens,
     )  # fmt: skip
-    before = held_out_metrics(rm, held_out, settings)
-    optimizer = torch.optim.AdamW(rm.model.backbone.parameters(), lr=settings.lr, weight_decay=0.0)
-    rng, order = random.Random(settings.seed), []
-    with (out / "metrics.jsonl").open("w") as metrics:
-        for step in range(1, settings.steps + 1):
-            if len(order) < settings.batch_pairs:  # a new seeded shuffle (the last one's leftovers dropped:
-                order = rng.sample(range(len(train)), len(train))  # no conversation twice in a batch)
-            batch, order = [train[i] for i in order[: settings.batch_pairs]], order[settings.batch_pairs :]
-            rm.model.train()
-            loss, accuracy = contrastive_loss(rm, batch, settings, rng)
-            loss.backward()
-            grad_norm = apply_gradients(rm.model, optimizer, 5.0)  # COCA clips at 5
-            record = {"step": step, "loss": loss.item(), "train_accuracy": accuracy.item(), "grad_norm": grad_norm}
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
-    after = held_out_metrics(rm, held_out, settings)
+    measure = functools.partial(held_out_metrics, rm, held_out, settings)
+    with Progress("rm pretrain", progress) as shown:
+        before = shown.measure("held-out before", len(held_out), "conversations", measure)
+        shown.stage("training", settings.steps, "steps")
+        train_encoder(rm, train, settings, out / "metrics.jsonl", shown)
+        after = shown.measure("held-out after", len(held_out), "conversations", measure)
     saved = out / "model"
     causal_lm.save_pretrained(saved)  # the whole causal LM, its LM head included (untied models too)
     tokenizer.save_pretrained(saved)

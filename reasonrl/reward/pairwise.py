@@ -16,7 +16,7 @@ import torch
 
 from reasonrl.algo.preference import pairwise_judge_loss, position_debiased_reward, verdict_probability
 from reasonrl.batch import pad_rows
-from reasonrl.data.prompts import chat_token_ids
+from reasonrl.data.prompts import chat_token_ids, text_token_ids
 from reasonrl.models.forward import autocast_context
 from reasonrl.models.optim import apply_gradients
 
@@ -47,11 +47,12 @@ class PairwiseJudge:
         self.verdict_ids = (ids[0][0], ids[1][0])
 
     def _clip(self, text: str) -> str:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = text_token_ids(self.tokenizer, text)
         return text if len(ids) <= self.max_text_tokens else self.tokenizer.decode(ids[: self.max_text_tokens]) + " …"
 
     def encode(self, question: str, first: str, second: str) -> list[int]:
-        """The judge prompt's ids (chat template, ending at the assistant header)."""
+        """The judge prompt's ids (chat template, ending at the assistant header); what the texts spell stays
+        text, so a response cannot close the judge's turn and write its verdict."""
         content = self.template.format(
             question=self._clip(question), first=self._clip(first), second=self._clip(second)
         )
@@ -102,13 +103,15 @@ def train_pairwise_judge(
     batch_pairs: int = 4,
     lr: float = 1e-5,
     seed: int = 0,
+    on_step=None,
 ) -> list[float]:
-    """Cross-entropy on the verdict, each pair shown in both orders (chosen as A, then as B).  Returns losses."""
+    """Cross-entropy on the verdict, each pair shown in both orders (chosen as A, then as B).  Returns losses;
+    ``on_step`` is told each step's ``{"step", "loss"}``."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(judge.model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     judge.model.train()
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         batch = rng.sample(list(pairs), min(batch_pairs, len(pairs)))
         rows = [judge.encode(q, c, r) for q, c, r in batch] + [judge.encode(q, r, c) for q, c, r in batch]
         logit_a, logit_b = judge.verdict_logits(rows)
@@ -117,5 +120,7 @@ def train_pairwise_judge(
         loss.backward()
         apply_gradients(judge.model, optimizer, 1.0)
         losses.append(loss.item())
+        if on_step is not None:
+            on_step({"step": step, "loss": losses[-1]})
     judge.model.eval()
     return losses

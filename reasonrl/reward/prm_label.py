@@ -24,6 +24,7 @@ from reasonrl.config.commands import PRMLabelRun
 from reasonrl.data.loaders import DataError, append_record, read_records
 from reasonrl.reward.code import defines, parse_reference
 from reasonrl.reward.prm import DeadLineSearch, Line, line_labels, response_lines, token_char_ends
+from reasonrl.timing import Progress
 
 PROMPTS_PER_SAMPLING_CALL = 16  # prompts sampled (× programs_per_prompt) per engine call
 PROBES_PER_CALL = 8  # line prefixes probed (× K completions) per engine call
@@ -291,10 +292,11 @@ def summarise(store: LabelStore, settings: PRMLabelRun, wall_seconds: float) -> 
     }
 
 
-def run_labelling(settings: PRMLabelRun, progress: bool = False) -> dict:
-    """Sample and label (or continue labelling) into ``settings.out``; returns the summary."""
+def run_labelling(settings: PRMLabelRun, progress: bool | None = False) -> dict:
+    """Sample and label (or continue labelling) into ``settings.out``; returns the summary.
+    ``progress``: show both passes on stderr (``reasonrl.timing.Progress``'s ``show``)."""
     from reasonrl.config import load_config
-    from reasonrl.data.select import InitialPolicy, progress_bar, prompt_rows
+    from reasonrl.data.select import InitialPolicy, prompt_rows
     from reasonrl.reward.router import build_router
 
     settings.check()
@@ -303,20 +305,20 @@ def run_labelling(settings: PRMLabelRun, progress: bool = False) -> dict:
              "data_policy", "checkpoints", "seed")  # fmt: skip
     store = LabelStore(Path(settings.out), {name: getattr(settings, name) for name in fixed})
     policies = data_policies(settings)
-    for name, spec in policies:
-        cfg = load_config(None, [f"model.name_or_path={spec}", *settings.overrides])
-        examples = prompt_rows(cfg, settings.dataset, settings.split, settings.limit)
-        if any(e.task_type != "code" for e in examples):
-            raise ValueError(f"{settings.dataset} is not a code dataset: prm label needs programs with unit tests")
-        policy = InitialPolicy.load(cfg)
-        scorer = build_router(policy.cfg, policy.dtype)
-        try:
-            with progress_bar(f"{name}: sampling", len(examples), progress) as advance:
-                sample_programs(policy, scorer, examples, name, settings, store, advance)
-            mine = [p for p in store.programs.values() if p.policy == name]
-            with progress_bar(f"{name}: labelling", len(mine), progress) as advance:
-                advance(sum(p.key in store.labelled for p in mine))
-                label_programs(policy, scorer, {e.id: e for e in examples}, name, settings, store, advance)
-        finally:
-            scorer.close()
+    with Progress("prm label", progress) as shown:
+        for name, spec in policies:
+            cfg = load_config(None, [f"model.name_or_path={spec}", *settings.overrides])
+            examples = prompt_rows(cfg, settings.dataset, settings.split, settings.limit)
+            if any(e.task_type != "code" for e in examples):
+                raise ValueError(f"{settings.dataset} is not a code dataset: prm label needs programs with unit tests")
+            policy = InitialPolicy.load(cfg)
+            scorer = build_router(policy.cfg, policy.dtype)
+            try:
+                shown.stage(f"{name} sampling", len(examples), "prompts")
+                sample_programs(policy, scorer, examples, name, settings, store, shown.advance)
+                mine = [p for p in store.programs.values() if p.policy == name]
+                shown.stage(f"{name} labelling", len(mine), "programs", done=sum(p.key in store.labelled for p in mine))
+                label_programs(policy, scorer, {e.id: e for e in examples}, name, settings, store, shown.advance)
+            finally:
+                scorer.close()
     return summarise(store, settings, time.perf_counter() - started)

@@ -8,8 +8,9 @@ Layers, outermost first (each one that this machine supports; the verdict says w
    a scoring worker killed on its timeout), private IPC and hostname.  Without ``unshare`` but with
    ``bwrap`` (non-root), bubblewrap gives the same namespaces and a read-only view of ``/``.
 2. The judge (``_sandbox_judge.py``, root inside the namespaces) caps its own CPU time and address
-   space, caps System V IPC, mounts a tmpfs root holding read-only binds of the interpreter (its
-   site-packages covered) and system libraries only, with private ``/tmp`` and ``/work``, and chroots.
+   space, caps System V IPC, denies the kernel keyring system calls (seccomp), mounts a tmpfs root
+   holding read-only binds of the interpreter (its site-packages covered) and system libraries only,
+   with private ``/tmp`` and ``/work``, and chroots.
 3. The code runs in a child as a random unprivileged uid (so RLIMIT_NPROC is enforced even where we
    run as root, and the code cannot read the judge's memory or signal it), with RLIMIT_AS, RLIMIT_CPU,
    RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_MSGQUEUE and no core files, ``-I -S`` (standard
@@ -234,11 +235,15 @@ def _failed_verdict(detail: str, started: float, support: Support, status: str =
     return Verdict(False, 0.0, status, round(time.monotonic() - started, 4), (), support.network_isolated, {}, detail)
 
 
-def run_job(job: CodeJob, limits: SandboxLimits = SandboxLimits(), isolate_tests: bool = True) -> Verdict:
+def run_job(
+    job: CodeJob, limits: SandboxLimits = SandboxLimits(), isolate_tests: bool = True, deadline: float | None = None
+) -> Verdict:
     """Run ``job.solution`` against ``job.tests`` in a fresh sandbox; never raises for anything the code does.
 
     ``isolate_tests``: a fresh process per test case (False: one process runs them all, faster, and
-    the solution's state carries over from test to test).
+    the solution's state carries over from test to test).  ``deadline``: a ``time.monotonic()`` time
+    the run ends by whatever its limits allow (a batch's budget); a run that would start after it fails
+    "timeout" without running.
     """
     started = time.monotonic()
     support = isolation_support()
@@ -247,6 +252,10 @@ def run_job(job: CodeJob, limits: SandboxLimits = SandboxLimits(), isolate_tests
     except ValueError as exc:
         return _failed_verdict(str(exc), started, support)
     total = limits.total_for(len(plan.cases))
+    if deadline is not None:
+        total = min(total, deadline - started)
+        if total <= 0:
+            return _failed_verdict("no time left in the batch's budget", started, support, "timeout")
     _remove_stale_scratch()
     scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
     try:
@@ -446,9 +455,11 @@ class SandboxPool:
         """One verdict."""
         return self.run_many([job])[0]
 
-    def run_many(self, jobs: Sequence[CodeJob]) -> list[Verdict]:
-        """One verdict per job, in order."""
-        return list(self._executor.map(lambda j: run_job(j, self.limits, self.isolate_tests), jobs))
+    def run_many(self, jobs: Sequence[CodeJob], budget_s: float | None = None) -> list[Verdict]:
+        """One verdict per job, in order.  ``budget_s``: the wall-clock limit of the whole batch (plus the
+        harness's grace): a job gets at most what is left of it when it starts, none once it is spent."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        return list(self._executor.map(lambda j: run_job(j, self.limits, self.isolate_tests, deadline), jobs))
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -27,6 +27,7 @@ from reasonrl.reward.bt import (
     split_pairs,
     train_bradley_terry,
 )
+from reasonrl.timing import Progress
 
 
 def _judge_accuracy(judge, pairs: list[PreferencePair]) -> float:
@@ -45,7 +46,7 @@ def split_groups(programs: list, held_out: float, seed: int) -> tuple[list, list
     return [p for p in programs if p.group not in kept_out], [p for p in programs if p.group in kept_out]
 
 
-def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
+def run_prm_training(settings: RewardModelRun, out: Path, record, progress: Progress) -> dict:
     """The PRM (kind prm): line-level accuracy, AUC and squared error on held-out prompts' lines, before
     and after regressing the critic's layout onto the labels; the model saved under ``out/model``."""
     from reasonrl.data.loaders import read_records
@@ -61,12 +62,13 @@ def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
     train, held_out = split_groups(programs, settings.held_out, settings.seed)
     dtype = compute_dtype("auto")
     model = value_model_from_policy(settings.model, device=resolve_device(settings.device))
-    before = prm_metrics(model, held_out, dtype)
+    before = progress.measure("held-out before", len(held_out), "programs", lambda: prm_metrics(model, held_out, dtype))
+    progress.stage("training", settings.steps, "steps")
     train_prm(
         model, train, steps=settings.steps, batch_programs=settings.batch_pairs, lr=settings.lr,
         head_lr=100 * settings.lr, compute_dtype=dtype, seed=settings.seed, on_step=record,
     )  # fmt: skip
-    after = prm_metrics(model, held_out, dtype)
+    after = progress.measure("held-out after", len(held_out), "programs", lambda: prm_metrics(model, held_out, dtype))
     saved = model.save(out / "model")
     tokenizer.save_pretrained(saved)
     export_sequence_classifier(model, tokenizer, out / "hf")
@@ -81,25 +83,30 @@ def run_prm_training(settings: RewardModelRun, out: Path, record) -> dict:
     }
 
 
-def run_reward_model_training(settings: RewardModelRun) -> dict:
-    """Split, measure held-out accuracy, train, measure again, save; returns (and writes) the summary."""
+def run_reward_model_training(settings: RewardModelRun, progress: bool | None = False) -> dict:
+    """Split, measure held-out accuracy, train, measure again, save; returns (and writes) the summary.
+    ``progress``: show the measurements and the steps on stderr (``reasonrl.timing.Progress``'s ``show``)."""
     torch.manual_seed(settings.seed)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
     metrics_path.write_text("")
 
-    def record(metrics: dict) -> None:
-        with metrics_path.open("a") as handle:
-            handle.write(json.dumps(metrics) + "\n")
-
     started = time.perf_counter()
     train_kind = run_prm_training if settings.kind == "prm" else run_preference_training
+    with Progress("rm train", progress) as shown:
+
+        def record(metrics: dict) -> None:
+            with metrics_path.open("a") as handle:
+                handle.write(json.dumps(metrics) + "\n")
+            shown.advance(status=f"loss {metrics['loss']:.3f}")
+
+        trained = train_kind(settings, out, record, shown)
     summary = {
         "kind": settings.kind,
         "model": settings.model,
         "data": settings.data,
-        **train_kind(settings, out, record),
+        **trained,
         "max_prompt_tokens": settings.max_prompt_tokens,
         "max_response_tokens": settings.max_response_tokens,
         "wall_seconds": time.perf_counter() - started,
@@ -108,7 +115,7 @@ def run_reward_model_training(settings: RewardModelRun) -> dict:
     return summary
 
 
-def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict:
+def run_preference_training(settings: RewardModelRun, out: Path, record, progress: Progress) -> dict:
     """A Bradley-Terry model (kind bt) or a pairwise judge (kind pairwise): held-out pairwise accuracy
     before and after training on the pairs; the model saved under ``out/model``."""
     from reasonrl.models.load import compute_dtype, resolve_device
@@ -125,12 +132,13 @@ def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict
             max_prompt_tokens=settings.max_prompt_tokens,
             max_response_tokens=settings.max_response_tokens,
         )
-        before = pair_accuracy(rm, held_out)
+        before = progress.measure("held-out before", len(held_out), "pairs", lambda: pair_accuracy(rm, held_out))
+        progress.stage("training", settings.steps, "steps")
         train_bradley_terry(
             rm, train, steps=settings.steps, batch_pairs=settings.batch_pairs, lr=settings.lr,
             head_lr=100 * settings.lr, seed=settings.seed, on_step=record,
         )  # fmt: skip
-        after = pair_accuracy(rm, held_out)
+        after = progress.measure("held-out after", len(held_out), "pairs", lambda: pair_accuracy(rm, held_out))
         saved = rm.save(out / "model")
         rm.export(out / "hf")
     else:
@@ -139,14 +147,14 @@ def run_preference_training(settings: RewardModelRun, out: Path, record) -> dict
 
         tokenizer = load_tokenizer(settings.model)
         judge = PairwiseJudge(load_model(settings.model, torch.float32, device=device), tokenizer, compute_dtype=dtype)
-        before = _judge_accuracy(judge, held_out)
+        before = progress.measure("held-out before", len(held_out), "pairs", lambda: _judge_accuracy(judge, held_out))
         triples = [(conversation_text(p.prompt), p.chosen, p.rejected) for p in train]
-        losses = train_pairwise_judge(
-            judge, triples, steps=settings.steps, batch_pairs=settings.batch_pairs, lr=settings.lr, seed=settings.seed
-        )
-        for i, loss in enumerate(losses):
-            record({"step": i + 1, "loss": loss})
-        after = _judge_accuracy(judge, held_out)
+        progress.stage("training", settings.steps, "steps")
+        train_pairwise_judge(
+            judge, triples, steps=settings.steps, batch_pairs=settings.batch_pairs, lr=settings.lr,
+            seed=settings.seed, on_step=record,
+        )  # fmt: skip
+        after = progress.measure("held-out after", len(held_out), "pairs", lambda: _judge_accuracy(judge, held_out))
         saved = out / "model"
         judge.model.save_pretrained(saved)
         tokenizer.save_pretrained(saved)

@@ -10,7 +10,9 @@ limit of generated turns or of response tokens (generated + injected).
 PAG's rule (arXiv 2506.10406 §3, "selective revision") is ``PAGRule``: answer, verify the answer,
 and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its Direct MultiTurn baseline
 (always revise, no verify turn).  ``ToolRule`` runs a python tool called with a fenced python block or,
-where the chat template has one, its own tool-call format (``<tool_call>{json}</tool_call>``).
+where the chat template has one, its own tool-call format (``<tool_call>{json}</tool_call>``); the calls
+of one turn of every conversation run together, and a call that cannot be read or fails is answered with
+an error message (counted in ``Conversation.tool_errors``), never an error of the run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
+from reasonrl.data.control_tokens import control_tokens
 from reasonrl.rollout.base import RolloutEngine, SamplingParams, extended
 
 ROLE_INJECTED = -1
@@ -48,9 +51,10 @@ DIRECT_REVISE_PROMPT = "Review your previous solution and provide a correct solu
 INJECTED_TURN_TOKENS = 128  # room left per injected turn in the default conversation cap
 
 VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
-PYTHON_CALL = re.compile(r"```python\n(.*?)```\s*\Z", re.DOTALL)  # a fenced python block ending the turn
+FENCED_CALL = ("```python\n", "```")  # a fenced python block ending the turn
 # a chat template's tool call ending the turn (the Hermes format of Qwen2.5/3, SmolLM3, Hermes models)
-NATIVE_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>\s*\Z", re.DOTALL)
+NATIVE_CALL = ("<tool_call>", "</tool_call>")
+NATIVE_CALL_ERROR = 'Error: a tool call must be {"name": "python", "arguments": {"code": "<program>"}}'
 # the python tool as a function schema, what `apply_chat_template(tools=...)` renders into the prompt
 PYTHON_TOOL = {
     "type": "function",
@@ -125,6 +129,7 @@ class Conversation:
     tools: list[dict] | None = None  # the tool schemas the prompt rendered (a template's tool-call format)
     done: bool = False
     end: str = ""  # why it ended: "rule", "turn_limit" or "token_limit"
+    tool_errors: int = 0  # its tool calls that failed (unparseable, crashed, timed out...), each told to the model
 
     @property
     def response_length(self) -> int:
@@ -147,6 +152,7 @@ class Injection:
     text: str
     next_role: int
     message_role: str = "user"  # the chat role it is rendered as: "user", or "tool" for a native tool call
+    tool_error: bool = False  # the message reports a tool call that failed
 
 
 class TurnRule(Protocol):
@@ -156,9 +162,14 @@ class TurnRule(Protocol):
         """The message to inject after the conversation's last generated turn, or None to end it."""
         ...
 
+    def after_each(self, conversations: Sequence[Conversation]) -> list[Injection | None]:
+        """``after`` of each conversation, in order: the driver asks once per turn, so a rule that runs
+        tools can run the turn's calls together."""
+        return [self.after(c) for c in conversations]
+
 
 @dataclass(frozen=True)
-class PAGRule:
+class PAGRule(TurnRule):
     """PAG's selective revision (§3): attempt → verify → (only after "wrong") revise → verify → ...
 
     At most ``max_attempts`` policy turns, and no verify turn after the last one (the release's
@@ -181,7 +192,7 @@ class PAGRule:
 
 
 @dataclass(frozen=True)
-class DirectRevisionRule:
+class DirectRevisionRule(TurnRule):
     """PAG's Direct MultiTurn baseline: revise after every attempt, up to ``max_attempts``, never verify."""
 
     max_attempts: int = 2
@@ -211,45 +222,93 @@ class ToolCall:
 def python_call(text: str) -> ToolCall | None:
     """The python tool call that ends ``text``, or None: a fenced python block, or a chat template's
     ``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``.  A native call that is not
-    that JSON is still a call, whose output is an error message saying what was expected."""
-    fenced = PYTHON_CALL.search(text)
-    if fenced:
-        return ToolCall(fenced.group(1), native=False)
-    native = NATIVE_CALL.search(text)
-    if not native:
+    that JSON is still a call, whose output is an error message saying what was expected.  Never raises,
+    and takes time linear in the text: generated text decides nothing about how its parsing ends."""
+    fenced = _block_ending(text, *FENCED_CALL)
+    if fenced is not None:
+        return ToolCall(fenced, native=False)
+    native = _block_ending(text, *NATIVE_CALL)
+    if native is None:
         return None
     try:
-        call = json.loads(native.group(1))
-        arguments = call["arguments"]
-        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        code = arguments["code"]
-        if call["name"] != "python" or not isinstance(code, str):
-            raise TypeError
-    except (ValueError, TypeError, KeyError):
-        expected = '{"name": "python", "arguments": {"code": "<program>"}}'
-        return ToolCall(None, native=True, error=f"Error: a tool call must be {expected}")
-    return ToolCall(code, native=True)
+        return ToolCall(_native_code(native.strip()), native=True)
+    except Exception:  # whatever the JSON makes the decoder raise (deep nesting: RecursionError) is a bad call
+        return ToolCall(None, native=True, error=NATIVE_CALL_ERROR)
+
+
+def _block_ending(text: str, opening: str, closing: str) -> str | None:
+    """What lies between the first ``opening`` and the ``closing`` that ends ``text`` (trailing whitespace
+    allowed), or None.  Two string searches: a lazy regex tried from every opening is quadratic."""
+    body = text.rstrip()
+    if not body.endswith(closing):
+        return None
+    body = body[: -len(closing)]
+    start = body.find(opening)
+    return None if start < 0 else body[start + len(opening) :]
+
+
+def _native_code(payload: str) -> str:
+    """The program of a native call's JSON ``payload``; raises unless it is a python call with a string
+    of code (arguments as an object or as a JSON string) that is valid unicode (no lone surrogate)."""
+    call = json.loads(payload)
+    arguments = call["arguments"]
+    arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    code = arguments["code"]
+    if call["name"] != "python" or not isinstance(code, str):
+        raise TypeError("not a call of the python tool")
+    code.encode()
+    return code
 
 
 @dataclass(frozen=True)
-class ToolRule:
-    """A python tool: a turn that ends with a tool call (``python_call``) gets its output (from
-    ``run_python``, which runs it sandboxed; cut to ``TOOL_OUTPUT_CHARS``) as the next turn, and the policy
-    goes on; at most ``max_tool_calls`` per conversation.  A turn without a call ends it.  A fenced block's
-    output comes back as a user message, a native call's as a "tool" message (what the template expects)."""
+class ToolOutput:
+    """What a tool call printed, or the error message in its place; ``failed`` when the call crashed, timed
+    out, flooded its output or never ran."""
 
-    run_python: Callable[[str], str]
+    text: str
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class ToolRule(TurnRule):
+    """A python tool: a turn that ends with a tool call (``python_call``) gets its output (cut to
+    ``TOOL_OUTPUT_CHARS``) as the next turn, and the policy goes on; at most ``max_tool_calls`` per
+    conversation.  A turn without a call ends it.  ``run_python`` runs the programs of one turn of every
+    conversation together (sandboxed, under one time budget: ``train/multiturn.sandboxed_python``).  A call
+    that cannot be read or that fails comes back as an error message (``Injection.tool_error``), never as
+    an error of the run.  A fenced block's output comes back as a user message, a native call's as a
+    "tool" message (what the template expects)."""
+
+    run_python: Callable[[Sequence[str]], Sequence[ToolOutput]]
     max_tool_calls: int = 2
 
     def after(self, conversation: Conversation) -> Injection | None:
-        call = python_call(conversation.turns()[-1].text)
-        calls = sum(not s.generated for s in conversation.segments)
-        if call is None or calls >= self.max_tool_calls:
+        return self.after_each([conversation])[0]
+
+    def after_each(self, conversations: Sequence[Conversation]) -> list[Injection | None]:
+        calls = [self._call(c) for c in conversations]
+        outputs = iter(self.run_python([call.code for call in calls if call is not None and call.code is not None]))
+        injections: list[Injection | None] = []
+        for call in calls:
+            if call is None:
+                injections.append(None)
+                continue
+            output = next(outputs) if call.code is not None else ToolOutput(call.error, failed=True)
+            injections.append(self._injection(call.native, output))
+        return injections
+
+    def _call(self, conversation: Conversation) -> ToolCall | None:
+        """The call that ends the conversation's last turn, or None (no call, or no calls left)."""
+        if sum(not s.generated for s in conversation.segments) >= self.max_tool_calls:
             return None
-        output = (self.run_python(call.code) if call.code is not None else call.error)[:TOOL_OUTPUT_CHARS]
-        if call.native:
-            return Injection(output, ROLE_POLICY, message_role="tool")
-        return Injection(f"Output:\n```\n{output}\n```", ROLE_POLICY)
+        return python_call(conversation.turns()[-1].text)
+
+    @staticmethod
+    def _injection(native: bool, output: ToolOutput) -> Injection:
+        text = output.text[:TOOL_OUTPUT_CHARS]
+        if native:
+            return Injection(text, ROLE_POLICY, message_role="tool", tool_error=output.failed)
+        return Injection(f"Output:\n```\n{text}\n```", ROLE_POLICY, tool_error=output.failed)
 
 
 def injected_ids(tokenizer, conversation: Conversation, injection: Injection) -> tuple[list[int], list[dict[str, str]]]:
@@ -264,23 +323,24 @@ def injected_ids(tokenizer, conversation: Conversation, injection: Injection) ->
     last = conversation.turns()[-1]
     chat = [*conversation.messages, {"role": "assistant", "content": last.text}]
     with_message = [*chat, {"role": injection.message_role, "content": injection.text}]
+    controls = control_tokens(tokenizer)  # what the messages spell stays text: a tool's output cannot open a turn
     if not tokenizer.chat_template:  # plain text models: blank lines between turns
-        return list(tokenizer(f"\n\n{injection.text}\n\n", add_special_tokens=False)["input_ids"]), with_message
+        return controls.text_ids(f"\n\n{injection.text}\n\n"), with_message
     tools = conversation.tools
-    closed = tokenizer.apply_chat_template(chat, tools=tools, tokenize=False)
-    opened = tokenizer.apply_chat_template(with_message, tools=tools, tokenize=False, add_generation_prompt=True)
+    closed = controls.render(chat, tools)
+    opened = controls.render(with_message, tools, generation_prompt=True)
     if not opened.startswith(closed):
         raise MultiTurnError(
             "the model's chat template renders earlier turns differently once a turn is added; "
             "multi-turn rollouts need a template that only appends"
         )
-    content_end = closed.rfind(last.text) + len(last.text) if last.text else len(closed)
+    marked_text = controls.mark(last.text)
+    content_end = closed.rfind(marked_text) + len(marked_text) if last.text else len(closed)
     after_assistant = closed[content_end:]
     if last.finish_reason == "stop" and last.token_ids:
         emitted = tokenizer.decode(last.token_ids[-1:], skip_special_tokens=False)
         after_assistant = after_assistant.removeprefix(emitted)
-    text = after_assistant + opened[len(closed) :]
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]), with_message
+    return controls.encode(after_assistant + opened[len(closed) :]), with_message
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
@@ -327,12 +387,13 @@ def run_conversations(
                 c.segments.append(
                     Segment(completion.token_ids, completion.logprobs, c.next_role, text, completion.finish_reason)
                 )
-        # 2. the rule decides; the injected turn must leave room for at least one generated token
-        for c in live:
-            injection = rule.after(c)
+        # 2. the rule decides (for all at once: their tool calls run together); the injected turn must
+        # leave room for at least one generated token
+        for c, injection in zip(live, rule.after_each(live), strict=True):
             if injection is None:
                 c.done, c.end = True, "rule"
                 continue
+            c.tool_errors += injection.tool_error
             if turn + 1 >= max_turns:
                 c.done, c.end = True, "turn_limit"
                 continue

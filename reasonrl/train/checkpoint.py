@@ -3,8 +3,9 @@
 A checkpoint is a directory ``checkpoints/step-NNNNNN`` holding the policy as a Hugging Face
 directory (weights in safetensors, ``config.json``, the generation config and the tokenizer, so
 ``AutoModelForCausalLM.from_pretrained`` loads it), the critic (``critic/``, a ``ValueModel``
-directory, when there is one), optimiser + scheduler + RNG states (``trainer.pt``) and
-``state.json`` (step, data position, KL coefficient, ...).  With LoRA the policy and critic
+directory, when there is one), optimiser + scheduler + RNG states (``trainer.pt``: tensors, numbers,
+strings, lists and dicts only, read back weights-only: a checkpoint from someone else runs no code when a
+run resumes it) and ``state.json`` (step, data position, KL coefficient, ...).  With LoRA the policy and critic
 directories hold the merged weights plus ``adapter/``, which is what a resumed run loads onto its
 frozen base.  It is assembled in
 ``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest`` is replaced atomically: a
@@ -31,6 +32,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from reasonrl.models.lora import has_lora, load_lora_adapter, save_lora_model
+from reasonrl.models.untrusted import load_tensor_file, safe_dcp_load
 from reasonrl.models.value import HEAD_FILE, ValueModel
 
 STATE_FILE = "state.json"  # written last: its presence marks a complete checkpoint
@@ -45,14 +47,21 @@ def _checkpoint_dir(run_dir: Path) -> Path:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch RNG states."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch RNG states, as plain data (numbers, tuples, dicts, tensors) that a weights-only
+    load reads back."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` captured."""
+    """Restore what ``rng_state`` captured (or the tuple NumPy state of checkpoints written before 2026-11-26)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):
+        key = numpy_state["state"]["key"]
+        numpy_state = {**numpy_state, "state": {**numpy_state["state"], "key": key.numpy().astype(np.uint32)}}
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
 
 
@@ -212,16 +221,15 @@ def load_sharded_checkpoint(
 ) -> dict[str, Any]:
     """Restore what ``save_sharded_checkpoint`` wrote into freshly sharded modules and their optimisers
     (every rank; the same world size, or any other: DCP reshards on load); returns ``state.json``."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     if not (path / SHARDS_DIR).is_dir():
         raise RuntimeError(f"{path} was written by a single-process run; resume it without torchrun")
     state = _sharded_state(parts)
-    dcp.load(state, checkpoint_id=path / SHARDS_DIR)
+    safe_dcp_load(state, path / SHARDS_DIR)
     for name, (module, optimizer) in parts.items():
         set_state_dict(module, optimizer, model_state_dict=state[name], optim_state_dict=state[f"{name}_optimizer"])
-    trainer = torch.load(path / "trainer.pt", weights_only=False)
+    trainer = load_tensor_file(path / "trainer.pt")
     scheduler.load_state_dict(trainer["scheduler"])
     set_rng_state(trainer["rng"])
     return json.loads((path / STATE_FILE).read_text())
@@ -288,7 +296,7 @@ def load_checkpoint(
         load_lora_adapter(model, path)
     else:
         load_model(model, str(path / "model.safetensors"))
-    trainer = torch.load(path / "trainer.pt", weights_only=False)
+    trainer = load_tensor_file(path / "trainer.pt")
     if critic is not None:
         load_value_weights(critic[0], path / CRITIC_DIR)
         critic[1].load_state_dict(trainer["critic_optimizer"])

@@ -124,7 +124,7 @@ def evaluate(run: Run) -> dict[str, float]:
     }
 
 
-def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
+def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]:
     """Train the critic on the frozen initial policy's rollouts, once per run (VC-PPO, VAPO).
 
     The pretrained critic is saved to ``critic_pretrained/``; a restarted run loads it from there
@@ -141,7 +141,7 @@ def value_pretrain_stage(run: Run, show_progress: bool) -> dict[str, Any]:
     timing: dict[str, float] = {}
     with timed(timing, "value_pretrain_seconds"):
         writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN, trackers=run.trackers) if main else None
-        show = show_progress and main
+        show = show_progress if main else False
         with ProgressDisplay(steps, 0, show, "value pretraining", "rollout, critic update") as progress:
 
             def record(step: int, metrics: dict[str, float]) -> None:
@@ -329,10 +329,11 @@ def fit(
     overrides: tuple[str, ...] = (),
     engine: RolloutEngine | None = None,
     verifier: Verifier | None = None,
-    show_progress: bool = True,
+    show_progress: bool | None = None,
     workers: RemoteWorkers | None = None,
 ) -> dict[str, Any]:
     """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json).
+    ``show_progress``: as ``reasonrl.timing.Progress``'s ``show`` (None: a bar where stderr is a terminal).
 
     A directory that holds a run continues it (``reasonrl.train.rundir``: same settings but for
     ``RESUMABLE_KEYS``; one live run at a time).  Ctrl-C raises ``TrainingInterrupted`` and a full
@@ -382,7 +383,7 @@ def _train(
     record: RunRecord,
     engine: RolloutEngine | None,
     verifier: Verifier | None,
-    show_progress: bool,
+    show_progress: bool | None,
     parallel: DataParallel,
     workers: RemoteWorkers | None,
 ) -> dict[str, Any]:

@@ -7,19 +7,14 @@ import ctypes
 import json
 import math
 import resource
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
+from reasonrl.timing import Progress
 from reasonrl.train.trackers import TensorBoardTracker, Tracker
-
-CONSOLE = Console(stderr=True)  # shared by the progress bar and log messages, so they do not garble
 
 
 def peak_rss_gb() -> float:
@@ -95,29 +90,14 @@ class MetricsWriter:
                 tracker.close()
 
 
-class _TwoLineProgress(Progress):
-    """The bar on one line and the latest step's numbers on the next, so both fit 80 columns."""
-
-    status = ""
-
-    def get_renderables(self):
-        yield self.make_tasks_table(self.tasks)
-        if self.status:
-            yield Text(self.status, no_wrap=True, overflow="ellipsis")
-
-
 def _finite(value: float | None) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds + 0.5), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
-
-
 class ProgressDisplay:
-    """A progress bar: steps done, elapsed, time remaining and the running step's phase on one line;
-    the last step's reward, accuracy, response length and step time on the next."""
+    """Training's progress (``reasonrl.timing.Progress``): steps done, elapsed, time left and the running
+    step's phase; the last step's reward, accuracy, response length and step time.  ``enabled``: True
+    (asked), None (on a terminal only) or False, as ``Progress``'s ``show``."""
 
     STATUS = (  # (metric, label, format); a missing or NaN value is left out
         ("reward/mean", "reward", "{:+.2f}"),
@@ -128,38 +108,24 @@ class ProgressDisplay:
     )
 
     def __init__(
-        self, total_steps: int, start_step: int, enabled: bool = True, label: str = "RL", work: str = "running"
+        self, total_steps: int, start_step: int, enabled: bool | None = True, label: str = "RL", work: str = "running"
     ) -> None:
-        self.console = CONSOLE if enabled else Console(stderr=True, quiet=True)
-        self.progress = _TwoLineProgress(
-            TextColumn(f"[bold]{label}[/bold]"),
-            BarColumn(bar_width=16),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[remaining]}"),
-            TextColumn("{task.fields[phase]}"),
-            console=self.console,
-        )
-        self.total, self.start_step, self.step = total_steps, start_step, start_step
-        self.task = self.progress.add_task(
-            "train", total=total_steps, completed=start_step, remaining="left -:--:--", phase=""
-        )
-        self.work, self.started = work, time.perf_counter()
+        self.progress = Progress(label, enabled)
+        self.progress.stage("", total_steps, "steps", done=start_step)
+        self.total, self.step, self.work = total_steps, start_step, work
         self.phase(work)
 
     def __enter__(self) -> ProgressDisplay:
-        self.started = time.perf_counter()
-        self.progress.start()
+        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        self.progress.__exit__(*exc)
 
     def phase(self, name: str, step: int | None = None) -> None:
         """Show what ``step`` (default: the running one) is doing, e.g. rollout, update, eval, checkpoint."""
         step = self.step + 1 if step is None else step
-        running = f"step {step}: {name}" if step <= self.total else name
-        self.progress.update(self.task, phase=running)
+        self.progress.phase(f"step {step}: {name}" if step <= self.total else name)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         """Show the latest step."""
@@ -168,12 +134,9 @@ class ProgressDisplay:
         parts += [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in self.STATUS if _finite(metrics.get(key))]
         if _finite(metrics.get("perf/step_seconds")):
             parts.append(f"{metrics['perf/step_seconds']:.1f}s/step")
-        self.progress.status = "  ".join(parts)
-        per_step = (time.perf_counter() - self.started) / max(1, step - self.start_step)
-        remaining = f"left {_clock(per_step * (self.total - step))}"
-        self.progress.update(self.task, completed=step, remaining=remaining)
+        self.progress.update(step, status="  ".join(parts))
         self.phase("done" if step >= self.total else self.work)
 
     def log(self, message: str) -> None:
         """Print a line above the bar."""
-        self.progress.console.print(message)
+        self.progress.log(message)

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from reasonrl.algo.pag import pag_attempt_rewards, pag_verify_rewards
@@ -24,6 +26,7 @@ from reasonrl.rollout.multiturn import (
     Conversation,
     DirectRevisionRule,
     PAGRule,
+    ToolOutput,
     ToolRule,
     conversation_tensors,
     native_tool_format,
@@ -36,21 +39,28 @@ from reasonrl.train.rollout import MAX_SKIPPED_PROMPTS, Generated, RolloutCollec
 TOOL_CHECK = "assert 1 == 1"  # the sandbox runs a program against tests; a tool call has none to pass
 
 
-def sandboxed_python(timeout_s: float):
-    """The python tool: run code in the code sandbox (its isolation and limits) and return what it printed,
-    or an error message (a crash, a timeout, a flood of output); never raises."""
-    from reasonrl.reward.sandbox import CodeJob, SandboxLimits, run_job
+def sandboxed_python(timeout_s: float, budget_s: float, workers: int | None = None):
+    """The python tool: run one turn's programs together in the code sandbox (its isolation and limits; at
+    most ``workers`` sandboxes at once, default one per CPU core), each under ``timeout_s`` and all within
+    ``budget_s``; what each printed, or an error message (a crash, a timeout, a flood of output, no budget
+    left) marked failed; never raises."""
+    from reasonrl.reward.sandbox import CodeJob, SandboxLimits, SandboxPool
 
-    limits = SandboxLimits(timeout_s=timeout_s)
+    pool = SandboxPool(workers, SandboxLimits(timeout_s=timeout_s))
     unbuffered = "import sys as _sys\n_sys.stdout.reconfigure(line_buffering=True)\n"
 
-    def run_python(code: str) -> str:
-        verdict = run_job(CodeJob(unbuffered + code, TOOL_CHECK), limits)
-        if verdict.status == "passed":
-            return verdict.output
-        return f"{verdict.output}\nError: {verdict.detail or verdict.status}".lstrip("\n")
+    def run_python(programs: Sequence[str]) -> list[ToolOutput]:
+        verdicts = pool.run_many([CodeJob(unbuffered + code, TOOL_CHECK) for code in programs], budget_s)
+        return [tool_output(v) for v in verdicts]
 
     return run_python
+
+
+def tool_output(verdict) -> ToolOutput:
+    """A sandbox verdict as the tool's output: what the program printed, and why it failed if it did."""
+    if verdict.status == "passed":
+        return ToolOutput(verdict.output)
+    return ToolOutput(f"{verdict.output}\nError: {verdict.detail or verdict.status}".lstrip("\n"), failed=True)
 
 
 def turn_rule(rollout, evaluation: bool = False):
@@ -60,7 +70,8 @@ def turn_rule(rollout, evaluation: bool = False):
     if rollout.multiturn == "direct":
         return DirectRevisionRule(rollout.max_attempts)
     if rollout.multiturn == "tool":
-        return ToolRule(sandboxed_python(rollout.tool_timeout_seconds), rollout.max_tool_calls)
+        tool = sandboxed_python(rollout.tool_timeout_seconds, rollout.tool_batch_timeout_seconds)
+        return ToolRule(tool, rollout.max_tool_calls)
     raise ValueError(f"no multi-turn rule for rollout.multiturn={rollout.multiturn!r}")
 
 
@@ -156,6 +167,7 @@ class ConversationCollector:
         return rewards, {
             "multiturn/turns_mean": float(calls.mean()) + 1.0,
             "multiturn/tool_calls_mean": float(calls.mean()),
+            "multiturn/tool_errors_mean": sum(x.tool_errors for x in conversations) / len(conversations),
         }
 
     def turn_rewards(self, conversations, turn_ends, correct: list[bool]) -> tuple[torch.Tensor, dict[str, float]]:

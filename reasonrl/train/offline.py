@@ -28,6 +28,7 @@ from reasonrl.data.loaders import DataError
 from reasonrl.data.offline import OfflineSample, preference_pairs, read_samples
 from reasonrl.models.lora import adapters_disabled
 from reasonrl.models.optim import apply_gradients
+from reasonrl.models.untrusted import load_tensor_file
 from reasonrl.timing import timed
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class OfflineData:
         """log π_ref of every response the run trains on: loaded from ``cache``, else computed once and saved.
         A cache of another dataset (the file changed since the run began) is refused."""
         if cache.exists():
-            saved = torch.load(cache)
+            saved = load_tensor_file(cache)
             if saved.get("fingerprint") != self.fingerprint:
                 raise DataError(
                     f"the offline dataset changed since this run began ({cache} was computed for other samples); "

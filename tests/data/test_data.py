@@ -64,6 +64,32 @@ def test_malformed_jsonl_fails_with_file_and_line(tmp_path):
         load_examples(str(tmp_path / "missing.jsonl"))
 
 
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ('{"question": ' + "[" * 100_000 + "]" * 100_000 + ', "answer": "1"}', "JSON nested deeper than 64 levels"),
+        ('{"question": "q", "answer": "1", "meta": ' + "[" * 65 + "]" * 65 + "}", "JSON nested deeper than 64 levels"),
+        ('{"question": "q", "answer": ' + "9" * 5000 + "}", "unreadable JSON line"),
+    ],
+)
+def test_hostile_json_rows_fail_with_file_and_line(tmp_path, line, error):
+    path = tmp_path / "hostile.jsonl"
+    path.write_text('{"question": "a", "answer": "1"}\n' + line + "\n")
+    with pytest.raises(DataError, match=rf"{path}:2: {error}"):
+        load_examples(str(path))
+
+
+def test_a_truncated_parquet_file_fails_naming_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": f"q{i}", "answer": str(i)} for i in range(50)]), path)
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(DataError, match=rf"{path}: not a readable parquet file"):
+        load_examples(str(path))
+
+
 def test_field_mapping_gzip_and_parquet(tmp_path):
     rows = [{"q": f"What is {i}+1?", "a": i + 1} for i in range(10)]
     gz = tmp_path / "rows.jsonl.gz"

@@ -12,7 +12,7 @@ SETTINGS = {"model": "tiny-random", "dataset": "arithmetic", "limit": 3, "sample
             "overrides": ("reward.workers=1",)}  # fmt: skip
 
 
-def test_samples_carry_their_log_probs_and_a_killed_run_continues(tmp_path):
+def test_samples_carry_their_log_probs_and_a_killed_run_continues(tmp_path, capsys):
     out = tmp_path / "samples.jsonl"
     summary = run_sampling(OfflineSampleRun(**SETTINGS, out=str(out)))
     assert summary["prompts"] == 3 and summary["responses"] == 6
@@ -25,7 +25,8 @@ def test_samples_carry_their_log_probs_and_a_killed_run_continues(tmp_path):
     # a kill after three responses, mid-way through the fourth line
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:3]) + lines[3][:20])
-    run_sampling(OfflineSampleRun(**SETTINGS, out=str(out)))
+    run_sampling(OfflineSampleRun(**SETTINGS, out=str(out)), progress=True)
+    assert "data sample sampling: 3/3 prompts" in capsys.readouterr().err
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert again == rows  # exactly what the uninterrupted run wrote: the same samples, once each
     with pytest.raises(DataError, match=r"other settings .*temperature"):

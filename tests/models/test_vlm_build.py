@@ -95,9 +95,11 @@ def test_the_built_vlm_loads_and_generates_from_images(tmp_path, capsys):
     out = tmp_path / "vlm"
     argv = ["vlm", "build", "--language-model", "tiny-random", "--tasks", "visual_counting", "--vision-hidden", "32",
             "--vision-layers", "1", "--encoder-steps", "2", "--contrastive-steps", "2", "--align-steps", "2",
-            "--sft-steps", "2", "--batch-size", "2", "--out", str(out), "--quiet"]  # fmt: skip
+            "--sft-steps", "2", "--batch-size", "2", "--out", str(out), "--progress"]  # fmt: skip
     assert main(argv) == 0
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert "vlm build sft: 8/8 steps" in captured.err
     assert [s["steps"] for s in summary["stages"].values()] == [2, 2, 2, 2]
     assert summary == json.loads((out / "build.json").read_text())
     assert is_vision_language(str(out))

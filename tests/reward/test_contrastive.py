@@ -43,8 +43,10 @@ def test_rm_pretrain_writes_an_encoder_that_reward_models_and_critics_start_from
                             for p in conversations(20)))  # fmt: skip
     out = tmp_path / "encoder"
     args = ["rm", "pretrain", "--contrastive", "--model", "tiny-random", "--data", str(data), "--out", str(out)]
-    assert main([*args, "--steps", "3", "--batch-pairs", "4", "--lr", "1e-3"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    assert main([*args, "--steps", "3", "--batch-pairs", "4", "--lr", "1e-3", "--progress"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert "rm pretrain training: 3/3 steps  loss " in captured.err
     assert summary["held_out_conversations"] == 4 and 0 <= summary["held_out_after"]["accuracy"] <= 1
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
     RewardModel.from_policy(str(out / "model"))  # `rm train --model OUT/model`

@@ -196,16 +196,18 @@ def test_a_killed_labelling_run_resumes_without_probing_a_prefix_twice(tmp_path,
     assert all(json.loads(line) for line in progress)  # the torn line was cut off
 
 
-def test_prm_label_runs_end_to_end_on_a_real_model_and_reports_its_cost(tmp_path):
+def test_prm_label_runs_end_to_end_on_a_real_model_and_reports_its_cost(tmp_path, capsys):
     from reasonrl.cli import main
 
     out = tmp_path / "labels.jsonl"
-    argv = ["prm", "label", "--model", "tiny-random", "--dataset", "mbpp", "--limit", "2", "--quiet",
+    argv = ["prm", "label", "--model", "tiny-random", "--dataset", "mbpp", "--limit", "2", "--progress",
             "--programs-per-prompt", "2", "--completions", "2", "--max-new-tokens", "24", "--out", str(out),
             "model.dtype=float32", "rollout.max_prompt_tokens=2048", "reward.workers=1"]  # fmt: skip
     assert main(argv) == 0
     rows = read_records(out)
     assert len(rows) == 4 and all(len(r["labels"]) == len(r["lines"]) for r in rows)
+    err = capsys.readouterr().err
+    assert "prm label initial sampling: 2/2 prompts" in err and "prm label initial labelling: 4/4 programs" in err
     assert main(argv) == 0  # a finished run started again labels nothing more
     assert len(read_records(out)) == 4
 

@@ -140,6 +140,9 @@ def test_multiturn_refuses_settings_it_cannot_honour():
     assert "rollout.multiturn=pag cannot be combined with algo.dynamic_sampling; turn it off" in message
     assert "rollout.multiturn=pag cannot be combined with rollout.fire; turn it off" in message
     assert "rollout.max_attempts=0 must be >= 1" in message
+    with pytest.raises(ConfigError) as error:
+        load_config("tool_grpo", ["rollout.tool_batch_timeout_seconds=2"])  # a single call would be cut short
+    assert "rollout.tool_batch_timeout_seconds=2 must be >= rollout.tool_timeout_seconds=3" in str(error.value)
 
 
 def test_a_resumed_multiturn_run_equals_an_uninterrupted_one(tmp_path):
@@ -192,15 +195,33 @@ def test_every_multiturn_metric_is_documented(tmp_path):
 def test_the_sandboxed_python_tool_returns_output_or_an_error_and_never_raises():
     from reasonrl.train.multiturn import sandboxed_python
 
-    run = sandboxed_python(timeout_s=1.0)
-    assert run("print(2 + 3)\nprint('done')") == "5\ndone\n"
-    crashed = run("print('before')\nraise ValueError('boom')")
-    assert crashed.startswith("before\n") and "ValueError: boom" in crashed
-    assert "Error:" in run("while True:\n    pass")  # the time limit, as a message to the model
-    assert "Error:" in run("print('x' * 10**7)")  # a flood of output
+    run = sandboxed_python(timeout_s=1.0, budget_s=10.0)
+    printed, crashed, looped, flooded, binary = run(
+        ["print(2 + 3)\nprint('done')", "print('before')\nraise ValueError('boom')", "while True:\n    pass",
+         "print('x' * 10**7)", "import sys\nsys.stdout.buffer.write(bytes(range(256)))\nsys.stdout.flush()"]
+    )  # fmt: skip
+    assert printed.text == "5\ndone\n" and not printed.failed
+    assert crashed.text.startswith("before\n") and "ValueError: boom" in crashed.text and crashed.failed
+    assert "Error:" in looped.text and looped.failed  # the time limit, as a message to the model
+    assert "Error:" in flooded.text and flooded.failed  # a flood of output
+    assert binary.text.encode() and "\ufffd" in binary.text  # bytes that are no UTF-8 come back as text
+
+
+def test_a_turns_tool_calls_share_one_time_budget():
+    import time
+
+    from reasonrl.train.multiturn import sandboxed_python
+
+    run = sandboxed_python(timeout_s=1.0, budget_s=1.5, workers=2)
+    started = time.monotonic()
+    outputs = run(["while True:\n    pass"] * 6)  # three rounds of two at 1 s each, were there no budget
+    assert time.monotonic() - started < 2.5
+    assert all(o.failed for o in outputs) and outputs[-1].text == "Error: no time left in the batch's budget"
 
 
 def test_tool_grpo_trains_and_a_tool_call_that_loops_forever_times_out_and_the_run_goes_on(tmp_path):
+    from tests.train.test_loop import undocumented_metrics
+
     tokenizer = load_tokenizer("tiny-random")
     stop = tokenizer.eos_token_id
 
@@ -219,7 +240,9 @@ def test_tool_grpo_trains_and_a_tool_call_that_loops_forever_times_out_and_the_r
     fit(cfg, tmp_path, engine=FakeEngine(respond, [stop]), verifier=DigitFraction(), show_progress=False)
     m = first_step(tmp_path)
     assert m["multiturn/tool_calls_mean"] == 1.0 and m["multiturn/turns_mean"] == 2.0
-    assert m["perf/generate_seconds"] >= 4 * 1.0  # four conversations, each call ran to its 1 s limit
+    assert m["perf/generate_seconds"] >= 1.0  # four conversations, each call ran to its 1 s limit (together)
+    assert m["multiturn/tool_errors_mean"] == 1.0  # and each timeout was told to the model, and counted
+    assert not undocumented_metrics(tmp_path / "metrics.jsonl")
     assert m["reward/accuracy"] == 1.0  # and each went on to its final answer, "12345"
 
 

@@ -33,7 +33,7 @@ def screens(label):
 def render(display):
     console = Console(width=80, color_system=None)
     with console.capture() as capture:
-        for renderable in display.progress.get_renderables():
+        for renderable in display.progress.bar.get_renderables():
             console.print(renderable)
     return capture.get()
 
