@@ -33,7 +33,7 @@ def main() -> None:
             metrics = run_eval(
                 EvalSettings(args.model, dataset, k=args.k, max_new_tokens=max_new_tokens, limit=limit, fire=fire)
             )
-            keys = ("n", "greedy_pass@1", "avg@k", "maj@k", "pass@k")
+            keys = ("problems", "greedy_pass@1", "avg@k", "maj@k", "pass@k")
             result[f"{dataset}_{label}"] = {key: metrics[key] for key in keys}
         result[f"{dataset}_pass@k_gain"] = result[f"{dataset}_fire"]["pass@k"] - result[f"{dataset}_regular"]["pass@k"]
     print(json.dumps(result, indent=2))

@@ -4,4 +4,6 @@ Importing the package is cheap: heavy engines (transformers, vLLM, Ray) are impo
 the modules that need them.
 """
 
-__version__ = "0.1.0"
+from reasonrl.version import __version__
+
+__all__ = ["__version__"]

@@ -2,6 +2,7 @@
 
 reasonrl train [PRESET|FILE] [k=v ...]     an RL run (default preset: dapo); --resume RUN_DIR continues one
 reasonrl eval --model M --dataset D --k N  greedy pass@1, avg@k, maj@k, pass@k of a model on a dataset
+                                           (M a run directory: by default its own dataset, fields and rewards)
 reasonrl presets                           list the run presets (name, description, paper)
 reasonrl config show PRESET|FILE [k=v]     the fully resolved config and its derived plan
 reasonrl config validate FILE [k=v]        check a config file; exit status 2 if it is invalid
@@ -23,7 +24,6 @@ import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from reasonrl import __version__
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
 from reasonrl.config.commands import (
     ContrastivePretrainRun,
@@ -36,6 +36,7 @@ from reasonrl.config.commands import (
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
+from reasonrl.version import __version__
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
@@ -58,6 +59,13 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_validate(args: argparse.Namespace) -> int:
+    if args.file is None or "=" in args.file:  # none given, or a KEY=VALUE where the file belongs
+        raise ConfigError(
+            "config validate checks a config file: reasonrl config validate FILE [KEY=VALUE ...], e.g. "
+            "`reasonrl config validate my_run.yaml train.rollout_steps=20`. A file holds what it changes from a "
+            "preset, e.g. `preset: dapo` and `train: {rollout_steps: 20}`; `reasonrl config show dapo --docs` "
+            "lists every setting"
+        )
     plan = resolve(load_config(args.file, args.overrides))
     print(
         f"{args.file}: valid ({plan.sequences_per_rollout} responses and "
@@ -94,6 +102,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         max_attempts=args.max_attempts,
         self_verify_bon=args.self_verify_bon,
         records=args.records,
+        overrides=tuple(args.overrides),
     )
     try:
         result = run_eval(settings, progress=args.progress)
@@ -244,7 +253,7 @@ def _add_progress_options(parser: argparse.ArgumentParser) -> None:
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument(
         "--progress", dest="progress", action="store_const", const=True, default=None,
-        help="show progress on stderr even when it is not a terminal (plain lines)",
+        help="show progress on stderr also off a terminal (plain lines; train writes a line per step anyway)",
     )  # fmt: skip
     shown.add_argument("--quiet", dest="progress", action="store_const", const=False, help="no progress on stderr")
 
@@ -256,8 +265,10 @@ def _settings_from_args(settings: type, args: argparse.Namespace):
 
 
 def _choices(settings: type, name: str) -> tuple[str, ...]:
-    """The ``Literal`` choices of a settings field."""
-    return typing.get_args(typing.get_type_hints(settings)[name])
+    """The ``Literal`` choices of a settings field (of ``Literal[...] | None`` too)."""
+    hint = typing.get_type_hints(settings)[name]
+    literal = next((arg for arg in typing.get_args(hint) if typing.get_origin(arg) is typing.Literal), hint)
+    return typing.get_args(literal)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,7 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_progress_options(train)
     train.set_defaults(handler=cmd_train)
 
-    evaluate = commands.add_parser("eval", help="evaluate a model on a dataset")
+    evaluate = commands.add_parser(
+        "eval",
+        help="evaluate a model on a dataset",
+        description="Evaluate a model on a dataset. Given a run directory, the options not given are the run's "
+        "own (its held-out problems, fields, prompt, response cap and reward.functions), as its evaluation used.",
+    )
     eval_defaults = EvalSettings()
     evaluate.add_argument(
         "--model", default=eval_defaults.model, help="model spec (as model.name_or_path) or a run directory"
@@ -290,13 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--dataset",
         default=eval_defaults.dataset,
         help=f"a built-in dataset ({', '.join(builtin_names(verifiable_only=True))}), a .jsonl/.parquet file "
-        "with question/answer fields, or a hub id owner/name",
+        "with question/answer fields, or a hub id owner/name (default: a run's held-out problems, else arithmetic)",
     )
     evaluate.add_argument(
-        "--question-field", default=eval_defaults.question_field, help="field of a file's rows holding the question"
+        "--question-field",
+        default=eval_defaults.question_field,
+        help="field of a file's rows holding the question (default: a run's data.question_field, else question)",
     )
     evaluate.add_argument(
-        "--answer-field", default=eval_defaults.answer_field, help="field of a file's rows holding the final answer"
+        "--answer-field",
+        default=eval_defaults.answer_field,
+        help="field of a file's rows holding the final answer (default: a run's data.answer_field, else answer)",
     )
     evaluate.add_argument(
         "--k",
@@ -309,17 +329,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples drawn per problem (>= k; default k): pass@k is estimated from n",
     )  # fmt: skip
     evaluate.add_argument(
-        "--system-prompt", default=eval_defaults.system_prompt, help="a system message before every prompt"
-    )
+        "--system-prompt", default=eval_defaults.system_prompt,
+        help="a system message before every prompt (default: a run's data.system_prompt, else none)",
+    )  # fmt: skip
     evaluate.add_argument(
         "--temperature", type=float, default=eval_defaults.temperature, help="sampling temperature of the k samples"
     )
     evaluate.add_argument("--top-p", type=float, default=eval_defaults.top_p, help="nucleus threshold of the k samples")
-    evaluate.add_argument("--max-new-tokens", type=int, default=eval_defaults.max_new_tokens)
+    evaluate.add_argument(
+        "--max-new-tokens", type=int, default=eval_defaults.max_new_tokens,
+        help="cap on an answer's tokens (default: a run's rollout.max_response_tokens, else 256)",
+    )  # fmt: skip
     evaluate.add_argument("--limit", type=int, default=eval_defaults.limit, help="evaluate the first N problems only")
     evaluate.add_argument(
-        "--template", default=eval_defaults.prompt_template, choices=_choices(EvalSettings, "prompt_template")
-    )
+        "--template", default=eval_defaults.prompt_template, choices=_choices(EvalSettings, "prompt_template"),
+        help="how a question is asked (default: a run's data.prompt_template, else answer_line)",
+    )  # fmt: skip
     evaluate.add_argument("--seed", type=int, default=eval_defaults.seed)
     evaluate.add_argument(
         "--device", default=eval_defaults.device, choices=_choices(EvalSettings, "device"),
@@ -342,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--records", help="also write every greedy answer (id, response, tokens, score, verdict) to this .jsonl"
     )
+    evaluate.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="reward.* settings as for train, e.g. \"reward.functions=['my_rewards.py:score']\" (default: a run's)",
+    )  # fmt: skip
     _add_progress_options(evaluate)
     evaluate.set_defaults(handler=_cmd_eval)
 
@@ -356,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--docs", action="store_true", help="annotate every field with its documentation")
     show.set_defaults(handler=_cmd_config_show)
     validate = config_commands.add_parser("validate", help="check a config file")
-    validate.add_argument("file", help="a YAML config file")
+    validate.add_argument("file", nargs="?", metavar="FILE", help="a YAML config file (or a preset name)")
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides")
     validate.set_defaults(handler=_cmd_config_validate)
 
@@ -505,6 +534,8 @@ def _configure_logging() -> None:
     )
     # notices (resuming, checkpoint sizes) from rank 0; errors from every rank
     logging.getLogger("reasonrl").setLevel(logging.INFO if main_rank() else logging.ERROR)
+    # huggingface_hub prints its warnings with a handler of its own; passed on here too, each would print twice
+    logging.getLogger("huggingface_hub").propagate = False
 
 
 if __name__ == "__main__":

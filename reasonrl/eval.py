@@ -4,23 +4,27 @@ overall and per data source."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_WRONG
+from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.config.commands import EvalSettings
-from reasonrl.config.routes import VERIFIER_SOURCES
+from reasonrl.config.routes import VERIFIER_SOURCES, resolve_routes
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.data.source import DataSpec, benchmark_examples
+from reasonrl.data.source import benchmark_examples, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.reward.base import RewardResult
-from reasonrl.reward.router import RewardRouter, program_verifiers, resolve_routes
+from reasonrl.reward.custom import RewardFunctionError, RewardTerm, reward_terms
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.base import share_params
 from reasonrl.rollout.multiturn import (
@@ -41,7 +45,10 @@ from reasonrl.rollout.multiturn import (
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
 from reasonrl.timing import Progress
+from reasonrl.train.rundir import CONFIG_FILE, RECORD_FILE
+from reasonrl.train.setup import build_scorer, data_spec
 
+log = logging.getLogger(__name__)
 VLLM_BATCH_SEQUENCES = 256  # the vLLM engine's default max_batch_sequences (it keeps no attribute for it)
 
 
@@ -107,7 +114,7 @@ def per_source_metrics(
         rows.setdefault(example.data_source or "unknown", []).append(i)
     return {
         source: {
-            "n": len(indices),
+            "problems": len(indices),
             "greedy_pass@1": sum(greedy[i].correct for i in indices) / len(indices),
             **sampled_metrics([per_problem[i] for i in indices], k),
         }
@@ -206,30 +213,88 @@ def scored_in_batches(
     return Scored.concat(parts)
 
 
-def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str, Any]:
-    """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints).
-    ``progress``: show the passes on stderr (``reasonrl.timing.Progress``'s ``show``)."""
-    settings.check()
-    started = time.perf_counter()
-    fields = Fields(settings.question_field, settings.answer_field)
-    examples = benchmark_examples(settings.dataset, settings.limit, DataSpec(fields=fields))
-    unscorable = sorted({e.task_type for e in examples} - set(VERIFIER_SOURCES))
+def eval_config(settings: EvalSettings) -> tuple[Config, Path | None]:
+    """The config eval fills its unset settings from and scores with: a run directory's ``config.yaml``
+    (returned too), else the defaults; the reward.* overrides on top of either."""
+    run_dir = Path(settings.model).expanduser()
+    recorded = run_dir / CONFIG_FILE
+    if (run_dir / RECORD_FILE).is_file() and recorded.is_file():
+        return load_config(recorded, settings.overrides), recorded
+    return load_config(None, settings.overrides), None
+
+
+def recorded_by(recorded: Path, setting: str, instead: str) -> str:
+    """Where a run's setting that failed came from, and what to do (its paths are relative to where it ran)."""
+    return (
+        f" (the {setting} that {recorded} records: files and modules are found from the current directory; "
+        f"run eval where the run was started, or give {instead})"
+    )
+
+
+def eval_problems(settings: EvalSettings, cfg: Config, recorded: Path | None) -> tuple[str, list[Example]]:
+    """The dataset's name and its problems: every row of ``settings.dataset`` (or the first ``limit``); with
+    none set, a run's held-out problems as its own evaluation took them (data.eval_prompts unless ``limit``)."""
+    spec = replace(data_spec(cfg), fields=Fields(settings.question_field, settings.answer_field, named_by="options"))
+    if settings.dataset is not None:
+        return settings.dataset, benchmark_examples(settings.dataset, settings.limit, spec)
+    assert recorded is not None  # only a run leaves the dataset unset
+    try:
+        return spec.eval_dataset or spec.dataset, eval_examples(spec, settings.limit or cfg.data.eval_prompts)
+    except DataError as exc:
+        raise DataError(f"{exc}{recorded_by(recorded, 'data.dataset', '--dataset')}") from None
+
+
+def eval_reward_terms(cfg: Config, recorded: Path | None, overrides: Sequence[str]) -> list[RewardTerm]:
+    """The terms of ``cfg``'s reward.functions, each imported here, before any model loads (a ConfigError
+    says which failed, and where a run's record named it)."""
+    try:
+        return reward_terms(cfg.reward.functions, cfg.reward.weights)
+    except RewardFunctionError as exc:
+        if recorded is None or any(item.strip().startswith("reward.functions") for item in overrides):
+            raise ConfigError(str(exc)) from None
+        raise ConfigError(f"{exc}{recorded_by(recorded, 'reward.functions', 'reward.functions=...')}") from None
+
+
+def check_scorable(dataset: str, examples: list[Example], cfg: Config, terms: list[RewardTerm]) -> None:
+    """Refuse prompts that only a judge can score where the built-in scorer scores them (no reward.functions,
+    or ``verifier`` among them): eval scores with programs (verifiers, reward functions), never a model."""
+    if terms and all(term.function is not None for term in terms):
+        return
+    routes = resolve_routes(cfg.reward.routes)
+    unscorable = sorted({e.task_type for e in examples if routes.get(e.task_type) not in VERIFIER_SOURCES})
     if unscorable:
         raise DataError(
-            f"{settings.dataset} holds {', '.join(unscorable)} prompts, which only a judge can score; eval scores "
-            f"tasks a program checks ({', '.join(VERIFIER_SOURCES)}): give such a dataset"
+            f"{dataset} holds {', '.join(unscorable)} prompts, which only a judge can score; eval scores tasks a "
+            f"program checks ({', '.join(VERIFIER_SOURCES)}): give such a dataset, or reward.functions that "
+            "score these"
         )
+
+
+def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str, Any]:
+    """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints).
+    A run directory's own settings (dataset, fields, prompt, response cap, reward functions) fill in
+    those ``settings`` leaves unset.  ``progress``: show the passes on stderr (``Progress``'s ``show``)."""
+    settings.check()
+    started = time.perf_counter()
+    cfg, recorded = eval_config(settings)
+    if recorded is not None:
+        log.info("evaluating with the settings of %s where no option gives them", recorded)
+    settings = settings.completed(cfg, of_run=recorded is not None)
+    dataset, examples = eval_problems(settings, cfg, recorded)
+    terms = eval_reward_terms(cfg, recorded, settings.overrides)
+    check_scorable(dataset, examples, cfg, terms)
     samples = settings.samples or settings.k
+    device, dtype = resolve_device(settings.device), compute_dtype(settings.dtype)
     tokenizer = load_tokenizer(settings.model)
-    model = load_model(settings.model, device=resolve_device(settings.device))
-    engine = build_engine("auto", model, tokenizer, dtype=compute_dtype(settings.dtype))
+    model = load_model(settings.model, device=device)
+    engine = build_engine("auto", model, tokenizer, dtype=dtype)
     del model
     encoder = PromptEncoder(
         tokenizer, settings.prompt_template, 10**9, settings.system_prompt, processor=vision_processor(settings.model)
     )
-    # verifiable tasks by their task type: math answers, or code run against its tests in the sandbox
-    verifiers = program_verifiers()
-    pool = RewardRouter(resolve_routes(), verifiers, {}, workers=settings.workers, timeout=settings.timeout_seconds)
+    # as training scores: the reward router's verifiers (math answers, code run against its tests in the
+    # sandbox), and with reward.functions their weighted sum (judge-scored prompts were refused above)
+    pool = build_scorer(cfg, dtype, device, terms=terms)
     greedy_params = SamplingParams(settings.max_new_tokens, temperature=0.0)
     sampled_params = SamplingParams(
         settings.max_new_tokens,
@@ -267,8 +332,9 @@ def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str,
     groups = [sampled.results[i * samples : (i + 1) * samples] for i in range(len(examples))]
     return {
         "model": settings.model,
-        "dataset": settings.dataset,
-        "n": len(examples),
+        "dataset": dataset,
+        "reward_functions": list(cfg.reward.functions),
+        "problems": len(examples),
         "k": settings.k,
         "temperature": settings.temperature,
         "fire": settings.fire.enabled,

@@ -8,7 +8,8 @@ it is doing (its stage and phase), items done of total, the caller's numbers (ac
 tokens/s and the time left, all on stderr, so stdout keeps the command's JSON. Where stderr is a
 terminal it is a bar redrawn in place; elsewhere (a pipe, a log file) it says nothing unless asked
 (``--progress``), and then writes plain lines, at most one every ``LINE_SECONDS`` and one at the end of
-each stage, so a log stays readable.
+each stage, so a log stays readable.  An item may bring its own line (a training step's), which is kept
+instead: on a terminal above the bar, so the scrollback has one line per item.
 """
 
 from __future__ import annotations
@@ -161,12 +162,17 @@ class Progress:
         """``count`` more items finished (see ``update``)."""
         self.update(self.state.done + count, tokens=tokens, status=status)
 
-    def update(self, done: int, *, tokens: int = 0, status: str | None = None) -> None:
-        """``done`` items of the stage finished, ``tokens`` more generated; ``status``: the caller's numbers."""
+    def update(self, done: int, *, tokens: int = 0, status: str | None = None, line: str | None = None) -> None:
+        """``done`` items of the stage finished, ``tokens`` more generated; ``status``: the caller's numbers.
+        ``line``: the finished item's own line (a training step's), kept in place of the periodic one: above
+        the bar on a terminal, a plain line elsewhere."""
         self.state.done, self.state.tokens = done, self.state.tokens + tokens
         self.state.status = self.state.status if status is None else status
         now = self._redraw()
-        if self.mode == "lines" and (done >= self.state.total or now - self.last_line >= self.line_seconds):
+        if line is not None:
+            self.last_line = now
+            self.log(line)
+        elif self.mode == "lines" and (done >= self.state.total or now - self.last_line >= self.line_seconds):
             self.last_line = now
             self.log(self.state.line(now))
 

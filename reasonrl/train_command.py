@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from reasonrl.config import ConfigError, load_config, resolve
+from reasonrl.config import Config, ConfigError, load_config, resolve
 
 DEFAULT_PRESET = "dapo"
 
@@ -66,13 +66,33 @@ def _resumed_config(run_dir: Path, preset: str | None, overrides: list[str]):
     return load_config(run_dir / CONFIG_FILE, overrides), record.preset
 
 
+def _say_if_finished(run_dir: Path, cfg: Config) -> bool:
+    """Whether the run in ``run_dir`` already finished the steps ``cfg`` asks for (and exported them); if so,
+    says so and how to train it longer (its last checkpoint keeps the optimiser state for that).  Settings
+    a resume may not change are refused first, as ever."""
+    from reasonrl.train.rundir import check_resumable, checkpoint_step, finished_steps, recorded_config
+
+    done = finished_steps(run_dir)
+    if done < cfg.train.rollout_steps:
+        return False
+    check_resumable(run_dir, recorded_config(run_dir), cfg, checkpoint_step(run_dir))
+    if main_rank():
+        print(
+            f"reasonrl: {run_dir} is finished: all {done} steps (train.rollout_steps) are done and its model is in "
+            f"{run_dir / 'final'}. To train it longer: reasonrl train --resume {run_dir} train.rollout_steps=N "
+            f"(N > {done})",
+            file=sys.stderr,
+        )
+    return True
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.loaders import DataError
     from reasonrl.data.source import check_sources
     from reasonrl.dist.errors import ClusterError, WorkerDiedError
     from reasonrl.models.load import ModelError
     from reasonrl.train.loop import data_spec, fit
-    from reasonrl.train.rollout import DynamicSamplingError
+    from reasonrl.train.rollout import DynamicSamplingError, RewardFailureError
     from reasonrl.train.rundir import DiskFullError
 
     preset, overrides = _preset_and_overrides(args)
@@ -84,6 +104,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
     if run_dir is not None:
         cfg, preset = _resumed_config(run_dir, None if args.resume == "auto" else preset, overrides)
+        if _say_if_finished(run_dir, cfg):
+            return 0
     else:
         preset = preset or DEFAULT_PRESET
         cfg = load_config(preset, overrides)
@@ -105,7 +127,15 @@ def cmd_train(args: argparse.Namespace) -> int:
             summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=args.progress)
         else:
             summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=args.progress)
-    except (DataError, ModelError, DynamicSamplingError, DiskFullError, ClusterError, WorkerDiedError) as exc:
+    except (
+        DataError,
+        ModelError,
+        DynamicSamplingError,
+        RewardFailureError,
+        DiskFullError,
+        ClusterError,
+        WorkerDiedError,
+    ) as exc:
         if main_rank():
             print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1

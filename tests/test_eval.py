@@ -9,6 +9,16 @@ import torch
 from reasonrl.cli import main
 from reasonrl.eval import majority_correct, sampled_metrics
 from reasonrl.reward.base import RewardResult
+from tests.train.test_loop import TINY
+
+PARITY_REWARDS = """
+def odd_answer(prompts, completions, solution, **kwargs):
+    return [float(int(solution[0]) % 2)]
+
+
+def even_answer(prompts, completions, solution, **kwargs):
+    return [1.0 - int(solution[0]) % 2]
+"""
 
 
 def result(extracted, correct):
@@ -43,7 +53,8 @@ def test_eval_command_on_a_jsonl_file(tmp_path, capsys):
     assert main([*argv, "--output", str(out), "--records", str(records)]) == 0
     result = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == result
-    assert result["n"] == 3 and result["k"] == 2
+    assert result["problems"] == 3 and result["k"] == 2 and result["samples"] == 2  # --n is "samples"
+    assert "n" not in result  # "n" would read as --n, the samples per problem
     for key in ("greedy_pass@1", "avg@k", "maj@k", "pass@k"):
         assert 0.0 <= result[key] <= 1.0
     answers = [json.loads(line) for line in records.read_text().splitlines()]  # one per greedy answer
@@ -60,7 +71,7 @@ def test_eval_takes_field_mappings_and_labels_the_greedy_score(tmp_path, capsys)
     args = ["eval", "--model", "tiny-random", "--dataset", str(data), "--max-new-tokens", "2"]
     assert main([*args, "--question-field", "problem", "--answer-field", "solution"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["n"] == 2 and "greedy_pass@1" in result and "pass@1" not in result
+    assert result["problems"] == 2 and "greedy_pass@1" in result and "pass@1" not in result
     assert main(args) == 1
     assert "no field 'question' (fields present: problem, solution)" in capsys.readouterr().err
 
@@ -137,10 +148,70 @@ def test_train_command_writes_a_run_directory(tmp_path, capsys):
     # --resume continues the same directory; a finished run has nothing left to do
     assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
     assert main(["train", "grpo", f"run.output_dir={tmp_path}", "--resume", "auto", "--quiet"]) == 0
-    assert "run directory " + str(run_dir) in capsys.readouterr().err  # auto found the newest grpo run
+    assert f"reasonrl: {run_dir} is finished: all 1 steps" in capsys.readouterr().err  # auto found the newest grpo run
     assert (
         main(["eval", "--model", str(run_dir), "--dataset", "arithmetic", "--limit", "3", "--max-new-tokens", "4"]) == 0
     )
+
+
+def write_zebra_rows(path, numbers):
+    """Rows under other field names than eval's defaults: problem / solution."""
+    rows = [{"problem": f"A zebra has {i} stripes. How many?", "solution": str(i)} for i in numbers]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def custom_task_run(tmp_path_factory):
+    """A tiny run on a custom jsonl (other field names) scored by a reward function file: a run whose
+    accuracy is the share of odd answers among the problems it evaluated."""
+    root = tmp_path_factory.mktemp("custom")
+    data, rewards = write_zebra_rows(root / "zoo.jsonl", range(40)), root / "parity.py"
+    rewards.write_text(PARITY_REWARDS)
+    overrides = [*TINY, "train.rollout_steps=1", f"run.output_dir={root}", "run.name=zoo", f"data.dataset={data}"]
+    overrides += ["data.question_field=problem", "data.answer_field=solution"]
+    overrides += [f"reward.functions=['{rewards}:odd_answer']"]
+    assert main(["train", "grpo", *overrides, "--quiet"]) == 0
+    return root / "zoo", rewards
+
+
+def test_eval_of_a_run_directory_reproduces_its_own_evaluation(custom_task_run, tmp_path, capsys):
+    run_dir, rewards = custom_task_run
+    records = tmp_path / "answers.jsonl"
+    assert main(["eval", "--model", str(run_dir), "--records", str(records)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # its held-out zoo problems (data.eval_prompts of them), asked from its fields, scored by its function:
+    # 5 of those 8 answers are odd, as the run's own evaluation found
+    assert (result["dataset"], result["problems"]) == (str(run_dir.parent / "zoo.jsonl"), 8)
+    assert result["reward_functions"] == [f"{rewards}:odd_answer"]
+    assert result["greedy_pass@1"] == summary["accuracy_after"] == 0.625
+    assert {json.loads(line)["data_source"] for line in records.read_text().splitlines()} == {"zoo"}
+
+
+def test_eval_options_override_what_a_run_directory_records(custom_task_run, tmp_path, capsys):
+    run_dir, rewards = custom_task_run
+    odd = write_zebra_rows(tmp_path / "odd.jsonl", [1, 3, 5])
+    argv = ["eval", "--model", str(run_dir), "--dataset", str(odd), "--max-new-tokens", "2"]
+    assert main(argv) == 0  # every row of the file given, read with the run's fields, scored by its function
+    result = json.loads(capsys.readouterr().out)
+    assert (result["dataset"], result["problems"], result["greedy_pass@1"]) == (str(odd), 3, 1.0)
+    assert main([*argv, f"reward.functions=['{rewards}:even_answer']"]) == 0
+    assert json.loads(capsys.readouterr().out)["greedy_pass@1"] == 0.0
+    assert main([*argv, "--question-field", "question"]) == 1
+    assert "no field 'question' (fields present: problem, solution)" in capsys.readouterr().err
+
+
+def test_eval_of_a_model_takes_reward_functions_as_train_does(tmp_path, capsys):
+    data = tmp_path / "mixed.jsonl"
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "data_source": "ab"[i % 2]} for i in range(4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["eval", "--model", "tiny-random", "--dataset", str(data), "--max-new-tokens", "2"]
+    assert main([*argv, "reward.functions=['tests.reward_functions:only_source_a']"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {source: m["greedy_pass@1"] for source, m in result["per_source"].items()} == {"a": 1.0, "b": 0.0}
+    assert main([*argv, "data.dataset=gsm8k"]) == 2
+    assert "eval takes reward.* settings only as KEY=VALUE (got data.dataset=gsm8k)" in capsys.readouterr().err
 
 
 def test_train_command_refuses_a_bad_config_before_loading(capsys):
@@ -156,9 +227,9 @@ def test_eval_and_rm_train_options_default_to_their_settings():
     options = vars(parser.parse_args(["eval"]))
     assert (options["model"], options["dataset"], options["k"], options["template"]) == (
         "smollm2-135m",
-        "arithmetic",
+        None,  # a run directory's own, else arithmetic
         1,
-        "answer_line",
+        None,  # a run directory's own, else answer_line
     )
     assert (options["fire"], options["fire_temperature"], options["fire_top_k"]) == (False, 30.0, 16)
     renamed = {"prompt_template": "template"}
@@ -187,7 +258,7 @@ def test_eval_command_with_fire(tmp_path, capsys):
     args = ["eval", "--model", "tiny-random", "--dataset", str(data), "--k", "2", "--max-new-tokens", "3", "--fire"]
     assert main([*args, "--fire-top-k", "4"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["fire"] is True and result["n"] == 2
+    assert result["fire"] is True and result["problems"] == 2
 
 
 def test_pag_metrics_hand_computed():

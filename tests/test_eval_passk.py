@@ -53,8 +53,8 @@ def test_per_source_breakdown():
     groups = [[result("1", True), result("2", False)], [result("2", False)] * 2, [result("1", True)] * 2]
     breakdown = per_source_metrics(examples, greedy, groups, k=1)
     assert breakdown == {
-        "a": {"n": 2, "greedy_pass@1": 0.5, "avg@k": 0.75, "maj@k": 1.0, "pass@k": 0.75},
-        "b": {"n": 1, "greedy_pass@1": 0.0, "avg@k": 0.0, "maj@k": 0.0, "pass@k": 0.0},
+        "a": {"problems": 2, "greedy_pass@1": 0.5, "avg@k": 0.75, "maj@k": 1.0, "pass@k": 0.75},
+        "b": {"problems": 1, "greedy_pass@1": 0.0, "avg@k": 0.0, "maj@k": 0.0, "pass@k": 0.0},
     }
 
 
@@ -66,7 +66,7 @@ def test_eval_command_reports_n_samples_and_each_source(tmp_path, capsys):
     assert main([*args, "--k", "2", "--n", "3", "--system-prompt", "Be brief."]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["k"] == 2 and report["samples"] == 3
-    assert {s: v["n"] for s, v in report["per_source"].items()} == {"a": 2, "b": 1}
-    assert set(report["per_source"]["a"]) == {"n", "greedy_pass@1", "avg@k", "maj@k", "pass@k"}
+    assert {s: v["problems"] for s, v in report["per_source"].items()} == {"a": 2, "b": 1}
+    assert set(report["per_source"]["a"]) == {"problems", "greedy_pass@1", "avg@k", "maj@k", "pass@k"}
     assert main([*args, "--k", "4", "--n", "2"]) == 2
     assert "--n 2 samples cannot estimate pass@4; give --n >= --k" in capsys.readouterr().err

@@ -10,7 +10,7 @@ PACKAGE = Path(reasonrl.__file__).parent
 # bottom to top; a module may import its own layer and the layers below it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("algo",),  # pure torch math
-    ("config", "batch", "timing"),  # the run's settings, the typed rollout batch, stage timing
+    ("config", "batch", "timing", "version"),  # the run's settings, the typed rollout batch, stage timing, version
     ("models", "rollout", "reward", "data"),
     ("train",),
     ("dist",),

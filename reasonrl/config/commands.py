@@ -6,10 +6,16 @@ schema; the command-line options take their defaults from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from reasonrl.config.schema import FireConfig
+from reasonrl.config.schema import Config, FireConfig
+
+STANDALONE_DATASET = "arithmetic"
+"""What ``reasonrl eval`` evaluates a model that is not a run directory on, unless told."""
+
+STANDALONE_MAX_NEW_TOKENS = 256
+"""``reasonrl eval``'s cap on an answer's tokens for a model that is not a run directory, unless told."""
 
 
 @dataclass(frozen=True)
@@ -18,11 +24,13 @@ class EvalSettings:
 
     model: str = "smollm2-135m"
     """The model: a spec as model.name_or_path (a built-in name, a local directory, a .gguf file, a
-    hub id) or a run directory (its final model)."""
+    hub id) or a run directory (its final model; the settings left unset, None, are then the run's own:
+    what its evaluation used, from its config.yaml)."""
 
-    dataset: str = "arithmetic"
+    dataset: str | None = None
     """The problems: a built-in set (arithmetic, gsm8k, math500, aime24, humaneval, mbpp, functions) or a jsonl
-    with question/answer fields."""
+    with question/answer fields; None = a run directory's held-out problems (data.eval_dataset, else the
+    hold-out of data.dataset: the first data.eval_prompts, as its evaluation), else arithmetic."""
 
     k: int = 1
     """Samples per problem for avg@k, maj@k and pass@k."""
@@ -33,14 +41,14 @@ class EvalSettings:
     top_p: float = 1.0
     """Nucleus threshold of the k samples; 1.0 = off."""
 
-    max_new_tokens: int = 256
-    """Cap on generated tokens per answer."""
+    max_new_tokens: int | None = None
+    """Cap on generated tokens per answer; None = a run directory's rollout.max_response_tokens, else 256."""
 
     limit: int | None = None
-    """Evaluate the first N problems only; None = all of them."""
+    """Evaluate the first N problems only; None = all of them (a run's held-out problems: data.eval_prompts)."""
 
-    prompt_template: Literal["answer_line", "boxed", "plain"] = "answer_line"
-    """How a math question is asked (as data.prompt_template)."""
+    prompt_template: Literal["answer_line", "boxed", "plain"] | None = None
+    """How a math question is asked (as data.prompt_template); None = a run directory's, else answer_line."""
 
     seed: int = 0
     """Seed of the k samples."""
@@ -52,12 +60,6 @@ class EvalSettings:
     """Where the model generates (as model.device): auto = a CUDA GPU when one is visible (vLLM where
     installed, else transformers' generate), else the CPU."""
 
-    workers: int = 2
-    """Processes that score answers in parallel (per verifier)."""
-
-    timeout_seconds: float = 10.0
-    """Per-answer scoring time limit."""
-
     fire: FireConfig = field(default_factory=FireConfig)
     """FIRE for the k sampled answers (greedy_pass@1 stays greedy); off unless ``fire.enabled``."""
 
@@ -65,13 +67,16 @@ class EvalSettings:
     """n, the answers sampled per problem (≥ k): pass@k is then the unbiased estimate from n; None = k."""
 
     system_prompt: str | None = None
-    """A system message before every prompt (as data.system_prompt)."""
+    """A system message before every prompt (as data.system_prompt); None = a run directory's, else none
+    ("" = none with a run directory too)."""
 
-    question_field: str = "question"
-    """Field of a file's rows (or a `datasets` name's) holding the question."""
+    question_field: str | None = None
+    """Field of a file's rows (or a `datasets` name's) holding the question; None = a run directory's
+    data.question_field, else question."""
 
-    answer_field: str = "answer"
-    """Field of a file's rows holding the final answer (dotted for nested fields)."""
+    answer_field: str | None = None
+    """Field of a file's rows holding the final answer (dotted for nested fields); None = a run directory's
+    data.answer_field, else answer."""
 
     protocol: Literal["single", "pag"] = "single"
     """single: one answer per prompt; pag: also PAG's protocol (arXiv 2506.10406): the greedy answer,
@@ -90,16 +95,39 @@ class EvalSettings:
     turn) and the answer whose verdict gives "correct" the highest probability is kept:
     ``self_verify_bon@k``, next to ``maj@k``."""
 
+    overrides: tuple[str, ...] = ()
+    """`reasonrl train`-style reward.* settings that score the answers (reward.functions, reward.weights,
+    reward.routes, reward.workers, reward.timeout_seconds), over a run directory's own."""
+
+    def completed(self, cfg: Config, of_run: bool) -> EvalSettings:
+        """These settings with each unset one filled in from ``cfg``'s data and rollout settings: a run
+        directory's config (``of_run``: what its evaluation used), else the defaults of a standalone eval."""
+        data = cfg.data
+        inherited = {
+            "max_new_tokens": cfg.rollout.max_response_tokens if of_run else STANDALONE_MAX_NEW_TOKENS,
+            "prompt_template": data.prompt_template,
+            "system_prompt": data.system_prompt,
+            "question_field": data.question_field,
+            "answer_field": data.answer_field,
+        }
+        if not of_run:  # a run's unset dataset stays None: its held-out problems
+            inherited["dataset"] = STANDALONE_DATASET
+        return replace(self, **{name: value for name, value in inherited.items() if getattr(self, name) is None})
+
     def check(self) -> None:
         """Refuse settings that cannot be evaluated, before anything loads (ConfigError naming each problem)."""
         from reasonrl.config.errors import ConfigError
 
+        not_reward = [item for item in self.overrides if not item.strip().startswith("reward.")]
         checks = [
+            (not not_reward, f"eval takes reward.* settings only as KEY=VALUE (got {', '.join(not_reward)}); "
+                             "give the others as options (--dataset, --question-field, --template, ...)"),
             (self.k >= 1, f"--k must be >= 1 (samples per problem), got {self.k}"),
             (self.samples is None or self.samples >= self.k,
              f"--n {self.samples} samples cannot estimate pass@{self.k}; give --n >= --k"),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
-            (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1,
+             f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
             (self.temperature > 0, f"--temperature must be > 0 (of the k samples), got {self.temperature}"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
             (self.max_attempts >= 1, f"--max-attempts must be >= 1, got {self.max_attempts}"),

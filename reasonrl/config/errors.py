@@ -1,5 +1,12 @@
 """The error every configuration problem raises."""
 
+from collections.abc import Sequence
+
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that says how to fix it."""
+
+
+def listing(problems: Sequence[str]) -> ConfigError:
+    """One error that lists every problem found, a line each."""
+    return ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -20,7 +20,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from reasonrl.algo.presets import PRESETS as ALGO_PRESETS
-from reasonrl.config.errors import ConfigError
+from reasonrl.config.errors import ConfigError, listing
 from reasonrl.config.schema import Config
 from reasonrl.config.validate import validate
 
@@ -69,11 +69,12 @@ def config_keys(cls: type = Config, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key_error(key: str) -> ConfigError:
+def _unknown_key(key: str) -> str:
+    """What is wrong with a key the schema does not have, and the nearest one that it has."""
     keys = config_keys()
     members = [k for k in keys if k.startswith(f"{key}.")]
     if members:
-        return ConfigError(f"'{key}' is a group of settings, not a value; set one of its fields, e.g. {members[0]}")
+        return f"'{key}' is a group of settings, not a value; set one of its fields, e.g. {members[0]}"
     guess = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if not guess:  # the right name in the wrong group, e.g. rollout.eps_high
         leaf = key.rsplit(".", 1)[-1]
@@ -81,7 +82,7 @@ def _unknown_key_error(key: str) -> ConfigError:
         close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
         guess = [by_leaf[close[0]]] if close else []
     hint = f"; did you mean '{guess[0]}'?" if guess else "; `reasonrl config show dapo` lists every key"
-    return ConfigError(f"unknown config key '{key}'{hint}")
+    return f"unknown config key '{key}'{hint}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,8 +153,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}")
 
 
-def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
-    """Construct dataclass ``cls`` from a nested mapping, checking every value's type."""
+def _build(cls: type, values: Mapping[str, Any], problems: list[str], prefix: str = "") -> Any:
+    """Construct dataclass ``cls`` from a nested mapping, checking every value's type; a value of the wrong
+    type keeps its default and adds its problem to ``problems``."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -161,11 +163,15 @@ def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
             continue
         tp, value, key = hints[f.name], values[f.name], f"{prefix}{f.name}"
         if _is_group(tp):
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{key} is a group of settings; give it as a mapping (e.g. {key}.<field>: ...)")
-            kwargs[f.name] = _build(tp, value, f"{key}.")
-        else:
+            if isinstance(value, Mapping):
+                kwargs[f.name] = _build(tp, value, problems, f"{key}.")
+            else:
+                problems.append(f"{key} is a group of settings; give it as a mapping (e.g. {key}.<field>: ...)")
+            continue
+        try:
             kwargs[f.name] = _coerce(value, tp, key)
+        except ConfigError as exc:
+            problems.append(str(exc))
     return cls(**kwargs)
 
 
@@ -176,9 +182,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     )
 
 
-def _apply(tree: dict[str, Any], key: str, value: Any, valid_keys: set[str]) -> None:
-    if key not in valid_keys:
-        raise _unknown_key_error(key)
+def _apply(tree: dict[str, Any], key: str, value: Any) -> None:
     *groups, leaf = key.split(".")
     node = tree
     for group in groups:
@@ -187,16 +191,23 @@ def _apply(tree: dict[str, Any], key: str, value: Any, valid_keys: set[str]) -> 
 
 
 def build_config(algo_preset: str | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
-    """Defaults, then the named AlgoSpec, then dotted overrides; validated."""
+    """Defaults, then the named AlgoSpec, then dotted overrides; validated.  Every unknown key and every
+    value of the wrong type is reported at once (then the cross-field checks, which need them right)."""
     tree = to_dict(Config())
     if algo_preset is not None:
         if algo_preset not in ALGO_PRESETS:
             raise ConfigError(f"unknown algo_preset '{algo_preset}'; choose one of {', '.join(ALGO_PRESETS)}")
         tree["algo"] = to_dict(ALGO_PRESETS[algo_preset].spec)
     valid_keys = set(config_keys())
+    problems = [_unknown_key(key) for key in (overrides or {}) if key not in valid_keys]
     for key, value in (overrides or {}).items():
-        _apply(tree, key, value, valid_keys)
-    cfg = _build(Config, tree)
+        if key in valid_keys:
+            _apply(tree, key, value)
+    cfg = _build(Config, tree, problems)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise listing(problems)
     validate(cfg)
     return cfg
 
@@ -236,8 +247,10 @@ def _read_layer(path: Path) -> _Layer:
 def _preset_path(name: str) -> Path:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
-        names = ", ".join(p.name for p in list_presets())
-        raise ConfigError(f"unknown preset '{name}'; choose one of {names}, or give a YAML file path")
+        names = [p.name for p in list_presets()]
+        guess = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"did you mean '{guess[0]}'? " if guess else ""
+        raise ConfigError(f"unknown preset '{name}'; {hint}(presets: {', '.join(names)}; or a YAML file path)")
     return path
 
 

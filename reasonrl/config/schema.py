@@ -211,6 +211,11 @@ class RewardConfig:
     workers: int = 2
     """Processes that score responses in parallel (per verifier)."""
 
+    max_error_fraction: float = 1.0
+    """Stop the run when a reward function (or the built-in scorer) fails - raises, returns a bad value,
+    exceeds timeout_seconds or kills its worker - on at least this fraction of a step's scoring calls,
+    rather than train on its zeros: 1.0 = only when every call fails; above 1 = never."""
+
     routes: tuple[str, ...] = ()
     """Overrides of the reward router's table, as "task_type=source" (sources: math, code,
     genrm_reference, genrm_bon, bt); defaults: math=math, code=code, reference=genrm_reference,

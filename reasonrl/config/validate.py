@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from reasonrl.config.errors import ConfigError
+from reasonrl.config.errors import listing
 from reasonrl.config.schema import Config
 
 
@@ -34,7 +34,9 @@ def _ranges(cfg: Config) -> list[str]:
         (r.vllm.cpu_kv_cache_gib >= 1, "rollout.vllm.cpu_kv_cache_gib must be >= 1"),
         (r.vllm.weight_bucket_mb >= 1, "rollout.vllm.weight_bucket_mb must be >= 1"),
         (
-            bool(r.fire.positions) and all(0 <= p < r.max_response_tokens for p in r.fire.positions),
+            # a response cap below 1 is its own problem: no position is checked against it
+            bool(r.fire.positions)
+            and (r.max_response_tokens < 1 or all(0 <= p < r.max_response_tokens for p in r.fire.positions)),
             "rollout.fire.positions must be response positions in [0, rollout.max_response_tokens)",
         ),
         (0 <= a.gamma <= 1, "algo.gamma must be in [0, 1]"),
@@ -67,6 +69,7 @@ def _ranges(cfg: Config) -> list[str]:
         (cfg.critic.lr is None or cfg.critic.lr > 0, "critic.lr must be > 0 (or null for 2 × train.lr)"),
         (cfg.reward.timeout_seconds > 0, "reward.timeout_seconds must be > 0"),
         (cfg.reward.workers >= 1, "reward.workers must be >= 1"),
+        (cfg.reward.max_error_fraction > 0, "reward.max_error_fraction must be > 0 (1 = stop when every call fails)"),
         (cfg.data.eval_prompts >= 0, "data.eval_prompts must be >= 0"),
         (cfg.data.arithmetic_digits >= 1, "data.arithmetic_digits must be >= 1"),
         (
@@ -310,4 +313,4 @@ def validate(cfg: Config) -> None:
         + _offline(cfg)
     )
     if problems:
-        raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise listing(problems)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reasonrl.data.code_tasks import CodeTaskError, humaneval_example, mbpp_example
 from reasonrl.data.examples import Example
@@ -24,6 +24,7 @@ from reasonrl.data.images import IMAGES_FIELD, ImageError, row_images
 from reasonrl.data.preferences import hh_prompt_example
 from reasonrl.data.visual import PROBLEMS as VISUAL_PROBLEMS
 from reasonrl.data.visual import visual_examples
+from reasonrl.models.hub_access import hub_unreachable
 
 HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by a stable hash) for evaluation
 
@@ -40,6 +41,13 @@ class Fields:
     answer: str = "answer"
     answer_after: str | None = None
     """If set, the reference answer is the text after the last occurrence of this marker (GSM8K: '#### ')."""
+    named_by: Literal["config", "options"] = "config"
+    """How the user names the fields, which a missing field's error tells them to set: the config's
+    ``data.question_field`` (train and the data commands), or a command's ``--question-field`` (eval)."""
+
+    def setting(self, kind: Literal["question", "answer"]) -> str:
+        """The setting that names the field of ``kind``."""
+        return f"--{kind}-field" if self.named_by == "options" else f"data.{kind}_field"
 
 
 @dataclass(frozen=True)
@@ -196,7 +204,10 @@ def _question(location: str, row: dict[str, Any], fields: Fields) -> tuple[str, 
         key, value = "prompt", row["prompt"]
     if value is MISSING:
         present = ", ".join(map(str, row)) or "none"
-        raise DataError(f"{location}: no field '{fields.question}' (fields present: {present})")
+        raise DataError(
+            f"{location}: no field '{fields.question}' (fields present: {present}); set {fields.setting('question')} "
+            "to the field that holds the question"
+        )
     if isinstance(value, str):
         if not value.strip():
             raise DataError(f"{location}: field '{key}' must be a non-empty string or a list of chat messages")
@@ -226,7 +237,10 @@ def _answer(location: str, row: dict[str, Any], fields: Fields) -> str:
         value = _lookup(row, "reward_model.ground_truth")
     if value is MISSING:
         present = ", ".join(map(str, row)) or "none"
-        raise DataError(f"{location}: no field '{fields.answer}' (fields present: {present})")
+        raise DataError(
+            f"{location}: no field '{fields.answer}' (fields present: {present}); set {fields.setting('answer')} "
+            "to the field that holds the final answer"
+        )
     answer = str(value).strip()
     if fields.answer_after is not None:
         if fields.answer_after not in answer:
@@ -271,6 +285,11 @@ def _from_datasets(name: str, split: str, fields: Fields) -> list[Example]:
             f"'{name}' is not a built-in dataset or an existing file; loading it as a `datasets` name "
             "needs `pip install 'reasonrl[data]'`"
         ) from None
+    if unreachable := hub_unreachable():
+        raise DataError(
+            f"could not load '{name}': {unreachable}; without a network, set HF_HUB_OFFLINE=1 to load it from the "
+            "`datasets` cache (if it was loaded before), or give a local .jsonl or .parquet file"
+        )
     path, _, config = name.partition(":")
     try:
         table = datasets.load_dataset(path, config or None, split=split)

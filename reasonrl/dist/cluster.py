@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reasonrl.config import ConfigError
 from reasonrl.dist.errors import ClusterError, WorkerDiedError
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,18 @@ LOCAL_OBJECT_STORE_BYTES = 1 << 30
 Ray spills larger objects to disk."""
 
 _started_here = False  # whether start_ray connected this process (stop_ray undoes only that)
+
+
+def import_ray() -> Any:
+    """The ``ray`` module; a ConfigError naming the install command when Ray is not installed."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "dist.backend=ray needs Ray, which is not installed: pip install 'reasonrl[ray]', or use another "
+            "dist.backend"
+        ) from None
+    return ray
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,16 @@ import torch
 from reasonrl.config import Config
 from reasonrl.config.plan import vllm_engine_options
 from reasonrl.data.examples import Example
-from reasonrl.dist.cluster import Placement, WorkerHost, gather, kill_workers, start_ray, start_workers, stop_ray
+from reasonrl.dist.cluster import (
+    Placement,
+    WorkerHost,
+    gather,
+    import_ray,
+    kill_workers,
+    start_ray,
+    start_workers,
+    stop_ray,
+)
 from reasonrl.dist.engines import EngineSettings, RayRolloutEngines
 from reasonrl.dist.errors import WorkerDiedError
 from reasonrl.dist.scoring import RayScorer
@@ -83,7 +93,14 @@ class TrainerHost(WorkerHost):
         return ray.util.get_node_ip_address().strip("[]"), port
 
     def train(
-        self, cfg: Config, run_dir: Path, preset: str, overrides: tuple[str, ...], workers: Any, rank: int, world: int,
+        self,
+        cfg: Config,
+        run_dir: Path,
+        preset: str,
+        overrides: tuple[str, ...],
+        workers: Any,
+        rank: int,
+        world: int,
         master: tuple[str, int],
     ) -> dict[str, Any]:
         """``fit()`` as rank ``rank`` of ``world`` (torch.distributed's env:// rendezvous at ``master``)."""
@@ -92,23 +109,40 @@ class TrainerHost(WorkerHost):
         os.environ.update(
             RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=master[0], MASTER_PORT=str(master[1])
         )
+        log_to_driver(rank)
         return fit(cfg, run_dir, preset=preset, overrides=overrides, show_progress=False, workers=workers)
 
 
+def log_to_driver(rank: int) -> None:
+    """A trainer worker's log as the command line's: the run's notices (a checkpoint saved, a run continued)
+    from rank 0 and errors from every rank, as plain lines on the worker's stderr, which Ray passes on to
+    the driver's."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("reasonrl")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank == 0 else logging.ERROR)
+    logger.propagate = False
+
+
 def follow_progress(calls: list[Any], metrics: Path, steps: int, show: bool | None, poll_seconds: float = 2.0) -> None:
-    """The progress bar of a run whose trainers are Ray workers: the steps rank 0 writes to ``metrics``,
-    until one of ``calls`` (the trainers' ``train``) returns or fails."""
+    """The progress of a run whose trainers are Ray workers, as a run in one process shows it: the accuracy
+    it starts from and the steps that rank 0 writes to ``metrics``, until one of ``calls`` (the trainers'
+    ``train``) returns or fails, and what it wrote last."""
     import ray
 
     from reasonrl.train.metrics import ProgressDisplay, read_metrics
 
-    shown = 0
+    shown, finished = 0, False
     with ProgressDisplay(steps, 0, enabled=show) as progress:
-        while not ray.wait(calls, num_returns=1, timeout=poll_seconds)[0]:
+        while not finished:
+            finished = bool(ray.wait(calls, num_returns=1, timeout=poll_seconds)[0])
             records = read_metrics(metrics)
             for record in records[shown:]:
                 if record["step"] > 0:
                     progress.update(record["step"], record)
+                elif "eval/accuracy" in record:
+                    progress.accuracy_before(record["eval/accuracy"])
             shown = len(records)
 
 
@@ -119,12 +153,13 @@ def fit_on_ray(
     from reasonrl.train.checkpoint import latest_checkpoint
     from reasonrl.train.parallel import RemoteWorkers
 
-    import ray
-
+    ray = import_ray()
     d = cfg.dist
     run_dir = run_dir.resolve()  # trainer workers on other nodes start in another working directory
     if Path(cfg.model.name_or_path).exists():
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=str(Path(cfg.model.name_or_path).resolve())))
+        cfg = dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, name_or_path=str(Path(cfg.model.name_or_path).resolve()))
+        )
     connected_here = not ray.is_initialized()  # a caller's connection (a notebook, a test) stays up
     start_ray(d.address)
     started: list[Any] = []

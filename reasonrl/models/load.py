@@ -8,7 +8,8 @@ A model spec is one of:
     vision-language model (Idefics3, SmolVLM's architecture) built locally, with its processor;
   - a local Hugging Face directory, or a reasonrl run directory (its exported ``final/``);
   - a ``.gguf`` file (converted once, cached like the built-in);
-  - a hub id such as ``HuggingFaceTB/SmolLM2-360M-Instruct`` (needs a network).
+  - a hub id such as ``HuggingFaceTB/SmolLM2-360M-Instruct`` (needs a network, or its copy in the
+    Hugging Face cache: where the Hub cannot be reached, that cache alone is read).
 The cache lives in ``$REASONRL_CACHE`` or ``~/.cache/reasonrl``.  Nothing is downloaded unless the
 user names a hub id.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from reasonrl.models.errors import ModelError
+from reasonrl.models.hub_access import cached_snapshot, hub_unreachable
 from reasonrl.models.untrusted import check_safetensors
 
 if TYPE_CHECKING:
@@ -146,14 +148,24 @@ def resolve_model(spec: str) -> str:
 
 
 def _from_pretrained(loader: Callable[[str], object], spec: str) -> object:
+    """``loader(location)`` of a model spec; a hub id while the Hub cannot be reached loads from its copy in
+    the local Hugging Face cache, or fails at once saying what to do."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # reasonrl shows its own progress; keep loading quiet
     location = resolve_model(spec)
+    hub_id = location == spec and not Path(spec).exists()
+    unreachable = hub_unreachable() if hub_id else None
     try:
-        return loader(location)
+        return loader(cached_snapshot(spec) if unreachable else location)
     except OSError as exc:
-        if location == spec and not Path(spec).exists():
+        if unreachable:
+            raise ModelError(
+                f"could not load '{spec}': {unreachable}, and the Hugging Face cache does not hold it; download "
+                "it where there is a network (HF_HUB_OFFLINE=1 then loads it from the cache without asking the "
+                "Hub), or give a local path: a model directory, a .gguf file or a run directory"
+            ) from None
+        if hub_id:
             raise ModelError(
                 f"could not load '{spec}': it is not a built-in model ({', '.join([*BUILTIN_MODELS, *LOCAL_MODELS])}), "
                 f"a local path, or a reachable Hugging Face hub id ({exc})"

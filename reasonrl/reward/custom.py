@@ -20,12 +20,15 @@ the place of the verifier's score: ``reward.correct_score`` / ``incorrect_score`
 A sample is correct (accuracy, dynamic sampling, the NLL term) by the first term that gives a
 verdict, in the listed order: the ``verifier``, or a verl function whose dict has ``acc``; with
 none, when its score is above 0.5.  A function that raises, hangs or kills its process scores 0
-for that sample, with a logged warning naming it, ``info["error"]`` (counted in
-``reward/error_fraction``) and its own ``reward/fn/<name>/error_fraction``; the run goes on.
+for that sample, with ``info["error"]`` (counted in ``reward/error_fraction``, and per function in
+``reward/fn/<name>/errors``); its first failure is logged with the traceback from the function's own
+frame down, later ones are only counted.  The run goes on, unless a function fails on at least
+``reward.max_error_fraction`` of a step's calls (by default: on every call): then it stops.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -78,6 +81,13 @@ def _import_file(path: Path):
     return sys.modules[name]
 
 
+def _nearest(name: str, owner: Any) -> str:
+    """The hint "; did you mean 'x'?" naming the public name of ``owner`` (a module, a class) nearest
+    ``name``; "" when none is near."""
+    guess = difflib.get_close_matches(name, [n for n in dir(owner) if not n.startswith("_")], n=1, cutoff=0.6)
+    return f"; did you mean {guess[0]!r}?" if guess else ""
+
+
 @dataclass(frozen=True)
 class RewardFunction:
     """A user's reward function by reference, picklable: every scoring worker imports it once.
@@ -125,7 +135,9 @@ class RewardFunction:
             function: Any = module
             for part in attribute.split("."):
                 if not hasattr(function, part):
-                    raise RewardFunctionError(f"reward function {self.spec!r}: {target!r} has no {attribute!r}")
+                    raise RewardFunctionError(
+                        f"reward function {self.spec!r}: {target!r} has no {attribute!r}{_nearest(part, function)}"
+                    )
                 function = getattr(function, part)
             if not callable(function):
                 raise RewardFunctionError(f"reward function {self.spec!r} is not callable")
@@ -134,6 +146,7 @@ class RewardFunction:
 
     def __call__(self, response: str, reference: str, sample: dict[str, Any]) -> RewardResult:
         """Score one response; ``sample`` is ``sample_payload(example)``.  Raises on a bad return value."""
+        __tracebackhide__ = True  # a failure's logged traceback begins in the user's function
         function = self.load()
         if is_verl_style(function):
             fields = sample["fields"]
@@ -248,7 +261,8 @@ class WeightedRewards:
         return self._pool(term).score(calls)
 
     def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
-        """One combined result per response; ``info["terms"]`` holds each function's value (None: no value)."""
+        """One combined result per response; ``info["terms"]`` holds each function's value (None: no value),
+        ``info["term_errors"]`` the error of each function that failed on it."""
         per_term = [self._term_results(t, examples, responses) for t in self.terms]
         return [self._combine([results[i] for results in per_term]) for i in range(len(examples))]
 
@@ -272,7 +286,7 @@ class WeightedRewards:
                 score += term.weight * value
             if verdict is None:
                 verdict = term_verdict
-        info.update({"source": "custom", "terms": values, "term_errors": list(errors)})
+        info.update({"source": "custom", "terms": values, "term_errors": errors})
         if errors:
             info["error"] = "; ".join(f"{name}: {error}" for name, error in errors.items())
         return RewardResult(score, score > 0.5 if verdict is None else verdict, info)

@@ -1,9 +1,10 @@
 """Run a verifier over many responses in worker processes, each call under a time limit.
 
 A verifier that raises, hangs, or kills its process yields an error-marked result (score
-``error_score``, not correct, ``info["error"]`` says what happened) and a logged warning; the
-worker is replaced and the run goes on.  Processes (not threads): math-verify uses signals, which
-only work on a process's main thread.
+``error_score``, not correct, ``info["error"]`` says what happened); the worker is replaced and the
+run goes on.  A pool logs its first failure, with the traceback from the verifier's own code down,
+and no later one: the training step counts them (and stops a run whose reward is broken).
+Processes (not threads): math-verify uses signals, which only work on a process's main thread.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def _worker(verifier: Verifier, conn: Connection) -> None:
+    __tracebackhide__ = True  # read by _own_traceback: this frame only calls the verifier
     while True:
         try:
             task = conn.recv()
@@ -39,8 +41,20 @@ def _worker(verifier: Verifier, conn: Connection) -> None:
                 raise TypeError(f"verifier returned {type(result).__name__}, not RewardResult")
             conn.send((task_id, result, None))
         except Exception as exc:  # any verifier failure is reported, never fatal to the worker
-            detail = f"{type(exc).__name__}: {exc}"
-            conn.send((task_id, None, detail + "\n" + traceback.format_exc(limit=3)))
+            conn.send((task_id, None, (f"{type(exc).__name__}: {exc}", _own_traceback(exc))))
+
+
+def _own_traceback(exc: Exception) -> str:
+    """The traceback of a verifier's failure without the frames that only call it (those with a true
+    ``__tracebackhide__`` local, pytest's convention): a user's function shows its own file and line."""
+    shown = traceback.StackSummary.extract(
+        (frame, line)
+        for frame, line in traceback.walk_tb(exc.__traceback__)
+        if not frame.f_locals.get("__tracebackhide__")
+    )
+    frames = shown.format()
+    header = ["Traceback (most recent call last):\n"] if frames else []
+    return "".join([*header, *frames, *traceback.format_exception_only(exc)]).rstrip("\n")
 
 
 @contextlib.contextmanager
@@ -92,10 +106,21 @@ class ScoringPool:
         self.timeout = timeout
         self.error_score = error_score
         self.label = label
+        self._failure_logged = False
         self._context = mp.get_context("spawn")
         self._workers = [_Worker(verifier, self._context) for _ in range(max(1, workers))]
 
-    def _failed(self, reason: str) -> RewardResult:
+    def _failed(self, task_id: int, reason: str, detail: str) -> RewardResult:
+        """The error-marked result of a failed call; the pool's first failure is logged with ``detail`` (a
+        traceback, or what happened), later ones only at debug level: the step's metrics count them."""
+        if self._failure_logged:
+            log.debug("%s failed on response %d: %s", self.label, task_id, reason)
+        else:
+            self._failure_logged = True
+            log.warning(
+                "%s failed on response %d (later failures are counted, not logged):\n%s",
+                self.label, task_id, detail,
+            )  # fmt: skip
         return RewardResult(self.error_score, False, {"error": reason})
 
     def score(self, pairs: Sequence[tuple]) -> list[RewardResult]:
@@ -116,18 +141,19 @@ class ScoringPool:
                 try:
                     task_id, result, error = conn.recv()
                 except (EOFError, OSError):
-                    task_id, result, error = worker.task_id, None, "the scoring process died"
+                    died = "the scoring process died"
+                    task_id, result, error = worker.task_id, None, (died, died)
                     self._replace(worker)
                 if error is not None:
-                    log.warning("%s failed on response %d: %s", self.label, task_id, error.splitlines()[0])
-                    result = self._failed(error.splitlines()[0])
+                    result = self._failed(task_id, *error)
                 results[task_id] = result
                 worker.task_id = None
             now = time.monotonic()
             for conn, worker in list(busy.items()):
                 if worker.task_id is not None and now >= worker.deadline:
-                    log.warning("%s timed out after %.1fs on response %d", self.label, self.timeout, worker.task_id)
-                    results[worker.task_id] = self._failed(f"timeout after {self.timeout:g}s")
+                    seconds = f"{self.timeout:g}s"
+                    failed = self._failed(worker.task_id, f"timeout after {seconds}", f"timed out after {seconds}")
+                    results[worker.task_id] = failed
                     del busy[conn]
                     self._replace(worker)
         return results  # type: ignore[return-value]

@@ -12,7 +12,10 @@ frozen base.  It is assembled in
 run killed mid-checkpoint leaves the previous checkpoint intact and a ``.tmp`` directory that the
 next start removes; a write that fails (a full disk) removes its ``.tmp`` at once.  With
 SmolLM2-135M a checkpoint takes about 1.6 GB, ``trainer.pt`` 1.08 GB of it (AdamW's two fp32
-moments per weight); each save logs its size.
+moments per weight); each save logs its size.  A run's ``final/`` is its last checkpoint's policy, hard-linked
+(``export_model``): the weights are stored once, and the optimiser state stays for a run continued longer.
+Files are never rewritten in place (a save or an export builds a new directory), so the two stay apart;
+write a changed model elsewhere, not into ``final/`` or a checkpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 
 from reasonrl.models.lora import has_lora, load_lora_adapter, save_lora_model
 from reasonrl.models.untrusted import load_tensor_file, safe_dcp_load
@@ -85,8 +88,10 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
         if has_lora(model):  # the merged model, and the adapter a resumed run continues from
             save_lora_model(model, tmp)
-        else:
-            save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # what from_pretrained expects
+        else:  # as save_pretrained writes them (a tied LM head once, under the embedding's name), as final/ holds them
+            tied = _tied_names(model)
+            weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items() if name not in tied}
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         save_pretrained_files(model, tokenizer, tmp)
         trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()}
         if critic is not None:
@@ -120,6 +125,8 @@ def _commit(tmp: Path, target: Path, keep: int) -> Path:
 ShardedParts = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
 """The FSDP2-sharded modules of a data-parallel run with their optimisers, by name (policy, critic)."""
 SHARDS_DIR = "shards"
+RESUME_ONLY = {"trainer.pt", STATE_FILE, CRITIC_DIR, SHARDS_DIR}
+"""What a checkpoint holds beside its policy's Hugging Face directory: what a resume reads, no model loader."""
 
 
 def _sharded_state(parts: ShardedParts) -> dict[str, Any]:
@@ -258,6 +265,30 @@ def _describe_size(checkpoint: Path) -> str:
     parts = sorted(((_size(p), p.name) for p in checkpoint.iterdir()), reverse=True)
     total = sum(size for size, _ in parts)
     return f"{_bytes(total)}: " + ", ".join(f"{name} {_bytes(size)}" for size, name in parts[:2])
+
+
+def export_model(checkpoint: Path, directory: Path) -> Path:
+    """``directory`` as the policy of ``checkpoint``: its Hugging Face directory (weights, config, tokenizer,
+    a LoRA adapter) without what only a resume reads (``RESUME_ONLY``), each file hard-linked (copied where the
+    file system has no links), so the weights are stored once.  Assembled beside ``directory`` and renamed
+    into place: no file is ever rewritten, so the checkpoint keeps its own as they are."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    def resume_only(folder: str, names: list[str]) -> set[str]:
+        return RESUME_ONLY & set(names) if Path(folder) == checkpoint else set()
+
+    shutil.copytree(checkpoint, tmp, ignore=resume_only, copy_function=_link_or_copy)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+    return directory
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a file system without hard links
+        shutil.copy2(source, target)
 
 
 def save_pretrained_files(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:

@@ -25,7 +25,7 @@ from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError, to_dict
 from reasonrl.data.source import eval_examples
-from reasonrl.models.lora import adapters_disabled, merged_state_dict, save_hf_directory
+from reasonrl.models.lora import adapters_disabled, merged_state_dict
 from reasonrl.models.value import HEAD_FILE
 from reasonrl.reward.base import Verifier
 from reasonrl.rollout import RolloutEngine, SamplingParams
@@ -34,15 +34,18 @@ from reasonrl.timing import timed
 from reasonrl.train.advantages import assign_advantages
 from reasonrl.train.checkpoint import (
     STATE_FILE,
+    export_model,
     latest_checkpoint,
     load_checkpoint,
     load_sharded_checkpoint,
     load_value_weights,
+    rng_state,
     save_checkpoint,
-    save_gathered_model,
     save_gathered_value_model,
     save_sharded_checkpoint,
+    set_rng_state,
 )
+from reasonrl.train.interrupt import UPDATE_PHASE, CtrlC
 from reasonrl.train.metrics import (
     MetricsWriter,
     ProgressDisplay,
@@ -224,15 +227,21 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
     return stats
 
 
-def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
-    """Save everything needed to continue from ``step``."""
-    state = {
+def resume_state(run: Run) -> dict[str, Any]:
+    """What a checkpoint's ``state.json`` holds of the run: the data position, the KL coefficient, the
+    skipped steps and T-PPO's rollout pool (copies: the steps after do not change them)."""
+    return {
         "stream": run.stream.state_dict(),
         "kl_coef": float(run.kl.coef),
         "skipped_steps": run.updater.skipped_steps,
         **({"pool": run.windowed.pool.state_dict()} if run.windowed is not None else {}),
-        **extra,
     }
+
+
+def checkpoint_stage(run: Run, step: int, extra: dict[str, Any], noted: dict[str, Any] | None = None) -> None:
+    """Save everything needed to continue from ``step``: the models and optimisers as they are, and the
+    run's ``resume_state`` as ``noted`` (when a step was abandoned: as it began) or as it is now."""
+    state = {**(resume_state(run) if noted is None else noted), **extra}
     if run.parallel.active:
         save_sharded_checkpoint(
             run.run_dir,
@@ -260,21 +269,20 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any]) -> None:
 
 def export_stage(run: Run) -> Path:
     """The final policy as a Hugging Face directory (``from_pretrained`` loads it; with LoRA the merged
-    model, and its adapter in ``final/adapter``)."""
+    model, and its adapter in ``final/adapter``): the last step's checkpoint's, hard-linked (``export_model``),
+    so a run stores its final weights once; the checkpoint keeps the optimiser state a longer run resumes."""
     final = run.run_dir / "final"
-    if run.parallel.active:  # the whole model, gathered from the shards (every rank), saved by rank 0
-        save_gathered_model(run.updater.policy, final, run.parallel, run.tokenizer, prefix="model.")
-        run.parallel.barrier()
-        return final
-    save_hf_directory(run.model, final)
-    run.saved_tokenizer.save_pretrained(final)
+    if run.parallel.is_main:
+        export_model(latest_checkpoint(run.run_dir), final)  # the last step's: every run saves it
+    run.parallel.barrier()
     return final
 
 
 def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: None) -> dict[str, float]:
     """One rollout step: rollout -> log-probs -> values -> advantages -> policy update -> critic update
     -> weight sync (-> the adaptive KL coefficient); returns the step's metrics, each stage's time included.
-    ``phase`` is told when the rollout and the update begin (the progress bar shows it)."""
+    ``phase`` is told when the rollout and the update begin (the progress bar shows it; before "update"
+    nothing a checkpoint holds has changed but what ``resume_state`` and the RNG states note)."""
     cfg, kl_coef, seed = run.cfg, float(run.kl.coef), hash_seed(run.cfg.run.seed, step)
     phase("rollout")
     batch, metrics = run.rollout.collect(step)
@@ -285,7 +293,7 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
         with timed(metrics, "perf/value_seconds"):
             batch.values = run.critic.values(batch)
     metrics |= assign_advantages(batch, cfg.algo, kl_coef)
-    phase("update")
+    phase(UPDATE_PHASE)
     if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
         run.engine.sleep()
     with timed(metrics, "perf/update_seconds"):
@@ -308,7 +316,7 @@ def train_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: 
     followed by the weight sync the evaluation reads."""
     if run.offline is None:
         return rl_step(run, step, phase)
-    phase("update")
+    phase(UPDATE_PHASE)
     if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
         run.engine.sleep()
     metrics = offline_step(run, run.offline, step)
@@ -316,6 +324,24 @@ def train_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: 
         run.engine.load_weights(engine_weights(run))
     release_free_memory()
     return metrics
+
+
+def measured_step(run: Run, step: int, phase: Callable[[str], None]) -> dict[str, float]:
+    """``train_step``, the evaluation when it is due (every ``run.eval_every`` steps and the last), and
+    the step's pace and memory."""
+    metrics: dict[str, float] = {}
+    with timed(metrics, "perf/step_seconds"):
+        metrics |= train_step(run, step, phase)
+        if step % run.cfg.run.eval_every == 0 or step == run.cfg.train.rollout_steps:
+            phase("eval")
+            metrics |= evaluate(run)
+    if "rollout/tokens_generated" in metrics:  # online steps
+        tokens = metrics["rollout/tokens_generated"]
+        metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
+        metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
+    metrics["perf/peak_rss_gb"] = peak_rss_gb()
+    metrics["perf/load_average"] = os.getloadavg()[0]  # other jobs on the machine slow every timing
+    return metrics | device_memory_metrics(next(run.model.parameters()).device)
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -410,33 +436,40 @@ def _train(
         if start_step == 0 and run.plan.value_pretrain_steps:
             pretraining = value_pretrain_stage(run, show_progress)
         total = cfg.train.rollout_steps
-        last_eval: dict[str, float] = {}
-        with ProgressDisplay(total, start_step, enabled=show_progress) as progress:
-            progress.log(f"held-out accuracy before training: {accuracy_before:.1%}")
+        saved, after = start_step, {}  # the newest step with a checkpoint; the last step's evaluation
+
+        def extra() -> dict[str, Any]:
+            wall = elapsed_before + time.perf_counter() - started
+            return {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
+
+        # Ctrl-C saves first (reasonrl.train.interrupt): one process; torchrun's ranks and Ray's stop at once
+        interruptible = not parallel.active and workers is None
+        with ProgressDisplay(total, start_step, enabled=show_progress) as progress, CtrlC(interruptible) as ctrl_c:
+            progress.accuracy_before(accuracy_before)
             for step in range(start_step + 1, total + 1):
-                metrics: dict[str, float] = {}
-                with timed(metrics, "perf/step_seconds"):
-                    metrics |= train_step(run, step, progress.phase)
-                    if step % cfg.run.eval_every == 0 or step == total:
-                        progress.phase("eval")
-                        last_eval = evaluate(run)
-                        metrics |= last_eval
-                if "rollout/tokens_generated" in metrics:  # online steps
-                    tokens = metrics["rollout/tokens_generated"]
-                    metrics["perf/tokens_per_second"] = tokens / metrics["perf/step_seconds"]
-                    metrics["perf/generation_tokens_per_second"] = tokens / max(1e-9, metrics["perf/generate_seconds"])
-                metrics["perf/peak_rss_gb"] = peak_rss_gb()
-                metrics["perf/load_average"] = os.getloadavg()[0]  # other jobs on the machine slow every timing
-                metrics |= device_memory_metrics(next(run.model.parameters()).device)
+                noted = (resume_state(run), rng_state()) if ctrl_c.enabled else None  # as the step finds them
+                try:
+                    ctrl_c.begin_step(step)
+                    metrics = measured_step(run, step, ctrl_c.watch(progress.phase))
+                except KeyboardInterrupt:  # before the update: the step before is saved from what was noted
+                    if noted is not None and ctrl_c.abandons() and step - 1 > saved:
+                        ctrl_c.saving(step - 1)
+                        set_rng_state(noted[1])
+                        checkpoint_stage(run, step - 1, extra(), noted[0])
+                    raise
+                after = metrics if "eval/accuracy" in metrics else after
                 if writer is not None:
                     writer.write(step, metrics)
                 progress.update(step, metrics)
-                if step % cfg.run.save_every == 0 or step == total:
-                    wall = elapsed_before + time.perf_counter() - started
-                    extra = {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
+                stopping = ctrl_c.end_step()  # a first Ctrl-C during the update: this step is saved, then it stops
+                if step % cfg.run.save_every == 0 or step == total or stopping:
                     progress.phase("checkpoint", step)
-                    checkpoint_stage(run, step, extra)
-        after = last_eval or evaluate(run)
+                    ctrl_c.saving(step)
+                    checkpoint_stage(run, step, extra())
+                    saved = step
+                if stopping:
+                    raise KeyboardInterrupt
+        after = after or evaluate(run)
         final = export_stage(run)
         if writer is not None:
             writer.close()

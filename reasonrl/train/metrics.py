@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import math
 import resource
 from collections.abc import Sequence
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -96,8 +98,11 @@ def _finite(value: float | None) -> bool:
 
 class ProgressDisplay:
     """Training's progress (``reasonrl.timing.Progress``): steps done, elapsed, time left and the running
-    step's phase; the last step's reward, accuracy, response length and step time.  ``enabled``: True
-    (asked), None (on a terminal only) or False, as ``Progress``'s ``show``."""
+    step's phase; the last step's reward, accuracy, response length and step time.  Each step also leaves
+    one plain line (``RL step 3/10  reward +0.41  acc 0.38  len 112  eval 0.52  12.4s/step  left 0:01:27``):
+    above the bar on a terminal, and by default also where stderr is a pipe or a log file, which would
+    otherwise show nothing for the hours a run takes.  ``enabled``: False (``--quiet``) shows nothing;
+    True or None (the default) show it."""
 
     STATUS = (  # (metric, label, format); a missing or NaN value is left out
         ("reward/mean", "reward", "{:+.2f}"),
@@ -110,9 +115,9 @@ class ProgressDisplay:
     def __init__(
         self, total_steps: int, start_step: int, enabled: bool | None = True, label: str = "RL", work: str = "running"
     ) -> None:
-        self.progress = Progress(label, enabled)
+        self.progress = Progress(label, enabled is not False)  # a log file keeps the step lines too
         self.progress.stage("", total_steps, "steps", done=start_step)
-        self.total, self.step, self.work = total_steps, start_step, work
+        self.label, self.total, self.step, self.work = label, total_steps, start_step, work
         self.phase(work)
 
     def __enter__(self) -> ProgressDisplay:
@@ -128,15 +133,20 @@ class ProgressDisplay:
         self.progress.phase(f"step {step}: {name}" if step <= self.total else name)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        """Show the latest step."""
+        """Show the latest step, and keep its line."""
         self.step = step
-        parts = [f"step {step}"]
-        parts += [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in self.STATUS if _finite(metrics.get(key))]
+        numbers = [f"{name} {fmt.format(metrics[key])}" for key, name, fmt in self.STATUS if _finite(metrics.get(key))]
         if _finite(metrics.get("perf/step_seconds")):
-            parts.append(f"{metrics['perf/step_seconds']:.1f}s/step")
-        self.progress.update(step, status="  ".join(parts))
+            numbers.append(f"{metrics['perf/step_seconds']:.1f}s/step")
+        left = dataclasses.replace(self.progress.state, done=step).left(perf_counter())
+        line = "  ".join([f"{self.label} step {step}/{self.total}", *numbers, left])
+        self.progress.update(step, status="  ".join([f"step {step}", *numbers]), line=line)
         self.phase("done" if step >= self.total else self.work)
 
     def log(self, message: str) -> None:
         """Print a line above the bar."""
         self.progress.log(message)
+
+    def accuracy_before(self, accuracy: float) -> None:
+        """Say the held-out accuracy the run starts from (step 0's evaluation)."""
+        self.log(f"held-out accuracy before training: {accuracy:.1%}")

@@ -127,6 +127,7 @@ class ConversationCollector:
         with timed(generated.timing, "perf/score_seconds"):
             results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
         generated.results += results
+        generated.check_scoring(step, c.cfg.reward.max_error_fraction)
         # 4. per-turn rewards on each turn's last token
         tensors = conversation_tensors(conversations, c.tokenizer.pad_token_id)
         if self.protocol == "tool":

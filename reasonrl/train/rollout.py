@@ -24,6 +24,7 @@ from reasonrl.data.loaders import DataError
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.reward.base import RewardResult, Scorer
+from reasonrl.reward.custom import VERIFIER_TERM
 from reasonrl.reward.format import FormatVerifier
 from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
@@ -35,6 +36,10 @@ from reasonrl.train.process_rewards import all_failed_prompt_stats
 
 class DynamicSamplingError(RuntimeError):
     """Dynamic sampling could not fill a batch within its generation-pass budget."""
+
+
+class RewardFailureError(RuntimeError):
+    """A reward function (or the built-in scorer) failed on too many of a step's calls to train on."""
 
 
 def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, filter_truncated: bool) -> RolloutBatch:
@@ -156,12 +161,14 @@ class RolloutCollector:
         updates) are the trainer's.
 
         Returns the first ``rollout_prompts`` kept groups, each with its shaped rewards; the groups a
-        last pass kept beyond that number are discarded.  ``generated`` counts every pass.
+        last pass kept beyond that number are discarded.  ``generated`` counts every pass.  A reward that
+        failed too often over the passes stops the run (``Generated.check_scoring``).
         """
         algo, wanted = self.cfg.algo, self.cfg.rollout.rollout_prompts
         buffer: list[tuple[Scored, torch.Tensor]] = []
         while len(buffer) < wanted:  # 7: fewer than N groups in the buffer: generate again
             if algo.max_generation_passes and len(generated.calls) >= algo.max_generation_passes:
+                generated.check_scoring(step, self.cfg.reward.max_error_fraction)  # a broken reward: say so first
                 raise DynamicSamplingError(
                     f"dynamic sampling kept {len(buffer)} of {wanted} groups after {len(generated.calls)} "
                     "generation passes: nearly every group was all-correct or all-wrong.  Make the task harder or "
@@ -181,6 +188,7 @@ class RolloutCollector:
                 rows = slice(g * self.group_size, (g + 1) * self.group_size)
                 if keep[rows].all():
                     buffer.append((scored.rows(rows), rewards[rows]))
+        generated.check_scoring(step, self.cfg.reward.max_error_fraction)
         return buffer[:wanted]
 
     def generation_pass(self, examples: Sequence[Example], seed: int, timing: dict[str, float]) -> Scored:
@@ -270,6 +278,7 @@ class PoolCollector:
             )
             scored.results = collector.pool.score_examples(scored.examples, texts) if finished else []
         generated.calls, generated.results = [window.new_tokens], scored.results
+        generated.check_scoring(step, collector.cfg.reward.max_error_fraction)
         rewards = torch.zeros(len(sequences))
         results = [RewardResult(0.0, False) for _ in sequences]
         if finished:
@@ -333,15 +342,51 @@ class Generated:
         self.calls.append([len(c.token_ids) for c in scored.completions])
         self.results += scored.results
 
+    def check_scoring(self, step: int, max_error_fraction: float) -> None:
+        """Stop the run (RewardFailureError, one line) when a reward function, or the built-in scorer, failed
+        on at least ``max_error_fraction`` of this step's scoring calls: training on its zeros would only
+        look like training.  Its first failure's traceback was logged by its scoring pool."""
+        calls = len(self.results)
+        for name, errors in scoring_errors(self.results).items():
+            share = len(errors) / max(1, calls)
+            if errors and share >= max_error_fraction:
+                scorer = "the built-in scorer" if name in (None, VERIFIER_TERM) else f"reward function '{name}'"
+                failed = f"all {calls} calls" if share == 1 else f"{len(errors)} of {calls} calls"
+                limit = "" if share == 1 else f", {share:.0%} >= reward.max_error_fraction={max_error_fraction:g}"
+                raise RewardFailureError(
+                    f"{scorer} failed on {failed} at step {step}{limit} (first: {errors[0]}; logged above); "
+                    "the run stopped rather than train on its zeros"
+                )
+
     def stats(self) -> dict[str, float]:
-        """Error share of the scored responses, tokens generated, how full the engine's batch stayed, timing."""
+        """Error share of the scored responses and each function's failed calls, tokens generated, how full
+        the engine's batch stayed, timing."""
+        errors = scoring_errors(self.results)
         return {
             "reward/error_fraction": sum("error" in r.info for r in self.results) / max(1, len(self.results)),
+            **{f"reward/fn/{name}/errors": float(len(e)) for name, e in errors.items() if name is not None},
             "rollout/tokens_generated": float(sum(map(sum, self.calls))),
             **fullness_stats(self.calls),
             **self.reward_stats,
             **self.timing,
         }
+
+
+def scoring_errors(results: Sequence[RewardResult]) -> dict[str | None, list[str]]:
+    """The errors in ``results`` by scorer: with ``reward.functions`` each term's (every term listed,
+    failed or not), else the built-in scorer's under None."""
+    errors: dict[str | None, list[str]] = {}
+    for result in results:
+        if "terms" in result.info:
+            for name in result.info["terms"]:
+                errors.setdefault(name, [])
+            for name, error in result.info["term_errors"].items():
+                errors[name].append(error)
+        else:
+            builtin = errors.setdefault(None, [])
+            if "error" in result.info:
+                builtin.append(result.info["error"])
+    return errors
 
 
 def finished_stats(batch: RolloutBatch, finished: torch.Tensor, results: Sequence[RewardResult]) -> dict[str, float]:

@@ -46,12 +46,13 @@ RESUMABLE_KEYS = (
     "run.keep_checkpoints",
     "reward.workers",
     "reward.timeout_seconds",
+    "reward.max_error_fraction",
     "train.microbatch_tokens",
     "model.gradient_checkpointing",
     "rollout.engine",
 )
 """Settings a resumed run may change: how long it runs, how often it evaluates and saves, and knobs
-that trade memory or speed without changing what is learnt."""
+that trade memory or speed without changing what is learnt (and when failing reward calls stop the run)."""
 
 LOCATION_KEYS = ("run.output_dir", "run.name", "run.resume")
 """Where the directory is and whether to resume: the directory itself, not its run's settings."""
@@ -240,6 +241,14 @@ def checkpoint_step(run_dir: Path) -> int:
     return int(json.loads((latest / STATE_FILE).read_text())["step"]) if latest else 0
 
 
+def finished_steps(run_dir: Path) -> int:
+    """The steps the run had when it last finished (``summary.json``, written at its end; 0 if it never did)."""
+    path = run_dir / "summary.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return int(json.loads(path.read_text()).get("steps", 0))
+    return 0
+
+
 def _has_progress(run_dir: Path) -> bool:
     """Whether a run kept anything worth resuming from: a finished step, a checkpoint or a pretrained critic."""
     return last_metrics_step(run_dir) > 0 or checkpoint_step(run_dir) > 0 or (run_dir / "critic_pretrained").exists()
@@ -262,9 +271,14 @@ def _stopped(exc: BaseException, run_dir: Path, record: RunRecord, removed: bool
     if isinstance(exc, KeyboardInterrupt):
         if removed:
             return TrainingInterrupted(f"interrupted before the first step; removed {run_dir}")
-        saved = checkpoint_step(run_dir)
+        saved, done = checkpoint_step(run_dir), last_metrics_step(run_dir)
+        if saved and saved == done:
+            return TrainingInterrupted(
+                f"interrupted at step {done}; saved checkpoint step-{saved:06d}; resume with: "
+                f"{record.resume_command(run_dir)}"
+            )
         return TrainingInterrupted(
-            f"interrupted at step {last_metrics_step(run_dir)}; resume with: {record.resume_command(run_dir)} "
+            f"interrupted at step {done}; resume with: {record.resume_command(run_dir)} "
             f"(continues from {f'the checkpoint of step {saved}' if saved else 'step 0: no checkpoint yet'})"
         )
     if _is_disk_full(exc):
@@ -283,23 +297,35 @@ def _stopped(exc: BaseException, run_dir: Path, record: RunRecord, removed: bool
 # --- claiming a directory -----------------------------------------------------------------------
 
 
+def _unwritable(run_dir: Path, exc: OSError) -> RunDirError:
+    """The error for a run directory that cannot be created or written (read-only, a file in the way)."""
+    in_the_way = next((p for p in (*reversed(run_dir.parents), run_dir) if p.is_file()), None)
+    why = f"{in_the_way} is a file, not a directory" if in_the_way else (exc.strerror or str(exc)).lower()
+    return RunDirError(
+        f"cannot write the run directory {run_dir}: {why}; set run.output_dir to a directory you can write"
+    )
+
+
 @contextlib.contextmanager
 def claim(
     run_dir: Path, cfg: Config, preset: str, overrides: Sequence[str], custom: Sequence[str] = ()
 ) -> Iterator[RunRecord]:
     """Hold ``run_dir`` for one run of ``cfg``; yields the run's record (kept from an earlier start).
 
+    A directory that cannot be made or written (read-only, a file in the way) is a RunDirError saying so.
     On the way out, a run that failed before its first step removes the directory if it created it,
     and a Ctrl-C or a full disk becomes ``TrainingInterrupted`` / ``DiskFullError`` with the line to show.
     """
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir)
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire()
-    except BaseException:
+    except BaseException as exc:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise _unwritable(run_dir, exc) from None
         raise
     try:
         record = _claim_identity(run_dir, cfg, preset, overrides, custom)

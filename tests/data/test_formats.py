@@ -6,6 +6,7 @@ import types
 
 import pytest
 
+import reasonrl.data.loaders as loaders
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields, load_examples
 from reasonrl.data.prompts import prompt_messages
@@ -98,6 +99,7 @@ def test_a_datasets_name_with_a_config(monkeypatch):
         return [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"}]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(loaders, "hub_unreachable", lambda: None)  # the Hub, never asked
     (example,) = load_examples("openai/gsm8k:main", "train")
     assert calls == [("openai/gsm8k", "main", "train")]
     assert example.answer == "7" and example.data_source == "openai/gsm8k:main"

@@ -8,6 +8,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from reasonrl.cli import main  # noqa: E402
 from reasonrl.config import load_config  # noqa: E402
 from reasonrl.dist import WorkerDiedError  # noqa: E402
 from reasonrl.dist.training import fit_on_ray  # noqa: E402
@@ -30,6 +31,22 @@ def test_rollout_and_trainer_workers_train_exactly_as_one_process(cluster, tmp_p
     summary = fit_on_ray(ray_run, tmp_path / "ray", preset="grpo")
     assert summary["steps"] == 3
     assert_same_run(tmp_path / "one", tmp_path / "ray")
+
+
+def test_a_ray_run_prints_the_lines_of_a_run_in_one_process(cluster, tmp_path, capsys):
+    """The accuracy it starts from, a line per step and per checkpoint (rank 0's log, through Ray), the summary."""
+    run = ["train", "grpo", *TINY, *RAY, "dist.rollout_workers=1", "train.rollout_steps=2", "run.save_every=1"]
+    assert main([*run, f"run.output_dir={tmp_path}", "run.name=r"]) == 0
+    out, err = capsys.readouterr()
+    deadline = time.monotonic() + 10  # Ray passes a worker's lines on a moment later
+    while "saved the checkpoint of step 2" not in err and time.monotonic() < deadline:
+        time.sleep(0.5)
+        err += capsys.readouterr().err
+    assert "held-out accuracy before training: " in err
+    assert "RL step 1/2" in err and "RL step 2/2" in err
+    for step in (1, 2):
+        assert f"saved the checkpoint of step {step}: {tmp_path / 'r' / 'checkpoints'}/step-00000{step}" in err
+    assert "held-out accuracy: " in out and f"model:   {tmp_path / 'r' / 'final'}" in out
 
 
 def test_a_killed_rollout_worker_stops_the_run_naming_it_and_the_checkpoint(cluster, tmp_path):

@@ -14,12 +14,19 @@ def test_scores_in_order():
 
 
 def test_a_raising_reward_function_gives_an_error_marked_score(caplog):
-    with ScoringPool(RaisesOn("boom"), workers=2, timeout=20, error_score=-1.0) as pool:
-        results = pool.score([("a", "a"), ("boom", "a"), ("b", "b")])
-    assert [r.correct for r in results] == [True, False, True]
+    with ScoringPool(RaisesOn("boom"), workers=1, timeout=20, error_score=-1.0) as pool:
+        results = pool.score([("a", "a"), ("boom", "a"), ("b", "b"), ("boom!", "a")])
+    assert [r.correct for r in results] == [True, False, True, False]
     assert results[1].score == -1.0
     assert results[1].info["error"].startswith("ValueError: cannot score 'boom'")
-    assert "reward function failed" in caplog.text
+    # the first failure alone is logged, with the traceback from the function's own frame down
+    assert [r.getMessage().splitlines()[0] for r in caplog.records] == [
+        "reward function failed on response 1 (later failures are counted, not logged):"
+    ]
+    traceback = caplog.records[0].getMessage().splitlines()[1:]
+    assert traceback[0] == "Traceback (most recent call last):" and traceback[-1] == "ValueError: cannot score 'boom'"
+    assert 'helpers.py", line' in traceback[1] and "in __call__" in traceback[1]
+    assert "pool.py" not in "".join(traceback)  # the worker's frames that only call it are left out
 
 
 def test_a_hanging_reward_function_times_out_and_scoring_goes_on(caplog):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import reasonrl.train.loop as loop
 from reasonrl.config import load_config
 from reasonrl.train.checkpoint import latest_checkpoint
 from reasonrl.train.loop import fit
@@ -43,8 +44,9 @@ def comparable(records):
     return [{k: v for k, v in r.items() if not k.startswith(("perf/", "eval/"))} for r in records if r["step"] > 0]
 
 
-def test_resume_parity(tmp_path):
-    # N steps in one go == N/2 steps, then a restart that resumes, then N/2 more
+def test_resume_parity(tmp_path, monkeypatch):
+    # N steps in one go == N/2 steps, then a restart that resumes, then N/2 more == a run stopped by
+    # Ctrl-C during step 3's rollout (step 2 saved then, as it was), resumed
     straight = tmp_path / "straight"
     fit(
         tiny_config("train.rollout_steps=4", "run.save_every=2", "train.lr=1e-3"),
@@ -65,10 +67,32 @@ def test_resume_parity(tmp_path):
         verifier=DigitFraction(),
         show_progress=False,
     )
+    interrupted = tmp_path / "interrupted"
+    cfg = tiny_config("train.rollout_steps=4", "run.save_every=100", "train.lr=1e-3")
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "assign_advantages", interrupt_on_call(loop.assign_advantages, 3))
+        with pytest.raises(KeyboardInterrupt):
+            fit(cfg, interrupted, verifier=DigitFraction(), show_progress=False)
+    assert latest_checkpoint(interrupted).name == "step-000002"
+    fit(cfg, interrupted, verifier=DigitFraction(), show_progress=False)
     a = load_file(straight / "checkpoints" / "step-000004" / "model.safetensors")
-    b = load_file(split / "checkpoints" / "step-000004" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert comparable(read_metrics(straight / "metrics.jsonl")) == comparable(read_metrics(split / "metrics.jsonl"))
+    for other in (split, interrupted):
+        b = load_file(other / "checkpoints" / "step-000004" / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert comparable(read_metrics(straight / "metrics.jsonl")) == comparable(read_metrics(other / "metrics.jsonl"))
+
+
+def interrupt_on_call(function, call):
+    """``function`` that raises KeyboardInterrupt (a Ctrl-C) on its ``call``-th call."""
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return function(*args, **kwargs)
+
+    return wrapper
 
 
 def test_a_killed_checkpoint_leaves_the_previous_one_usable(tmp_path):

@@ -16,11 +16,18 @@ from reasonrl.rollout.base import Completion
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.rollout.scored import Scored
 from reasonrl.train.loop import data_spec
-from reasonrl.train.rollout import DynamicSamplingError, Generated, RolloutCollector, build_batch, finished_stats
-from tests.helpers import DigitFraction
+from reasonrl.train.rollout import (
+    DynamicSamplingError,
+    Generated,
+    RewardFailureError,
+    RolloutCollector,
+    build_batch,
+    finished_stats,
+)
+from tests.helpers import DigitFraction, RaisesOn
 
 
-def collector(overrides, respond):
+def collector(overrides, respond, verifier=None):
     cfg = load_config(
         "dapo",
         [
@@ -34,7 +41,7 @@ def collector(overrides, respond):
     )
     tokenizer = load_tokenizer("tiny-random")
     engine = FakeEngine(respond(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
-    pool = ScoringPool(DigitFraction(), workers=1, timeout=30)
+    pool = ScoringPool(verifier or DigitFraction(), workers=1, timeout=30)
     stream = TrainingStream(data_spec(cfg), seed=0)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
     return RolloutCollector(cfg, resolve(cfg), engine, tokenizer, pool, stream, encoder), pool
@@ -78,6 +85,27 @@ def test_dynamic_sampling_gives_up_with_advice():
     collect, pool = collector(["algo.max_generation_passes=3"], all_wrong)
     with pool, pytest.raises(DynamicSamplingError, match="after 3 generation passes"):
         collect.collect(1)
+
+
+def test_a_scorer_that_fails_on_every_call_stops_dynamic_sampling_naming_itself():
+    collect, pool = collector(["algo.max_generation_passes=3"], mixed_groups, verifier=RaisesOn(""))
+    with pool, pytest.raises(RewardFailureError, match=r"^the built-in scorer failed on all 48 calls at step 1 "):
+        collect.collect(1)  # every group all-wrong: the scorer is named, not the task's difficulty
+
+
+def test_a_step_stops_when_the_share_of_failed_scoring_calls_reaches_the_setting():
+    scored = [RewardResult(1.0, True)] * 3 + [RewardResult(0.0, False, {"error": "timeout after 10s"})]
+    generated = Generated([[4] * 4], scored)
+    generated.check_scoring(2, 1.0)  # one hang in four calls: the run goes on
+    generated.check_scoring(2, 0.5)
+    with pytest.raises(RewardFailureError, match=r"1 of 4 calls at step 2, 25% >= reward.max_error_fraction=0.25 "):
+        generated.check_scoring(2, 0.25)
+    # with reward.functions, each term by itself: one that fails on every call stops, whatever the others do
+    terms = {"terms": {"ok": 1.0, "broken": None}, "term_errors": {"broken": "KeyError: 'x'"}}
+    generated = Generated([[4] * 2], [RewardResult(1.0, True, terms)] * 2)
+    assert generated.stats()["reward/fn/broken/errors"] == 2 and generated.stats()["reward/fn/ok/errors"] == 0
+    with pytest.raises(RewardFailureError, match=r"^reward function 'broken' failed on all 2 calls at step 1 "):
+        generated.check_scoring(1, 1.0)
 
 
 def test_soft_overlong_penalty_and_truncation_flags():

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,6 +115,27 @@ def test_a_run_that_fails_before_its_first_step_removes_the_directory_it_created
     assert (tmp_path / "mine").is_dir()
 
 
+def test_an_unwritable_output_dir_is_one_error_line_and_exit_status_2(tmp_path, capsys, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    assert cli_train(tmp_path / "a-file") == 2
+    err = capsys.readouterr().err
+    assert f"reasonrl: error: cannot write the run directory {tmp_path}/a-file/r: {tmp_path}/a-file is a file" in err
+    assert "set run.output_dir to a directory you can write" in err and "Traceback" not in err
+
+    read_only, real_mkdir = tmp_path / "read-only", Path.mkdir
+
+    def mkdir(path, *args, **kwargs):  # a read-only filesystem (chmod does not stop root)
+        if path.is_relative_to(read_only):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert cli_train(read_only) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("reasonrl: error:")]
+    assert lines == [f"reasonrl: error: cannot write the run directory {read_only}/r: read-only file system; "
+                     "set run.output_dir to a directory you can write"]  # fmt: skip
+
+
 def interrupt_on_call(monkeypatch, name, call):
     """Make ``reasonrl.train.loop.<name>`` raise KeyboardInterrupt on its ``call``-th call."""
     import reasonrl.train.loop as loop
@@ -131,14 +153,14 @@ def interrupt_on_call(monkeypatch, name, call):
 
 def test_ctrl_c_prints_one_line_with_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "r"
-    interrupt_on_call(monkeypatch, "assign_advantages", 3)  # during step 3
-    assert cli_train(tmp_path, "train.rollout_steps=3", "run.save_every=2") == 130
+    interrupt_on_call(monkeypatch, "assign_advantages", 3)  # during step 3's rollout: step 2 is the last finished
+    assert cli_train(tmp_path, "train.rollout_steps=3", "run.save_every=10") == 130
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
-        f"reasonrl: interrupted at step 2; resume with: reasonrl train --resume {run_dir} "
-        "(continues from the checkpoint of step 2)"
+        f"reasonrl: interrupted at step 2; saved checkpoint step-000002; resume with: reasonrl train --resume {run_dir}"
     )
     assert "Traceback" not in err
+    assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step-000002"  # saved on the interrupt
     monkeypatch.undo()
     assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
     assert steps(run_dir) == [0, 1, 2, 3]
@@ -228,6 +250,97 @@ def test_ctrl_c_at_the_terminal_stops_the_trainer_and_its_scoring_workers_withou
     assert process.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.splitlines()[-1].startswith("reasonrl: interrupted at step ")
+
+
+def test_a_finished_run_stores_its_final_weights_once_and_a_resume_says_it_is_finished(tmp_path, capsys):
+    run_dir, final = tmp_path / "r", tmp_path / "r" / "final"
+    assert cli_train(tmp_path, "train.rollout_steps=2") == 0
+    last = run_dir / "checkpoints" / "step-000002"
+    assert (final / "model.safetensors").samefile(last / "model.safetensors")  # the weights once on disk
+    assert {p.name for p in final.iterdir()} == {p.name for p in last.iterdir()} - {"trainer.pt", "state.json"}
+    step_2_weights = (last / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"reasonrl: {run_dir} is finished: all 2 steps (train.rollout_steps) are done and its model is in {final}. "
+        f"To train it longer: reasonrl train --resume {run_dir} train.rollout_steps=N (N > 2)"
+    ]
+    assert steps(run_dir) == [0, 1, 2]
+    # longer: from the last checkpoint (its optimiser state kept); final/ moves on, step 2's weights stay
+    assert main(["train", "--resume", str(run_dir), "train.rollout_steps=3", "--quiet"]) == 0
+    assert steps(run_dir) == [0, 1, 2, 3]
+    assert (final / "model.safetensors").samefile(run_dir / "checkpoints" / "step-000003" / "model.safetensors")
+    assert (last / "model.safetensors").read_bytes() == step_2_weights
+
+
+SLOW_SAVES = """
+import sys, time
+import reasonrl.train.loop as loop
+real = loop.save_checkpoint
+def slow(*args, **kwargs):
+    time.sleep(60)
+    return real(*args, **kwargs)
+loop.save_checkpoint = slow
+from reasonrl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start_training(tmp_path, *python):
+    """``reasonrl train`` of 100 steps (a checkpoint every 10) as a terminal's foreground job."""
+    command = [*python, "train", "grpo", *TINY, f"run.output_dir={tmp_path}", "run.name=r", "train.rollout_steps=100"]
+    return subprocess.Popen(
+        [*command, "--quiet"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+
+
+def ctrl_c_after_step_1(process, run_dir):
+    deadline = time.monotonic() + 120
+    while not (run_dir.exists() and max(steps(run_dir), default=0) >= 1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGINT)
+
+
+def test_the_first_ctrl_c_saves_the_last_finished_step_and_the_run_resumes_from_it(tmp_path):
+    run_dir = tmp_path / "r"
+    process = start_training(tmp_path, sys.executable, "-m", "reasonrl")
+    ctrl_c_after_step_1(process, run_dir)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in err
+    done = steps(run_dir)[-1]
+    assert 1 <= done < 10  # before the first periodic checkpoint
+    assert "Ctrl-C: saving the checkpoint of step" in err
+    assert err.splitlines()[-1] == (
+        f"reasonrl: interrupted at step {done}; saved checkpoint step-{done:06d}; resume with: "
+        f"reasonrl train --resume {run_dir}"
+    )
+    assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step-{done:06d}"
+    kept = read_metrics(run_dir / "metrics.jsonl")
+    assert main(["train", "--resume", str(run_dir), f"train.rollout_steps={done + 1}", "--quiet"]) == 0
+    assert read_metrics(run_dir / "metrics.jsonl")[: done + 1] == kept  # continued from there, nothing replayed
+    assert steps(run_dir) == list(range(done + 2))
+
+
+def test_a_second_ctrl_c_stops_at_once_saving_nothing(tmp_path):
+    run_dir = tmp_path / "r"
+    process = start_training(tmp_path, sys.executable, "-c", SLOW_SAVES)  # each save waits 60 s first
+    ctrl_c_after_step_1(process, run_dir)
+    notice = ""
+    while "Ctrl-C: saving the checkpoint" not in notice and process.poll() is None:
+        notice = process.stderr.readline()
+    started = time.monotonic()
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert time.monotonic() - started < 30 and process.returncode == 130  # not after the save's 60 s
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.splitlines()[-1].endswith("(continues from step 0: no checkpoint yet)")
+    assert latest_checkpoint(run_dir) is None
 
 
 def test_a_metrics_line_cut_short_by_a_full_disk_is_dropped_on_resume(tmp_path):

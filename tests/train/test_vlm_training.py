@@ -47,7 +47,7 @@ def test_grpo_on_a_visual_task_resumes_exactly_and_exports_a_model_eval_reads(tm
     assert all("reward/mean" in r for r in records if r["step"] > 0)
     assert (straight / "final" / "processor_config.json").exists()  # the export keeps the processor
     result = run_eval(EvalSettings(model=str(straight), dataset="visual_grounding", limit=2, max_new_tokens=4))
-    assert result["n"] == 2 and 0.0 <= result["greedy_pass@1"] <= 1.0
+    assert result["problems"] == 2 and 0.0 <= result["greedy_pass@1"] <= 1.0
 
 
 def test_pag_evaluation_and_the_data_commands_on_image_prompts(tmp_path):
