@@ -244,7 +244,7 @@ def worker_race(config: dict, profile: dict, work: Path, seed: int) -> dict[str,
     """
     from reasonrl.data.source import TrainingStream
     from reasonrl.rollout import SamplingParams
-    from reasonrl.rollout.pool import PoolSequence, RolloutPool, slot_utilisation
+    from reasonrl.rollout.tppo_pool import PoolSequence, RolloutPool, slot_utilisation
     from reasonrl.train.setup import data_spec
 
     cfg = family_config(config, profile, "tppo", seed)

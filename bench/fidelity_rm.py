@@ -195,8 +195,8 @@ def win_rate(policy_model: str, referee: Path, profile: dict) -> dict:
     """The policy's greedy replies to the first held-out HH prompts, scored by the referee judge against the
     human anchor (position-debiased win probability; 0.5 = parity)."""
     from reasonrl.config import load_config
-    from reasonrl.data.select import InitialPolicy
     from reasonrl.data.source import DataSpec, eval_examples
+    from reasonrl.jobs.prompt_sampling import InitialPolicy
     from reasonrl.reward.genrm import GenRM
     from reasonrl.rollout import SamplingParams
 

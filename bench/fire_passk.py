@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from reasonrl.config.schema import FireConfig
-from reasonrl.eval import EvalSettings, run_eval
+from reasonrl.jobs.evaluate import EvalSettings, run_eval
 
 DATASETS = {"arithmetic": 64, "gsm8k": 320}  # dataset -> max new tokens
 
@@ -29,7 +28,7 @@ def main() -> None:
     result: dict = {"model": args.model, "k": args.k}
     for dataset, max_new_tokens in DATASETS.items():
         limit = args.gsm8k_limit if dataset == "gsm8k" else args.limit
-        for label, fire in (("regular", FireConfig()), ("fire", FireConfig(enabled=True))):
+        for label, fire in (("regular", False), ("fire", True)):
             metrics = run_eval(
                 EvalSettings(args.model, dataset, k=args.k, max_new_tokens=max_new_tokens, limit=limit, fire=fire)
             )

@@ -158,9 +158,9 @@ def worker(args: argparse.Namespace) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from reasonrl.config import load_config
-    from reasonrl.train import loop, parallel, step
+    from reasonrl.train import backend, loop, parallel, step
 
-    loop.engine_weights = _labelled(loop.engine_weights, LABELS["weight_sync"])
+    backend.FSDP2Ranks.engine_weights = _labelled(backend.FSDP2Ranks.engine_weights, LABELS["weight_sync"])
     loop.logprob_stage = _labelled(loop.logprob_stage, LABELS["logprobs"])
     parallel.ShardedEngine.generate = _labelled(parallel.ShardedEngine.generate, LABELS["rollout"])
     step.PolicyUpdater.update = _labelled(step.PolicyUpdater.update, LABELS["update"])

@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.loaders import load_examples
-from reasonrl.models import vlm_build
+from reasonrl.jobs import vlm_build
+from reasonrl.jobs.vlm_build import VLMBuildRun
 from reasonrl.models.forward import autocast_context
 from reasonrl.models.load import compute_dtype
 

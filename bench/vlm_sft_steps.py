@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.loaders import load_examples
-from reasonrl.models import vlm_build
+from reasonrl.jobs import vlm_build
+from reasonrl.jobs.vlm_build import VLMBuildRun
 from reasonrl.reward.router import program_verifiers
 
 

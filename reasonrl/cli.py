@@ -17,22 +17,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import logging
+import re
 import sys
 import typing
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
-from reasonrl.config.commands import (
-    ContrastivePretrainRun,
-    EvalSettings,
-    OfflineSampleRun,
-    PRMLabelRun,
-    RewardModelRun,
-    VLMBuildRun,
-)
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
@@ -75,47 +70,6 @@ def _cmd_config_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from reasonrl.config.schema import FireConfig
-    from reasonrl.data.loaders import DataError
-    from reasonrl.eval import run_eval
-    from reasonrl.models.load import ModelError
-
-    settings = EvalSettings(
-        model=args.model,
-        dataset=args.dataset,
-        k=args.k,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens,
-        limit=args.limit,
-        prompt_template=args.template,
-        seed=args.seed,
-        fire=FireConfig(enabled=args.fire, temperature=args.fire_temperature, top_k=args.fire_top_k),
-        question_field=args.question_field,
-        answer_field=args.answer_field,
-        samples=args.n,
-        system_prompt=args.system_prompt,
-        protocol=args.protocol,
-        device=args.device,
-        dtype=args.dtype,
-        max_attempts=args.max_attempts,
-        self_verify_bon=args.self_verify_bon,
-        records=args.records,
-        overrides=tuple(args.overrides),
-    )
-    try:
-        result = run_eval(settings, progress=args.progress)
-    except (DataError, ModelError) as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 1
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
-    return 0
-
-
 def _cmd_sandbox_run(args: argparse.Namespace) -> int:
     from reasonrl.reward.sandbox import SandboxLimits, run_code
 
@@ -132,7 +86,7 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_push(args: argparse.Namespace) -> int:
-    from reasonrl.hub import PushError, push_run
+    from reasonrl.jobs.push import PushError, push_run
 
     try:
         report = push_run(
@@ -145,8 +99,9 @@ def _cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(produce: Callable[[], dict]) -> int:
-    """Run a data-producing command: its summary as JSON (status 0), or a bad-data or bad-model error (status 1)."""
+def _print_summary(produce: Callable[[], dict], output: str | None = None) -> int:
+    """Run a data-producing command: its summary as JSON (status 0; also written to ``output``), or a bad-data
+    or bad-model error (status 1)."""
     from reasonrl.data.loaders import DataError
     from reasonrl.models.load import ModelError
 
@@ -155,95 +110,95 @@ def _print_summary(produce: Callable[[], dict]) -> int:
     except (DataError, ModelError) as exc:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(summary, indent=2))
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if output:
+        Path(output).write_text(text + "\n")
     return 0
 
 
-def _cmd_rm_train(args: argparse.Namespace) -> int:
-    from reasonrl.reward.training import run_reward_model_training
+@dataclass(frozen=True)
+class Job:
+    """A side command's job: a module of ``reasonrl.jobs`` with its settings class and its run function,
+    ``run(settings, progress=...)``, which returns the summary the command prints."""
 
-    settings = _settings_from_args(RewardModelRun, args)
-    return _print_summary(lambda: run_reward_model_training(settings, progress=args.progress))
+    module: str
+    settings: str
+    run: str
+
+    def load(self) -> tuple[type, Callable[..., dict]]:
+        """(the settings class, the run function), imported now."""
+        module = importlib.import_module(f"reasonrl.jobs.{self.module}")
+        return getattr(module, self.settings), getattr(module, self.run)
+
+
+def _cmd_job(args: argparse.Namespace) -> int:
+    """Run a side job with the settings its options give; its summary is printed (and written to ``--output``,
+    where the command has one)."""
+    settings, run = args.job.load()
+    chosen = _settings_from_args(settings, args)
+    return _print_summary(lambda: run(chosen, progress=args.progress), getattr(args, "output", None))
 
 
 def _cmd_rm_pretrain(args: argparse.Namespace) -> int:
-    from reasonrl.reward.contrastive import run_contrastive_pretraining
-
     if not args.contrastive:
         raise ConfigError("rm pretrain: say --contrastive (COCA's contrastive pretraining, the one method)")
-    settings = _settings_from_args(ContrastivePretrainRun, args)
-    return _print_summary(lambda: run_contrastive_pretraining(settings, progress=args.progress))
+    return _cmd_job(args)
 
 
-def _cmd_vlm_build(args: argparse.Namespace) -> int:
-    from reasonrl.models.vlm_build import build_directory, build_vlm
+class _CommandParser(argparse.ArgumentParser):
+    """A (sub-)command's parser.  A side job's options (``job``) come from its settings class, added the first
+    time the parser parses or prints help: a job's module imports torch, which the other commands never wait
+    for."""
 
-    settings = _settings_from_args(VLMBuildRun, args)
-    out = Path(settings.out) if settings.out else build_directory(settings)
-    return _print_summary(lambda: build_vlm(settings, out, progress=args.progress))
+    def __init__(self, *args, job: Job | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending_job = job  # whose options are not added yet
+        if job is not None:
+            self.set_defaults(handler=_cmd_job, job=job)
+            _add_progress_options(self)
 
+    def _add_job_options(self) -> None:
+        if self._pending_job is not None:
+            settings, self._pending_job = self._pending_job.load()[0], None
+            _add_settings_arguments(self, settings)
 
-def _cmd_data_select(args: argparse.Namespace) -> int:
-    from reasonrl.data.select import run_selection
+    def parse_known_args(self, args=None, namespace=None):
+        self._add_job_options()
+        return super().parse_known_args(args, namespace)
 
-    return _print_summary(
-        lambda: run_selection(
-            args.candidates,
-            args.base,
-            Path(args.out),
-            fraction=args.fraction,
-            samples=args.samples,
-            max_new_tokens=args.max_new_tokens,
-            overrides=args.overrides,
-            split=args.split,
-            limit=args.limit,
-            progress=args.progress,
-        )
-    )
-
-
-def _cmd_data_bon(args: argparse.Namespace) -> int:
-    from reasonrl.data.select import best_of_n_references
-
-    options = {
-        "n": args.n,
-        "max_new_tokens": args.max_new_tokens,
-        "overrides": args.overrides,
-        "progress": args.progress,
-    }
-    return _print_summary(lambda: best_of_n_references(args.prompts, args.reward_model, Path(args.out), **options))
+    def format_help(self) -> str:
+        self._add_job_options()
+        return super().format_help()
 
 
-def _cmd_prm_label(args: argparse.Namespace) -> int:
-    from reasonrl.reward.prm_label import run_labelling
-
-    settings = _settings_from_args(PRMLabelRun, args)
-    return _print_summary(lambda: run_labelling(settings, progress=args.progress))
+FIRST_SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)\.\s")  # where a field docstring's first sentence, its help, ends
 
 
-def _cmd_data_sample(args: argparse.Namespace) -> int:
-    from reasonrl.data.offline import run_sampling
-
-    settings = _settings_from_args(OfflineSampleRun, args)
-    return _print_summary(lambda: run_sampling(settings, progress=args.progress))
+def _option(item: dataclasses.Field) -> str:
+    """The option (its argparse ``dest``) of a settings field: its name, or the ``option`` its metadata names."""
+    return item.metadata.get("option", item.name)
 
 
 def _add_settings_arguments(parser: argparse.ArgumentParser, settings: type) -> None:
-    """An option per field of a settings dataclass (``--field-name``), with its default, type, ``Literal``
-    choices and the first sentence of its docstring; a tuple field is the positional KEY=VALUE overrides."""
-    docs, hints, defaults = field_docs(settings), typing.get_type_hints(settings), settings()
+    """An option per field of a settings dataclass (``--field-name``, or ``--OPTION`` where the field's metadata
+    names one), with its default (a field without one is a required option), type, ``Literal`` choices and the
+    first sentence of its docstring; a bool field is a flag; a tuple field is the positional KEY=VALUE overrides."""
+    docs, hints = field_docs(settings), typing.get_type_hints(settings)
     for item in dataclasses.fields(settings):
-        hint, default = hints[item.name], getattr(defaults, item.name)
-        help_text = docs.get(item.name, "").split(". ")[0].replace("%", "%%")
+        hint, flag = hints[item.name], f"--{_option(item).replace('_', '-')}"
+        help_text = FIRST_SENTENCE_END.split(docs.get(item.name, ""), maxsplit=1)[0].replace("%", "%%")
         if typing.get_origin(hint) is tuple:
-            parser.add_argument(item.name, nargs="*", metavar="KEY=VALUE", help=help_text)
+            parser.add_argument(_option(item), nargs="*", metavar="KEY=VALUE", help=help_text)
             continue
+        if hint is bool:
+            parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        given = {"required": True} if item.default is dataclasses.MISSING else {"default": item.default}
         kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)  # X | None -> X
-        choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
-        parser.add_argument(
-            f"--{item.name.replace('_', '-')}", default=default, choices=choices,
-            type=None if choices else kind, help=help_text,
-        )  # fmt: skip
+        literal = next((t for t in (hint, kind) if typing.get_origin(t) is typing.Literal), None)
+        choices = typing.get_args(literal) if literal else None
+        parser.add_argument(flag, **given, choices=choices, type=None if choices else kind, help=help_text)
 
 
 def _add_progress_options(parser: argparse.ArgumentParser) -> None:
@@ -260,22 +215,15 @@ def _add_progress_options(parser: argparse.ArgumentParser) -> None:
 
 def _settings_from_args(settings: type, args: argparse.Namespace):
     """The settings dataclass ``_add_settings_arguments`` described, filled from the parsed options."""
-    values = {item.name: getattr(args, item.name) for item in dataclasses.fields(settings)}
+    values = {item.name: getattr(args, _option(item)) for item in dataclasses.fields(settings)}
     return settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
-
-
-def _choices(settings: type, name: str) -> tuple[str, ...]:
-    """The ``Literal`` choices of a settings field (of ``Literal[...] | None`` too)."""
-    hint = typing.get_type_hints(settings)[name]
-    literal = next((arg for arg in typing.get_args(hint) if typing.get_origin(arg) is typing.Literal), hint)
-    return typing.get_args(literal)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``reasonrl`` command."""
     from reasonrl.data.loaders import builtin_names
 
-    parser = argparse.ArgumentParser(prog="reasonrl", description="RL for reasoning language models.")
+    parser = _CommandParser(prog="reasonrl", description="RL for reasoning language models.")
     parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -294,85 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser(
         "eval",
+        job=Job("evaluate", "EvalSettings", "run_eval"),
         help="evaluate a model on a dataset",
         description="Evaluate a model on a dataset. Given a run directory, the options not given are the run's "
         "own (its held-out problems, fields, prompt, response cap and reward.functions), as its evaluation used.",
+        epilog=f"built-in datasets: {', '.join(builtin_names(verifiable_only=True))}",
     )
-    eval_defaults = EvalSettings()
-    evaluate.add_argument(
-        "--model", default=eval_defaults.model, help="model spec (as model.name_or_path) or a run directory"
-    )
-    evaluate.add_argument(
-        "--dataset",
-        default=eval_defaults.dataset,
-        help=f"a built-in dataset ({', '.join(builtin_names(verifiable_only=True))}), a .jsonl/.parquet file "
-        "with question/answer fields, or a hub id owner/name (default: a run's held-out problems, else arithmetic)",
-    )
-    evaluate.add_argument(
-        "--question-field",
-        default=eval_defaults.question_field,
-        help="field of a file's rows holding the question (default: a run's data.question_field, else question)",
-    )
-    evaluate.add_argument(
-        "--answer-field",
-        default=eval_defaults.answer_field,
-        help="field of a file's rows holding the final answer (default: a run's data.answer_field, else answer)",
-    )
-    evaluate.add_argument(
-        "--k",
-        type=int,
-        default=eval_defaults.k,
-        help="samples per problem for avg@k, maj@k, pass@k (greedy_pass@1 is greedy)",
-    )
-    evaluate.add_argument(
-        "--n", type=int, default=eval_defaults.samples,
-        help="samples drawn per problem (>= k; default k): pass@k is estimated from n",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--system-prompt", default=eval_defaults.system_prompt,
-        help="a system message before every prompt (default: a run's data.system_prompt, else none)",
-    )  # fmt: skip
-    evaluate.add_argument(
-        "--temperature", type=float, default=eval_defaults.temperature, help="sampling temperature of the k samples"
-    )
-    evaluate.add_argument("--top-p", type=float, default=eval_defaults.top_p, help="nucleus threshold of the k samples")
-    evaluate.add_argument(
-        "--max-new-tokens", type=int, default=eval_defaults.max_new_tokens,
-        help="cap on an answer's tokens (default: a run's rollout.max_response_tokens, else 256)",
-    )  # fmt: skip
-    evaluate.add_argument("--limit", type=int, default=eval_defaults.limit, help="evaluate the first N problems only")
-    evaluate.add_argument(
-        "--template", default=eval_defaults.prompt_template, choices=_choices(EvalSettings, "prompt_template"),
-        help="how a question is asked (default: a run's data.prompt_template, else answer_line)",
-    )  # fmt: skip
-    evaluate.add_argument("--seed", type=int, default=eval_defaults.seed)
-    evaluate.add_argument(
-        "--device", default=eval_defaults.device, choices=_choices(EvalSettings, "device"),
-        help="where the model generates: auto = a CUDA GPU when one is visible, else the CPU",
-    )  # fmt: skip
-    evaluate.add_argument("--dtype", default=eval_defaults.dtype, choices=_choices(EvalSettings, "dtype"))
-    evaluate.add_argument("--fire", action="store_true", help="FIRE: sample the first token flaming-hot")
-    evaluate.add_argument("--fire-temperature", type=float, default=eval_defaults.fire.temperature)
-    evaluate.add_argument("--fire-top-k", type=int, default=eval_defaults.fire.top_k)
-    evaluate.add_argument(
-        "--protocol", default=eval_defaults.protocol, choices=_choices(EvalSettings, "protocol"),
-        help="pag: also answer, self-verify and revise (PAG), reporting acc@t1, acc@final, verifier_accuracy",
-    )  # fmt: skip
-    evaluate.add_argument("--max-attempts", type=int, default=eval_defaults.max_attempts, help="PAG: answers at most")
-    evaluate.add_argument(
-        "--self-verify-bon", action="store_true",
-        help="PAG self-verify best-of-k: keep the sampled answer the model's own verdict rates most likely correct",
-    )  # fmt: skip
     evaluate.add_argument("--output", help="also write the JSON here")
-    evaluate.add_argument(
-        "--records", help="also write every greedy answer (id, response, tokens, score, verdict) to this .jsonl"
-    )
-    evaluate.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE",
-        help="reward.* settings as for train, e.g. \"reward.functions=['my_rewards.py:score']\" (default: a run's)",
-    )  # fmt: skip
-    _add_progress_options(evaluate)
-    evaluate.set_defaults(handler=_cmd_eval)
 
     presets = commands.add_parser("presets", help="list the run presets")
     presets.set_defaults(handler=_cmd_presets)
@@ -421,82 +297,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     rm = commands.add_parser("rm", help="reward models")
     rm_commands = rm.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
-    rm_train = rm_commands.add_parser(
+    rm_commands.add_parser(
         "train",
+        job=Job("reward_model", "RewardModelRun", "run_reward_model_training"),
         help="train a Bradley-Terry scorer or a pairwise judge on preference pairs, or a PRM on line labels; "
         "report held-out accuracy",
     )
-    _add_settings_arguments(rm_train, RewardModelRun)
-    _add_progress_options(rm_train)
-    rm_train.set_defaults(handler=_cmd_rm_train)
     pretrain = rm_commands.add_parser(
-        "pretrain", help="COCA contrastive pretraining of a reward-model / critic encoder on conversation histories"
+        "pretrain",
+        job=Job("contrastive_pretrain", "ContrastivePretrainRun", "run_contrastive_pretraining"),
+        help="COCA contrastive pretraining of a reward-model / critic encoder on conversation histories",
     )
     pretrain.add_argument("--contrastive", action="store_true", help="contrastive pretraining (COCA, arXiv 2108.10510)")
-    _add_settings_arguments(pretrain, ContrastivePretrainRun)
-    _add_progress_options(pretrain)
     pretrain.set_defaults(handler=_cmd_rm_pretrain)
 
     vlm = commands.add_parser("vlm", help="vision-language models")
-    vlm_build = vlm.add_subparsers(dest="vlm_command", required=True, metavar="ACTION").add_parser(
-        "build", help="build a small VLM on a language model in Seed1.5-VL's stages (cached; smollm2-135m-vlm)"
+    vlm.add_subparsers(dest="vlm_command", required=True, metavar="ACTION").add_parser(
+        "build",
+        job=Job("vlm_build", "VLMBuildRun", "run_vlm_build"),
+        help="build a small VLM on a language model in Seed1.5-VL's stages (cached; smollm2-135m-vlm)",
     )
-    _add_settings_arguments(vlm_build, VLMBuildRun)
-    _add_progress_options(vlm_build)
-    vlm_build.set_defaults(handler=_cmd_vlm_build)
 
     prm = commands.add_parser("prm", help="process rewards for code (arXiv 2410.17621)")
-    prm_commands = prm.add_subparsers(dest="prm_command", required=True, metavar="ACTION")
-    label = prm_commands.add_parser(
-        "label", help="sample programs and label their lines by binary search over K completions (resumable)"
+    prm.add_subparsers(dest="prm_command", required=True, metavar="ACTION").add_parser(
+        "label",
+        job=Job("prm_label", "PRMLabelRun", "run_labelling"),
+        help="sample programs and label their lines by binary search over K completions (resumable)",
     )
-    _add_settings_arguments(label, PRMLabelRun)
-    _add_progress_options(label)
-    label.set_defaults(handler=_cmd_prm_label)
 
     data = commands.add_parser("data", help="prepare training data")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    select = data_commands.add_parser(
-        "select", help="Pre-PPO: keep the hardest candidate prompts (lowest in-domain z-score), merge into a base set"
+    data_commands.add_parser(
+        "select",
+        job=Job("select_prompts", "PromptSelectionRun", "run_selection"),
+        help="Pre-PPO: keep the hardest candidate prompts (lowest in-domain z-score), merge into a base set",
     )
-    select.add_argument("--candidates", required=True, help="candidate prompts: a dataset name or jsonl")
-    select.add_argument("--base", help="the base prompt set the selection is merged into")
-    select.add_argument("--out", required=True, help="the merged jsonl to write")
-    select.add_argument("--fraction", type=float, default=0.1, help="share of candidates kept (paper: 10%%)")
-    select.add_argument("--samples", type=int, default=4, help="responses sampled per candidate prompt")
-    select.add_argument("--max-new-tokens", type=int, default=64)
-    select.add_argument(
-        "--split",
-        default="auto",
-        choices=["auto", "train", "test"],
-        help="split of built-in datasets (auto: train where there is one, else the only split, e.g. math500's test)",
-    )
-    select.add_argument("--limit", type=int, default=None, help="score the first N candidates only")
-    _add_progress_options(select)
-    select.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides: model.name_or_path, reward.* ..."
-    )
-    select.set_defaults(handler=_cmd_data_select)
-    bon = data_commands.add_parser(
+    data_commands.add_parser(
         "bon",
+        job=Job("best_of_n", "BestOfNRun", "best_of_n_references"),
         help="best-of-N references: sample N responses per prompt, keep the BT model's favourite (task_type open)",
     )
-    bon.add_argument("--prompts", required=True, help="prompts: a dataset name or jsonl")
-    bon.add_argument(
-        "--reward-model", required=True, help="a Bradley-Terry model: the --out directory of `reasonrl rm train`"
+    data_commands.add_parser(
+        "sample",
+        job=Job("offline_sample", "OfflineSampleRun", "run_sampling"),
+        help="offline dataset for dpo/dqo: n scored responses per prompt with behaviour log-probs (resumable)",
     )
-    bon.add_argument("--out", required=True, help="the jsonl to write")
-    bon.add_argument("--n", type=int, default=4)
-    bon.add_argument("--max-new-tokens", type=int, default=128)
-    bon.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. model.name_or_path")
-    _add_progress_options(bon)
-    bon.set_defaults(handler=_cmd_data_bon)
-    sample = data_commands.add_parser(
-        "sample", help="offline dataset for dpo/dqo: n scored responses per prompt with behaviour log-probs (resumable)"
-    )
-    _add_settings_arguments(sample, OfflineSampleRun)
-    _add_progress_options(sample)
-    sample.set_defaults(handler=_cmd_data_sample)
     return parser
 
 

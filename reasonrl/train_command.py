@@ -89,10 +89,10 @@ def _say_if_finished(run_dir: Path, cfg: Config) -> bool:
 def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.loaders import DataError
     from reasonrl.data.source import check_sources
-    from reasonrl.dist.errors import ClusterError, WorkerDiedError
+    from reasonrl.dist.cluster_errors import ClusterError, WorkerDiedError
     from reasonrl.models.load import ModelError
     from reasonrl.train.loop import data_spec, fit
-    from reasonrl.train.rollout import DynamicSamplingError, RewardFailureError
+    from reasonrl.train.rollout_stage import DynamicSamplingError, RewardFailureError
     from reasonrl.train.rundir import DiskFullError
 
     preset, overrides = _preset_and_overrides(args)
@@ -122,7 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if speaks:
             print(f"reasonrl: training {preset} on {cfg.model.name_or_path}; run directory {run_dir}", file=sys.stderr)
         if cfg.dist.backend == "ray":
-            from reasonrl.dist.training import fit_on_ray
+            from reasonrl.dist.ray_training import fit_on_ray
 
             summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=args.progress)
         else:

@@ -3,7 +3,7 @@
 import os
 import time
 
-from reasonrl.reward.base import RewardResult
+from reasonrl.reward.verifier_protocol import RewardResult
 
 
 class DigitFraction:

@@ -76,9 +76,9 @@ def test_config_validate_checks_the_reward_routes(tmp_path, capsys):
 
 
 def test_eval_refuses_bad_settings_before_loading_and_lists_every_dataset(capsys, monkeypatch):
-    import reasonrl.eval
+    import reasonrl.jobs.evaluate
 
-    monkeypatch.setattr(reasonrl.eval, "load_model", lambda *a: pytest.fail("loaded a model"))
+    monkeypatch.setattr(reasonrl.jobs.evaluate, "load_model", lambda *a: pytest.fail("loaded a model"))
     assert main(["eval", "--model", "tiny-random", "--k", "0"]) == 2
     assert capsys.readouterr().err == "reasonrl: error: --k must be >= 1 (samples per problem), got 0\n"
     assert main(["eval", "--model", "tiny-random", "--dataset", "gsm8kk"]) == 1

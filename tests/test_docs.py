@@ -9,7 +9,7 @@ import yaml
 
 from reasonrl.algo.presets import PRESETS
 from reasonrl.cli import main
-from reasonrl.config.load import PRESET_DIR
+from reasonrl.config.config_loader import PRESET_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"(\d+(?:\.\d+)?)"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from reasonrl.cli import main
-from reasonrl.eval import majority_correct, sampled_metrics
-from reasonrl.reward.base import RewardResult
+from reasonrl.jobs.evaluate import majority_correct, sampled_metrics
+from reasonrl.reward.verifier_protocol import RewardResult
 from tests.train.test_loop import TINY
 
 PARITY_REWARDS = """
@@ -107,7 +107,7 @@ def test_eval_shows_progress_on_stderr_only_when_asked_and_stdout_stays_json(tmp
 def test_eval_in_engine_batches_samples_what_one_call_samples():
     from reasonrl.data.examples import Example
     from reasonrl.data.prompts import PromptEncoder
-    from reasonrl.eval import scored_in_batches
+    from reasonrl.jobs.evaluate import scored_in_batches
     from reasonrl.models.load import load_model, load_tokenizer
     from reasonrl.rollout import SamplingParams, build_engine
     from reasonrl.rollout.scored import sample_and_score
@@ -221,7 +221,8 @@ def test_train_command_refuses_a_bad_config_before_loading(capsys):
 
 def test_eval_and_rm_train_options_default_to_their_settings():
     from reasonrl.cli import build_parser
-    from reasonrl.config.commands import EvalSettings, RewardModelRun
+    from reasonrl.jobs.evaluate import EvalSettings
+    from reasonrl.jobs.reward_model import RewardModelRun
 
     parser, settings = build_parser(), EvalSettings()
     options = vars(parser.parse_args(["eval"]))
@@ -263,7 +264,7 @@ def test_eval_command_with_fire(tmp_path, capsys):
 
 def test_pag_metrics_hand_computed():
     from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
-    from reasonrl.eval import pag_metrics
+    from reasonrl.jobs.evaluate import pag_metrics
 
     attempts = [
         [True],  # right, judged correct: no revision

@@ -6,8 +6,8 @@ import pytest
 
 from reasonrl.cli import main
 from reasonrl.data.examples import Example
-from reasonrl.eval import pass_at_k, per_source_metrics, sampled_metrics
-from reasonrl.reward.base import RewardResult
+from reasonrl.jobs.evaluate import pass_at_k, per_source_metrics, sampled_metrics
+from reasonrl.reward.verifier_protocol import RewardResult
 
 
 def result(extracted, correct):

@@ -9,8 +9,9 @@ HEAVY = ("ray", "vllm", "deepspeed", "transformers")
 def test_core_imports_load_no_engine():
     code = (
         "import sys\n"
-        "import reasonrl, reasonrl.algo, reasonrl.config, reasonrl.cli, reasonrl.reward, reasonrl.reward.pool\n"
-        "from reasonrl.algo import advantages, aggregate, kl, masked, pag, policy_loss, presets, shaping, value_loss\n"
+        "import reasonrl, reasonrl.algo, reasonrl.config, reasonrl.cli, reasonrl.reward, reasonrl.reward.scoring_pool\n"
+        "from reasonrl.algo import advantage_estimators, aggregate, kl, masked, pag, policy_loss, presets\n"
+        "from reasonrl.algo import shaping, value_loss\n"
         f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -22,7 +23,7 @@ def test_algo_imports_nothing_beyond_torch():
         "import sys\n"
         "import torch\n"
         "before = set(sys.modules)\n"
-        "import reasonrl.algo.advantages, reasonrl.algo.aggregate, reasonrl.algo.kl, reasonrl.algo.pag\n"
+        "import reasonrl.algo.advantage_estimators, reasonrl.algo.aggregate, reasonrl.algo.kl, reasonrl.algo.pag\n"
         "import reasonrl.algo.policy_loss, reasonrl.algo.presets, reasonrl.algo.shaping, reasonrl.algo.value_loss\n"
         "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))\n"
     )

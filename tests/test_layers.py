@@ -1,5 +1,9 @@
-"""Nothing imports upward: every import of every module under reasonrl/, those inside functions and
-``TYPE_CHECKING`` blocks included, goes to the module's own layer or a lower one."""
+"""Nothing imports upward, and nothing imports in a circle.
+
+Every package and top-level module of ``reasonrl/`` has a rank; every import of every module, those inside
+functions and ``TYPE_CHECKING`` blocks included, goes to its own part or a part of the same or a lower rank.
+Within that order no import cycle may remain either: the graph of module -> the modules of the package it
+imports has no strongly connected component of more than one module."""
 
 import ast
 from pathlib import Path
@@ -7,16 +11,22 @@ from pathlib import Path
 import reasonrl
 
 PACKAGE = Path(reasonrl.__file__).parent
-# bottom to top; a module may import its own layer and the layers below it
-LAYERS: tuple[tuple[str, ...], ...] = (
+# bottom to top; a part may import its own rank and the ranks below it
+RANKS: tuple[tuple[str, ...], ...] = (
     ("algo",),  # pure torch math
-    ("config", "batch", "timing", "version"),  # the run's settings, the typed rollout batch, stage timing, version
-    ("models", "rollout", "reward", "data"),
-    ("train",),
-    ("dist",),
-    ("eval", "cli", "train_command", "hub", "__main__"),
+    # the run's settings, the typed rollout batch, stage timing and progress, the version, whether the Hub answers
+    ("config", "batch", "timing", "version", "hub_access"),
+    ("data",),  # examples, datasets, prompts and their encodings, offline datasets
+    ("models",),  # loading models, LoRA, value models
+    ("reward",),  # verifiers, judges, reward models and the router that scores with them
+    ("rollout",),  # engines and conversations; rollout.scored samples with an engine and scores with a reward scorer
+    ("train",),  # the RL run
+    ("jobs", "dist"),  # the side jobs (eval, data, rm, prm, vlm, push); scale-out on Ray
+    ("train_command",),  # `reasonrl train`: one process, torchrun or Ray
+    ("cli",),
+    ("__main__",),
 )
-LAYER = {part: level for level, parts in enumerate(LAYERS) for part in parts}
+RANK = {part: rank for rank, parts in enumerate(RANKS) for part in parts}
 
 
 def part_of(module: str) -> str | None:
@@ -25,8 +35,18 @@ def part_of(module: str) -> str | None:
     return parts[1] if parts[0] == "reasonrl" and len(parts) > 1 else None
 
 
-def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
-    """(line, module) of every import in a file of the package at ``root``, relative imports resolved."""
+def package_modules(root: Path) -> dict[str, Path]:
+    """Every module of the package at ``root`` by its dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(path: Path, root: Path, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every import in a file of the package at ``root``, relative imports resolved;
+    ``from package import name`` names the module ``package.name`` where ``modules`` has one."""
     package = ".".join(path.relative_to(root.parent).with_suffix("").parts)
     if path.name != "__init__.py":
         package = package.rsplit(".", 1)[0]
@@ -37,34 +57,75 @@ def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level else ""
             module = ".".join(p for p in (base, node.module or "") if p)
-            # `from reasonrl import train` names a package, not an attribute
-            found += [
-                (node.lineno, f"{module}.{alias.name}" if module == "reasonrl" else module) for alias in node.names
-            ]
+            named = (f"{module}.{alias.name}" for alias in node.names)
+            found += [(node.lineno, name) for name in dict.fromkeys(n if n in modules else module for n in named)]
     return found
 
 
 def upward_imports(root: Path = PACKAGE) -> list[str]:
-    """One line per import that goes to a higher layer (or to a part without a layer)."""
+    """One line per import that goes to a higher rank (or to or from a part without a rank)."""
+    modules = package_modules(root)
     problems = []
-    for path in sorted(root.rglob("*.py")):
-        source = part_of(".".join(path.relative_to(root.parent).with_suffix("").parts))
-        if source is None or source == "__init__":
+    for name, path in modules.items():
+        source = part_of(name)
+        if source is None:  # the package's own __init__
             continue
-        for line, module in imported_modules(path, root):
+        for line, module in imported_modules(path, root, set(modules)):
             target = part_of(module)
-            if target is None or target == source or target == "__version__":
+            if target is None or target == source:
                 continue
             where = f"{path.relative_to(root.parent)}:{line}"
-            if source not in LAYER or target not in LAYER:
-                problems.append(f"{where}: reasonrl.{source if source not in LAYER else target} has no layer")
-            elif LAYER[target] > LAYER[source]:
-                problems.append(f"{where}: {source} (layer {LAYER[source]}) imports {module} (layer {LAYER[target]})")
+            if source not in RANK or target not in RANK:
+                problems.append(f"{where}: reasonrl.{source if source not in RANK else target} has no rank")
+            elif RANK[target] > RANK[source]:
+                problems.append(f"{where}: {source} (rank {RANK[source]}) imports {module} (rank {RANK[target]})")
     return problems
 
 
-def test_no_module_imports_a_higher_layer():
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` (node -> the nodes it points to), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def import_cycles(root: Path = PACKAGE) -> list[list[str]]:
+    """The modules of the package at ``root`` that import one another in a circle, one sorted list per cycle."""
+    modules = package_modules(root)
+    graph = {
+        name: {module for _, module in imported_modules(path, root, set(modules)) if module in modules} - {name}
+        for name, path in modules.items()
+    }
+    return sorted(component for component in strongly_connected(graph) if len(component) > 1)
+
+
+def test_no_module_imports_a_higher_rank():
     assert upward_imports() == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert import_cycles() == []
 
 
 def test_the_check_names_an_upward_import_inside_a_function(tmp_path):
@@ -75,9 +136,31 @@ def test_the_check_names_an_upward_import_inside_a_function(tmp_path):
     )
     (root / "data").mkdir()
     (root / "data" / "select.py").write_text("from ..train import loop\nfrom .examples import Example\n")
+    (root / "reward").mkdir()
+    (root / "reward" / "prm.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import reasonrl.rollout\n"
+    )
     (root / "widgets.py").write_text("import reasonrl.algo\n")
     assert upward_imports(root) == [
-        "reasonrl/data/select.py:1: data (layer 2) imports reasonrl.train (layer 3)",
-        "reasonrl/models/value.py:5: models (layer 2) imports reasonrl.train.policy (layer 3)",
-        "reasonrl/widgets.py:1: reasonrl.widgets has no layer",
+        "reasonrl/data/select.py:1: data (rank 2) imports reasonrl.train (rank 6)",
+        "reasonrl/models/value.py:5: models (rank 3) imports reasonrl.train.policy (rank 6)",
+        "reasonrl/reward/prm.py:3: reward (rank 4) imports reasonrl.rollout (rank 5)",
+        "reasonrl/widgets.py:1: reasonrl.widgets has no rank",
+    ]
+
+
+def test_the_cycle_finder_names_each_circle_and_nothing_else(tmp_path):
+    root = tmp_path / "reasonrl"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "__init__.py").write_text("from reasonrl.data.loaders import load\n")  # a package's face
+    (root / "data" / "loaders.py").write_text("def load():\n    from reasonrl.data import preferences\n")
+    (root / "data" / "preferences.py").write_text("from .loaders import DataError\n")  # a circle, one import lazy
+    (root / "data" / "examples.py").write_text("from reasonrl.data.loaders import load\n")  # into it, not in it
+    (root / "train").mkdir()
+    (root / "train" / "a.py").write_text("from reasonrl.train.b import x\n")
+    (root / "train" / "b.py").write_text("from reasonrl.train import c\n")
+    (root / "train" / "c.py").write_text("import reasonrl.train.a\nimport reasonrl.train.c\n")  # and itself
+    assert import_cycles(root) == [
+        ["reasonrl.data.loaders", "reasonrl.data.preferences"],
+        ["reasonrl.train.a", "reasonrl.train.b", "reasonrl.train.c"],
     ]

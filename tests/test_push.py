@@ -97,7 +97,7 @@ def test_push_explains_what_is_missing(tmp_path, hub, capsys):
 
 
 def test_a_lora_runs_adapter_is_uploaded_beside_the_merged_model(tmp_path):
-    from reasonrl.hub import upload_files
+    from reasonrl.jobs.push import upload_files
 
     model_dir = tmp_path / "final"
     (model_dir / "adapter").mkdir(parents=True)
@@ -108,7 +108,7 @@ def test_a_lora_runs_adapter_is_uploaded_beside_the_merged_model(tmp_path):
 
 
 def test_a_push_publishes_no_local_absolute_path(run_dir, hub, monkeypatch, tmp_path):
-    from reasonrl.hub import without_local_paths
+    from reasonrl.jobs.push import without_local_paths
 
     # a LoRA adapter's config names its base model by path; a reward file and a dataset are local paths
     adapter = run_dir / "final" / "adapter"

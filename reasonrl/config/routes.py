@@ -11,7 +11,7 @@ DEFAULT_ROUTES: dict[str, str] = {
     "reference": "genrm_reference",
     "open": "genrm_bon",
     "preference": "bt",
-    "grounding": "grounding",  # a box, scored by IoU (reasonrl.reward.visual)
+    "grounding": "grounding",  # a box, scored by IoU (reasonrl.reward.visual_verifiers)
     "pointing": "pointing",  # a point, scored by point-in-box
 }
 VERIFIER_SOURCES = ("math", "code", "grounding", "pointing")

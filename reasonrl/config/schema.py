@@ -137,7 +137,7 @@ class RolloutConfig:
     """Sample only among the k most likely tokens; None = off."""
 
     multiturn: Literal["none", "pag", "direct", "tool"] = "none"
-    """Multi-turn rollouts (reasonrl/rollout/multiturn.py): none (one response per prompt); pag (PAG,
+    """Multi-turn rollouts (reasonrl/rollout/conversations.py): none (one response per prompt); pag (PAG,
     arXiv 2506.10406: answer, verify the answer, revise only after "The answer is wrong."); direct
     (PAG's Direct MultiTurn baseline: revise after every attempt, no verify turn); tool (a python tool:
     a turn ending with a fenced python block, or the chat template's own <tool_call> where it has one,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from reasonrl.config.errors import listing
+from reasonrl.config.config_error import listing
 from reasonrl.config.schema import Config
 
 

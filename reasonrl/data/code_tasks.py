@@ -1,8 +1,19 @@
 """Code tasks: HumanEval and MBPP rows as ``Example``s (task_type "code") scored by the code verifier.
 
 Each example's ``question`` is the problem with an instruction to answer in a ```python block;
-its ``answer`` is the reference the code verifier reads (``reasonrl.reward.code.code_reference``:
-the test program, the entry point and, for HumanEval, the prompt as context).
+its ``answer`` is the reference the code verifier (``reasonrl.reward.code``) reads: the test program, the
+entry point and, for HumanEval, the prompt as context.
+
+Reference encoding (the ``answer`` of an ``Example`` with ``task_type="code"``): a JSON object
+
+    {"tests": "<test program>", "entry_point": "<function name or null>", "context": "<code>"}
+
+``tests`` is a test program as ``reasonrl.reward.testcases`` splits it (top-level asserts, or
+HumanEval's ``def check(candidate)`` plus ``check(entry_point)``); ``entry_point`` names the
+function under test; ``context`` is task code (HumanEval's prompt: imports, helpers, the signature)
+that runs before the solution and, as trusted helpers, before the tests.  ``entry_point`` and
+``context`` may be left out.  A reference that is not a JSON object is the test program itself.
+``code_reference`` writes this encoding.
 
 MBPP splits follow the upstream README and the Hugging Face ``mbpp`` dataset: task ids 1-10
 ``prompt`` (few-shot), 11-510 ``test``, 511-600 ``validation``, 601-974 ``train``.
@@ -11,24 +22,39 @@ MBPP splits follow the upstream README and the Hugging Face ``mbpp`` dataset: ta
 from __future__ import annotations
 
 import ast
+import json
 import re
 from typing import Any
 
-from reasonrl.data.examples import Example
-from reasonrl.reward.code import code_reference
+from reasonrl.data.examples import Example, RowError
 
 INSTRUCTION = "Answer with the complete Python function in a single ```python code block."
 MBPP_SPLITS = {"prompt": range(1, 11), "test": range(11, 511), "validation": range(511, 601), "train": range(601, 975)}
 
 
-class CodeTaskError(ValueError):
-    """A code-task row without the fields it needs."""
+def code_reference(tests: str, entry_point: str | None = None, context: str = "") -> str:
+    """The reference string of a code task (see the module docstring)."""
+    return json.dumps({"tests": tests, "entry_point": entry_point, "context": context})
+
+
+def parse_reference(reference: str) -> tuple[str, str | None, str]:
+    """(tests, entry_point, context) of a reference string."""
+    try:
+        data = json.loads(reference)
+    except ValueError:
+        return reference, None, ""
+    if not isinstance(data, dict):
+        return reference, None, ""
+    tests, entry_point, context = data.get("tests"), data.get("entry_point"), data.get("context") or ""
+    if not isinstance(tests, str) or not isinstance(context, str) or not isinstance(entry_point, str | None):
+        raise ValueError("a code reference needs 'tests' (str), optional 'entry_point' (str) and 'context' (str)")
+    return tests, entry_point, context
 
 
 def _require(location: str, row: dict[str, Any], *keys: str) -> None:
     missing = [k for k in keys if k not in row]
     if missing:
-        raise CodeTaskError(f"{location}: no field {', '.join(repr(k) for k in missing)} in a code-task row")
+        raise RowError(f"{location}: no field {', '.join(repr(k) for k in missing)} in a code-task row")
 
 
 def humaneval_example(split: str, location: str, row: dict[str, Any], index: int) -> Example:

@@ -1,4 +1,4 @@
-"""The unit of data: one question with its reference answer."""
+"""The unit of data: one question with its reference answer, and the error of a row that cannot be one."""
 
 from __future__ import annotations
 
@@ -37,3 +37,8 @@ class Example:
     images: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     """The prompt's images (PIL images), shown before its text; empty for a text prompt. Only a
     vision-language model can answer a prompt with images."""
+
+
+class RowError(ValueError):
+    """A dataset row that a converter (a code task's, a preference transcript's) cannot read; the loader
+    reports it as a DataError."""

@@ -16,9 +16,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from reasonrl.data.code_tasks import INSTRUCTION, entry_point_of
+from reasonrl.data.code_tasks import INSTRUCTION, code_reference, entry_point_of
 from reasonrl.data.examples import Example
-from reasonrl.reward.code import code_reference
 
 TRAIN_PROBLEMS, TEST_PROBLEMS = 2000, 200
 HELD_OUT_BUCKETS = 5

@@ -17,14 +17,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from reasonrl.data.code_tasks import CodeTaskError, humaneval_example, mbpp_example
-from reasonrl.data.examples import Example
+from reasonrl.data.code_tasks import humaneval_example, mbpp_example
+from reasonrl.data.examples import Example, RowError
 from reasonrl.data.functions import function_examples
 from reasonrl.data.images import IMAGES_FIELD, ImageError, row_images
 from reasonrl.data.preferences import hh_prompt_example
-from reasonrl.data.visual import PROBLEMS as VISUAL_PROBLEMS
-from reasonrl.data.visual import visual_examples
-from reasonrl.models.hub_access import hub_unreachable
+from reasonrl.data.visual_tasks import PROBLEMS as VISUAL_PROBLEMS
+from reasonrl.data.visual_tasks import visual_examples
+from reasonrl.hub_access import hub_unreachable
 
 HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by a stable hash) for evaluation
 
@@ -313,7 +313,7 @@ def load_examples(source: str, split: str = "train", fields: Fields | None = Non
         if builtin.convert is not None:
             try:
                 rows = [builtin.convert(split, loc, row, i) for i, (loc, row) in enumerate(read_rows(path))]
-            except CodeTaskError as exc:
+            except RowError as exc:
                 raise DataError(str(exc)) from None
             return [replace(row, data_source=row.data_source or name) for row in rows if row is not None]
         return [_example(loc, row, builtin.fields, name, i) for i, (loc, row) in enumerate(read_rows(path))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from reasonrl.data.examples import Example
+from reasonrl.data.examples import Example, RowError
 
 _TURN = re.compile(r"\n\n(Human|Assistant): ")
 
@@ -29,11 +29,9 @@ def hh_prompt_example(split: str, location: str, row: dict[str, Any], index: int
     ``question``), the human-chosen reply as the anchor (task_type "reference": the router sends it to the
     pairwise judge / GenRM, or with the bt route to the Bradley-Terry model, which reads the messages as
     it was trained on them)."""
-    from reasonrl.data.loaders import DataError
-
     messages = parse_transcript(str(row.get("chosen", "")))
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
-        raise DataError(f"{location}: 'chosen' is not an HH transcript ending with an Assistant turn")
+        raise RowError(f"{location}: 'chosen' is not an HH transcript ending with an Assistant turn")
     dialogue = messages[:-1]  # the policy answers the real multi-turn chat; judges read it as text
     reply = messages[-1]["content"]
     return Example(f"hh-rlhf:{index}", conversation_text(dialogue), reply, "reference", tuple(dialogue))

@@ -5,7 +5,7 @@ The only package that imports ray, and only inside functions: importing it loads
 
 from reasonrl.dist.cluster import Placement, start_ray, stop_ray
 from reasonrl.dist.engines import EngineSettings, RayRolloutEngines
-from reasonrl.dist.errors import ClusterError, WorkerDiedError
+from reasonrl.dist.cluster_errors import ClusterError, WorkerDiedError
 from reasonrl.dist.scoring import RayScorer
 
 __all__ = [

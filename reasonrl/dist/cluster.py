@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reasonrl.config import ConfigError
-from reasonrl.dist.errors import ClusterError, WorkerDiedError
+from reasonrl.dist.cluster_errors import ClusterError, WorkerDiedError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 
 from reasonrl.dist.cluster import Placement, WorkerHost, gather, kill_workers, start_workers
-from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams, share_params
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, share_params
 from reasonrl.rollout.shards import split_at_group_boundaries
 
 

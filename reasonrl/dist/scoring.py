@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 from reasonrl.data.examples import Example
 from reasonrl.dist.cluster import Placement, WorkerHost, gather, kill_workers, start_workers
-from reasonrl.dist.errors import WorkerDiedError
-from reasonrl.reward.base import RewardResult, Scorer
+from reasonrl.dist.cluster_errors import WorkerDiedError
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer
 
 CLOSE_TIMEOUT_S = 30.0  # a worker's scorer gets this long to stop its processes before the actor is killed
 

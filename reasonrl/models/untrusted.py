@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from reasonrl.models.errors import ModelError
+from reasonrl.models.model_error import ModelError
 
 TRUST_PICKLE_ENV = "REASONRL_TRUST_PICKLE"
 """Model specs (``os.pathsep``-separated) whose pickled weights the user accepts by name."""

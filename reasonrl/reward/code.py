@@ -1,15 +1,7 @@
 """The code verifier: take the program out of a response and run it against the task's tests in the sandbox.
 
-Reference encoding (the ``answer`` of an ``Example`` with ``task_type="code"``): a JSON object
-
-    {"tests": "<test program>", "entry_point": "<function name or null>", "context": "<code>"}
-
-``tests`` is a test program as ``reasonrl.reward.testcases`` splits it (top-level asserts, or
-HumanEval's ``def check(candidate)`` plus ``check(entry_point)``); ``entry_point`` names the
-function under test; ``context`` is task code (HumanEval's prompt: imports, helpers, the signature)
-that runs before the solution and, as trusted helpers, before the tests.  ``entry_point`` and
-``context`` may be left out.  A reference that is not a JSON object is the test program itself.
-``code_reference`` writes this encoding.
+The reference (the ``answer`` of an ``Example`` with ``task_type="code"``) holds the tests, the entry point
+and the context: ``reasonrl.data.code_tasks`` describes its encoding and reads it (``parse_reference``).
 
 Extraction: the last fenced block (```python, ```py or a bare ```) that defines the entry point,
 else the last python-tagged block, else the last bare block; without a fence, the whole response
@@ -23,33 +15,14 @@ Score: the fraction of test cases passed; correct: all of them passed.
 from __future__ import annotations
 
 import ast
-import json
 import re
 
-from reasonrl.reward.base import RewardResult
+from reasonrl.data.code_tasks import parse_reference
 from reasonrl.reward.sandbox import CodeJob, SandboxLimits, run_job
+from reasonrl.reward.verifier_protocol import RewardResult
 
 FENCE_TAG = re.compile(r"[ \t]*+([A-Za-z0-9_+.-]*+)")
 PYTHON_TAGS = ("python", "py", "python3", "py3")
-
-
-def code_reference(tests: str, entry_point: str | None = None, context: str = "") -> str:
-    """The reference string of a code task (see the module docstring)."""
-    return json.dumps({"tests": tests, "entry_point": entry_point, "context": context})
-
-
-def parse_reference(reference: str) -> tuple[str, str | None, str]:
-    """(tests, entry_point, context) of a reference string."""
-    try:
-        data = json.loads(reference)
-    except ValueError:
-        return reference, None, ""
-    if not isinstance(data, dict):
-        return reference, None, ""
-    tests, entry_point, context = data.get("tests"), data.get("entry_point"), data.get("context") or ""
-    if not isinstance(tests, str) or not isinstance(context, str) or not isinstance(entry_point, str | None):
-        raise ValueError("a code reference needs 'tests' (str), optional 'entry_point' (str) and 'context' (str)")
-    return tests, entry_point, context
 
 
 def defines(code: str, name: str | None) -> bool:

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.data.examples import Example
-from reasonrl.reward.base import RewardResult, Scorer
-from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.scoring_pool import ScoringPool
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer
 
 VERIFIER_TERM = "verifier"
 """The reserved entry of ``reward.functions`` that stands for the built-in scorer."""

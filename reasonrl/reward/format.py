@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from reasonrl.reward.base import RewardResult
 from reasonrl.reward.math import extract_answer
+from reasonrl.reward.verifier_protocol import RewardResult
 
 
 class FormatVerifier:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from reasonrl.reward.base import RewardResult
+from reasonrl.reward.verifier_protocol import RewardResult
 
 # a numeric literal: thousands separators only in groups of three ("1,234"; "4,6" is two numbers)
 NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")

@@ -32,13 +32,13 @@ from reasonrl.config.routes import (  # the routing table and its rules are conf
     resolve_routes,
 )
 from reasonrl.data.examples import Example
-from reasonrl.reward.base import RewardResult, Verifier
-from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.scoring_pool import ScoringPool
+from reasonrl.reward.verifier_protocol import RewardResult, Verifier
 
 if TYPE_CHECKING:
     import torch
 
-    from reasonrl.config import Config
+    from reasonrl.config.schema import RewardConfig
 
 
 def route(task_type: str, routes: Mapping[str, str]) -> str:
@@ -135,14 +135,17 @@ def program_verifiers() -> dict[str, Verifier]:
     """The verifier of each verifier source (math, code, grounding, pointing): what scores verifiable tasks."""
     from reasonrl.reward.code import CodeVerifier
     from reasonrl.reward.math import MathVerifier
-    from reasonrl.reward.visual import GroundingVerifier, PointingVerifier
+    from reasonrl.reward.visual_verifiers import GroundingVerifier, PointingVerifier
 
     verifiers = {"math": MathVerifier(), "code": CodeVerifier(), "grounding": GroundingVerifier()}
     return verifiers | {"pointing": PointingVerifier()}
 
 
-def build_router(cfg: Config, dtype: torch.dtype, device: torch.device | str = "cpu") -> RewardRouter:
-    """The hybrid reward router of a config: verifiers for math and code, judges loaded on ``device`` on first use."""
+def build_router(
+    reward: RewardConfig, policy_model: str, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> RewardRouter:
+    """The hybrid reward router of a run's ``reward`` settings: verifiers for math and code, judges loaded on
+    ``device`` on first use (GenRM: ``reward.judge_model``, else the policy ``policy_model`` judges)."""
     from reasonrl.config import ConfigError
 
     judge: list = []
@@ -151,20 +154,20 @@ def build_router(cfg: Config, dtype: torch.dtype, device: torch.device | str = "
         if not judge:
             from reasonrl.reward.genrm import GenRM
 
-            judge.append(GenRM.from_model(cfg.reward.judge_model or cfg.model.name_or_path, dtype, device))
+            judge.append(GenRM.from_model(reward.judge_model or policy_model, dtype, device))
         return judge[0]
 
     def bradley_terry():
         from reasonrl.reward.bt import RewardModel
 
-        if not cfg.reward.reward_model:
+        if not reward.reward_model:
             raise ConfigError("task_type 'preference' is routed to the bt source: set reward.reward_model=DIR")
-        return RewardModel.load(cfg.reward.reward_model, compute_dtype=dtype, device=device)
+        return RewardModel.load(reward.reward_model, compute_dtype=dtype, device=device)
 
     return RewardRouter(
-        resolve_routes(cfg.reward.routes),
+        resolve_routes(reward.routes),
         program_verifiers(),
         {"genrm_reference": genrm, "genrm_bon": genrm, "bt": bradley_terry},
-        workers=cfg.reward.workers,
-        timeout=cfg.reward.timeout_seconds,
+        workers=reward.workers,
+        timeout=reward.timeout_seconds,
     )

@@ -6,7 +6,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

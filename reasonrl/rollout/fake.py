@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from reasonrl.rollout.base import Completion, SamplingParams, finish
+from reasonrl.rollout.engine_protocol import Completion, SamplingParams, finish
 
 Responder = Callable[[list[int], random.Random], list[int]]
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.models.load import ModelError
-from reasonrl.rollout.base import Completion, SamplingParams, request_seed
+from reasonrl.rollout.engine_protocol import Completion, SamplingParams, request_seed
 from reasonrl.rollout.sampling import sample_tokens
 
 SUPPORTED = ("llama", "mistral", "qwen2")

@@ -12,7 +12,7 @@ import torch
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.batch import pad_images
-from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire, request_seed
+from reasonrl.rollout.engine_protocol import Completion, SamplingParams, finish, first_token_fire, request_seed
 from reasonrl.rollout.sampling import sampling_logprobs
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from reasonrl.data.examples import Example
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.reward.base import RewardResult, Scorer
-from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams
 from reasonrl.timing import timed
 
 

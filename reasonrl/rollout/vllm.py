@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.batch import ImagePrompt
-from reasonrl.rollout.base import Completion, SamplingParams, finish, first_token_fire, request_seed
+from reasonrl.rollout.engine_protocol import Completion, SamplingParams, finish, first_token_fire, request_seed
 
 MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
 IMAGE_BOUNDARY, GLOBAL_IMAGE = "<fake_token_around_image>", "<global-img>"  # Idefics3's image block tokens

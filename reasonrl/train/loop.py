@@ -10,7 +10,6 @@ each step: rollout (generate, score, filter, shape; T-PPO: one window of the rol
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -23,28 +22,16 @@ import torch
 from reasonrl.algo.kl import kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, ConfigError, to_dict
+from reasonrl.config import Config, to_dict
 from reasonrl.data.source import eval_examples
-from reasonrl.models.lora import adapters_disabled, merged_state_dict
-from reasonrl.models.value import HEAD_FILE
-from reasonrl.reward.base import Verifier
+from reasonrl.models.lora import adapters_disabled
+from reasonrl.reward.verifier_protocol import Verifier
 from reasonrl.rollout import RolloutEngine, SamplingParams
 from reasonrl.rollout.scored import sample_and_score
 from reasonrl.timing import timed
-from reasonrl.train.advantages import assign_advantages
-from reasonrl.train.checkpoint import (
-    STATE_FILE,
-    export_model,
-    latest_checkpoint,
-    load_checkpoint,
-    load_sharded_checkpoint,
-    load_value_weights,
-    rng_state,
-    save_checkpoint,
-    save_gathered_value_model,
-    save_sharded_checkpoint,
-    set_rng_state,
-)
+from reasonrl.train.advantage_stage import assign_advantages
+from reasonrl.train.backend import TrainingBackend, training_backend
+from reasonrl.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from reasonrl.train.interrupt import UPDATE_PHASE, CtrlC
 from reasonrl.train.metrics import (
     MetricsWriter,
@@ -54,11 +41,11 @@ from reasonrl.train.metrics import (
     read_metrics,
     release_free_memory,
 )
-from reasonrl.train.offline import REFERENCE_CACHE, offline_step
-from reasonrl.train.parallel import DataParallel, RemoteWorkers, full_state_dict, join_data_parallel
+from reasonrl.train.offline_steps import REFERENCE_CACHE, compute_reference, offline_step
+from reasonrl.train.parallel import RemoteWorkers, join_data_parallel
 from reasonrl.train.policy import TokenLogprobs, head_tokens
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
-from reasonrl.train.rollout import ground_truth_stats, hash_seed
+from reasonrl.train.rollout_stage import ground_truth_stats, hash_seed
 from reasonrl.train.rundir import RunRecord, claim, custom_objects
 from reasonrl.train.setup import Run, data_spec, setup
 from reasonrl.train.trackers import open_trackers
@@ -70,45 +57,20 @@ PRETRAINED_CRITIC = "critic_pretrained"
 VALUE_PRETRAIN = "value_pretrain"  # its metrics file (.jsonl) and plot (.png)
 
 
-def sharded_parts(run: Run) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
-    """A data-parallel run's FSDP2 modules with their optimisers, as its checkpoints hold them."""
-    parts = {"policy": (run.updater.policy, run.updater.optimizer)}
-    if run.critic is not None:
-        parts["critic"] = (run.critic.model, run.critic.optimizer)
-    return parts
-
-
-def critic_state(run: Run) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
-    """What a checkpoint saves of the critic (None without one)."""
-    return (run.critic.model, run.critic.optimizer) if run.critic is not None else None
-
-
 def restore(run: Run) -> dict[str, Any]:
     """Continue from the latest checkpoint when resuming; returns its state (empty for a fresh run)."""
     checkpoint = latest_checkpoint(run.run_dir) if run.cfg.run.resume == "auto" else None
     if checkpoint is None:
         return {}
-    if run.parallel.active:
-        state = load_sharded_checkpoint(checkpoint, sharded_parts(run), run.updater.scheduler)
-    else:
-        state = load_checkpoint(checkpoint, run.model, run.updater.optimizer, run.updater.scheduler, critic_state(run))
+    state = run.backend.load_checkpoint(checkpoint, run.trained)
     run.stream.load_state_dict(state["stream"])
     run.kl.coef = state["kl_coef"]
     run.updater.skipped_steps = state["skipped_steps"]
-    if run.windowed is not None:
-        run.windowed.pool.load_state_dict(state["pool"])
-    run.engine.load_weights(engine_weights(run))
+    if run.rollout_pool is not None:
+        run.rollout_pool.load_state_dict(state["pool"])
+    run.backend.sync_engine(run.model, run.engine)
     log.info("resuming from %s (step %d)", checkpoint, state["step"])
     return state
-
-
-def engine_weights(run: Run) -> dict[str, torch.Tensor]:
-    """The policy's weights as the engine serves them: LoRA merged; data-parallel, gathered from every
-    rank's shards (a collective: every rank calls it)."""
-    if not run.parallel.active:
-        return merged_state_dict(run.model)
-    shared = getattr(run.engine, "shared_by_ranks", False)  # remote rollout workers: rank 0 sends them
-    return full_state_dict(run.model, rank0_only=shared)
 
 
 def evaluate(run: Run) -> dict[str, float]:
@@ -136,8 +98,7 @@ def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]
     assert run.critic is not None
     saved = run.run_dir / PRETRAINED_CRITIC
     main = run.parallel.is_main
-    if (saved / HEAD_FILE).exists() and not run.parallel.active:
-        load_value_weights(run.critic.model, saved)
+    if run.backend.load_pretrained_critic(run.critic.model, saved):
         log.info("loaded the pretrained critic from %s", saved)
         return {}
     steps = run.plan.value_pretrain_steps
@@ -169,10 +130,7 @@ def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]
             title = "value pretraining (policy frozen)"
             plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
             explained = records[-1].get("critic/explained_variance") if records else None
-        if run.parallel.active:  # gathered by rank 0; a restart before the first checkpoint pretrains again
-            save_gathered_value_model(run.critic.model, saved, run.parallel)
-        else:
-            run.critic.model.save(saved)
+        run.backend.save_critic(run.critic.model, saved)
         release_free_memory()
     return {"value_pretrain_steps": done, "value_pretrain_explained_variance": explained, **timing}
 
@@ -234,7 +192,7 @@ def resume_state(run: Run) -> dict[str, Any]:
         "stream": run.stream.state_dict(),
         "kl_coef": float(run.kl.coef),
         "skipped_steps": run.updater.skipped_steps,
-        **({"pool": run.windowed.pool.state_dict()} if run.windowed is not None else {}),
+        **({"pool": run.rollout_pool.state_dict()} if run.rollout_pool is not None else {}),
     }
 
 
@@ -242,28 +200,8 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any], noted: dict[str
     """Save everything needed to continue from ``step``: the models and optimisers as they are, and the
     run's ``resume_state`` as ``noted`` (when a step was abandoned: as it began) or as it is now."""
     state = {**(resume_state(run) if noted is None else noted), **extra}
-    if run.parallel.active:
-        save_sharded_checkpoint(
-            run.run_dir,
-            step,
-            sharded_parts(run),
-            run.updater.scheduler,
-            state,
-            run.cfg.run.keep_checkpoints,
-            run.parallel,
-            run.saved_tokenizer,
-        )
-        return
-    save_checkpoint(
-        run.run_dir,
-        step,
-        run.model,
-        run.updater.optimizer,
-        run.updater.scheduler,
-        state,
-        run.cfg.run.keep_checkpoints,
-        critic_state(run),
-        tokenizer=run.saved_tokenizer,
+    run.backend.save_checkpoint(
+        run.run_dir, step, run.trained, state, run.cfg.run.keep_checkpoints, run.saved_tokenizer
     )
 
 
@@ -271,11 +209,7 @@ def export_stage(run: Run) -> Path:
     """The final policy as a Hugging Face directory (``from_pretrained`` loads it; with LoRA the merged
     model, and its adapter in ``final/adapter``): the last step's checkpoint's, hard-linked (``export_model``),
     so a run stores its final weights once; the checkpoint keeps the optimiser state a longer run resumes."""
-    final = run.run_dir / "final"
-    if run.parallel.is_main:
-        export_model(latest_checkpoint(run.run_dir), final)  # the last step's: every run saves it
-    run.parallel.barrier()
-    return final
+    return run.backend.export(run.run_dir)
 
 
 def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: None) -> dict[str, float]:
@@ -304,7 +238,7 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
         with timed(metrics, "perf/critic_update_seconds"):
             metrics |= run.critic.update(batch, seed=seed)
     with timed(metrics, "perf/weight_sync_seconds"):
-        run.engine.load_weights(engine_weights(run))
+        run.backend.sync_engine(run.model, run.engine)
     release_free_memory()
     if "policy/kl_ref" in metrics:
         run.kl.update(metrics["policy/kl_ref"], len(batch))
@@ -321,7 +255,7 @@ def train_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: 
         run.engine.sleep()
     metrics = offline_step(run, run.offline, step)
     with timed(metrics, "perf/weight_sync_seconds"):
-        run.engine.load_weights(engine_weights(run))
+        run.backend.sync_engine(run.model, run.engine)
     release_free_memory()
     return metrics
 
@@ -366,41 +300,23 @@ def fit(
     disk ``DiskFullError``, each with the line that says how to resume.
     """
     custom = custom_objects(engine=engine, verifier=verifier)
-    parallel = join_data_parallel(cfg)
+    backend = training_backend(join_data_parallel(cfg))  # chosen once: one process, or an FSDP2 rank
+    parallel = backend.parallel
     run_dir = parallel.broadcast(run_dir)  # rank 0's (a timestamped name can differ between ranks)
     if not parallel.is_main:  # rank 0 holds the run directory; the others follow its record, or its refusal
         record = parallel.broadcast(None)
         if isinstance(record, Exception):
             raise record
-        return _train(cfg, run_dir, record, engine, verifier, False, parallel, workers)
+        return _train(cfg, run_dir, record, engine, verifier, False, backend, workers)
     with contextlib.ExitStack() as held:
         try:
-            check_resumable(run_dir, parallel)
+            backend.check_resumable(run_dir)  # as many processes as wrote the latest checkpoint
             record = held.enter_context(claim(run_dir, cfg, preset, overrides, custom))
         except Exception as exc:
             parallel.broadcast(exc)
             raise
         parallel.broadcast(record)
-        return _train(cfg, run_dir, record, engine, verifier, show_progress, parallel, workers)
-
-
-def check_resumable(run_dir: Path, parallel: DataParallel) -> None:
-    """A run's latest checkpoint must be continued by as many processes as wrote it (torchrun's shards
-    or one process's weights); a ConfigError saying how, before anything loads."""
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        return
-    state = json.loads((checkpoint / STATE_FILE).read_text())
-    writers = state.get("world_size", 1)
-    if writers > 1 and not parallel.active:
-        raise ConfigError(
-            f"{checkpoint} was written by {writers} data-parallel processes; resume it under torchrun: "
-            f"torchrun --standalone --nproc-per-node {writers} -m reasonrl train --resume {run_dir}"
-        )
-    if writers == 1 and parallel.active:
-        raise ConfigError(
-            f"{checkpoint} was written by one process; resume it without torchrun: reasonrl train --resume {run_dir}"
-        )
+        return _train(cfg, run_dir, record, engine, verifier, show_progress, backend, workers)
 
 
 def _train(
@@ -410,13 +326,13 @@ def _train(
     engine: RolloutEngine | None,
     verifier: Verifier | None,
     show_progress: bool | None,
-    parallel: DataParallel,
+    backend: TrainingBackend,
     workers: RemoteWorkers | None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     preset, overrides = record.preset, record.overrides
-    run = setup(cfg, run_dir, engine, verifier, parallel, workers)
-    main = parallel.is_main  # rank 0 alone writes metrics, plots, the summary and the export
+    run = setup(cfg, run_dir, engine, verifier, backend, workers)
+    main = backend.parallel.is_main  # rank 0 alone writes metrics, plots, the summary and the export
     try:
         state = restore(run)
         start_step = state.get("step", 0)
@@ -431,7 +347,7 @@ def _train(
             if writer is not None:
                 writer.write(0, before)
         if run.offline is not None:  # the reference's log-probs of the offline responses, once per run
-            run.offline.compute_reference(run, run_dir / REFERENCE_CACHE)
+            compute_reference(run, run.offline, run_dir / REFERENCE_CACHE)
         pretraining = state.get("value_pretraining", {})
         if start_step == 0 and run.plan.value_pretrain_steps:
             pretraining = value_pretrain_stage(run, show_progress)
@@ -443,7 +359,7 @@ def _train(
             return {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
 
         # Ctrl-C saves first (reasonrl.train.interrupt): one process; torchrun's ranks and Ray's stop at once
-        interruptible = not parallel.active and workers is None
+        interruptible = backend.saves_when_interrupted and workers is None
         with ProgressDisplay(total, start_step, enabled=show_progress) as progress, CtrlC(interruptible) as ctrl_c:
             progress.accuracy_before(accuracy_before)
             for step in range(start_step + 1, total + 1):

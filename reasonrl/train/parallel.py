@@ -29,8 +29,8 @@ from torch import Tensor
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError
 from reasonrl.data.examples import Example
-from reasonrl.reward.base import RewardResult, Scorer
-from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams, share_params
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, share_params
 from reasonrl.rollout.shards import split_at_group_boundaries
 
 

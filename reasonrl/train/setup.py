@@ -1,5 +1,5 @@
 """Setting a run up: the policy, its engine, the reference, the critic, the scorer and the data, as one
-``Run`` (one process, or one data-parallel rank: then the models are FSDP2-sharded)."""
+``Run``, each placed by the training backend (``reasonrl.train.backend``: one process, or one FSDP2 rank)."""
 
 from __future__ import annotations
 
@@ -28,27 +28,21 @@ from reasonrl.models.load import (
 from reasonrl.models.lora import add_lora
 from reasonrl.models.optim import trainable_parameters
 from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
-from reasonrl.reward.base import Scorer, Verifier
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
-from reasonrl.reward.pool import ScoringPool
 from reasonrl.reward.prm import ProcessRewardModel
 from reasonrl.reward.router import build_router
+from reasonrl.reward.scoring_pool import ScoringPool
+from reasonrl.reward.verifier_protocol import Scorer, Verifier
 from reasonrl.rollout import RolloutEngine, build_engine
-from reasonrl.rollout.pool import RolloutPool
+from reasonrl.rollout.tppo_pool import RolloutPool
+from reasonrl.train.backend import SingleProcess, TrainedModels, TrainingBackend
+from reasonrl.train.conversation_stage import ConversationCollector, prompt_tools
 from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.multiturn import ConversationCollector, prompt_tools
-from reasonrl.train.offline import OfflineData
-from reasonrl.train.parallel import (
-    SINGLE_PROCESS,
-    DataParallel,
-    RemoteWorkers,
-    ShardedEngine,
-    ShardedScorer,
-    shard_module,
-)
+from reasonrl.train.offline_batches import OfflineData
+from reasonrl.train.parallel import DataParallel, RemoteWorkers
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.process_rewards import ProcessRewards
-from reasonrl.train.rollout import PoolCollector, RolloutCollector
+from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
 from reasonrl.train.step import PolicyUpdater
 from reasonrl.train.trackers import Tracker, TrackerError, check_trackers
 
@@ -60,8 +54,13 @@ class Run:
     cfg: Config
     plan: Plan
     run_dir: Path
+    backend: TrainingBackend
+    """Where the trained models live (one process, or one FSDP2 rank): checkpoints and weight syncs go through it."""
     model: torch.nn.Module
     tokenizer: Any
+    saved_tokenizer: Any
+    """What a checkpoint and the exported model save beside the weights: a vision-language model's processor
+    (its tokenizer, image processor and chat template), else the tokenizer."""
     engine: RolloutEngine
     reference: TokenLogprobs | None
     """The frozen KL reference (None without a KL term, and with LoRA: then the policy's base is the reference)."""
@@ -69,35 +68,31 @@ class Run:
     stream: TrainingStream
     encoder: PromptEncoder
     collector: RolloutCollector
+    """Synchronous single-turn rollouts (value pretraining always uses them)."""
+    rollout: RolloutCollector | PoolCollector | ConversationCollector
+    """The training rollouts' stage: ``collector``, T-PPO's truncated rollouts (algo.window_tokens) or
+    multi-turn conversations (rollout.multiturn)."""
+    rollout_pool: RolloutPool | None
+    """T-PPO's pool of unfinished sequences, which a checkpoint holds (None without T-PPO)."""
     updater: PolicyUpdater
     kl: FixedKLController | AdaptiveKLController
-    compute_dtype: torch.dtype
     critic: CriticUpdater | None
-    windowed: PoolCollector | None
-    """T-PPO's truncated rollouts (algo.window_tokens); None = synchronous rollouts by ``collector``."""
-    conversations: ConversationCollector | None
-    """Multi-turn rollouts (rollout.multiturn); None = one response per prompt."""
     microbatch_tokens: int
     """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
     offline: OfflineData | None = None
     """The offline dataset of algo.offline (dpo, dqo); None = online RL."""
-    parallel: DataParallel = SINGLE_PROCESS
-    """The data-parallel group this process trains in (one process by default)."""
     trackers: list[Tracker] = field(default_factory=list)
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
-    processor: Any = None
-    """A vision-language policy's processor (images to pixel inputs and image tokens); None for a text model."""
 
     @property
-    def saved_tokenizer(self) -> Any:
-        """What a checkpoint and the exported model save beside the weights: the processor of a
-        vision-language model (its tokenizer, image processor and chat template), else the tokenizer."""
-        return self.processor if self.processor is not None else self.tokenizer
+    def parallel(self) -> DataParallel:
+        """The data-parallel group the backend trains in: this rank's rows of each forward pass, sums of metrics."""
+        return self.backend.parallel
 
     @property
-    def rollout(self) -> RolloutCollector | PoolCollector | ConversationCollector:
-        """The training rollouts' stage (value pretraining always uses synchronous ``collector``)."""
-        return self.windowed or self.conversations or self.collector
+    def trained(self) -> TrainedModels:
+        """The policy and critic with their optimisers, as the backend checkpoints them."""
+        return TrainedModels(self.updater, self.critic)
 
 
 def data_spec(cfg: Config) -> DataSpec:
@@ -119,10 +114,11 @@ def build_critic(
     attention: str | None,
     dtype: torch.dtype,
     device: torch.device,
-    parallel: DataParallel = SINGLE_PROCESS,
+    backend: TrainingBackend | None = None,
 ) -> CriticUpdater:
-    """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, and its
-    optimiser."""
+    """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, placed
+    by ``backend`` (default: this process), and its optimiser."""
+    backend = backend or SingleProcess()
     if cfg.critic.init == "policy":
         model = value_model_from_policy(cfg.model.name_or_path, attention, device)
     elif cfg.critic.init == "prm":  # the PRM's success probability, on the reward scale (arXiv 2410.17621)
@@ -134,8 +130,7 @@ def build_critic(
     if cfg.model.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
-    if parallel.active:
-        shard_module(model, parallel)
+    backend.place(model)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
     return CriticUpdater(
         model,
@@ -146,7 +141,31 @@ def build_critic(
         microbatch_tokens=microbatch_token_budget(cfg, device.type),
         grad_clip=cfg.train.grad_clip,
         compute_dtype=dtype,
-        parallel=parallel,
+        parallel=backend.parallel,
+    )
+
+
+def build_policy_updater(
+    cfg: Config, plan: Plan, policy: TokenLogprobs, microbatch_tokens: int, backend: TrainingBackend
+) -> PolicyUpdater:
+    """The policy's optimiser (over its trainable weights, as ``backend`` placed them), its warm-up
+    schedule, and the update of ``cfg.algo``."""
+    optimizer = torch.optim.AdamW(
+        trainable_parameters(policy.model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+    )
+    warmup = plan.warmup_optimizer_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return PolicyUpdater(
+        policy,
+        optimizer,
+        scheduler,
+        cfg.algo,
+        minibatch_sequences=cfg.train.minibatch_sequences,
+        epochs=cfg.train.epochs_per_rollout,
+        microbatch_tokens=microbatch_tokens,
+        grad_clip=cfg.train.grad_clip,
+        loss_agg_constant=plan.loss_agg_constant,
+        parallel=backend.parallel,
     )
 
 
@@ -194,7 +213,7 @@ def build_scorer(
     if verifier is not None:
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
-        pool = build_router(cfg, dtype, device)
+        pool = build_router(cfg.reward, cfg.model.name_or_path, dtype, device)
     if terms:
         pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
     return pool
@@ -205,12 +224,13 @@ def setup(
     run_dir: Path,
     engine: RolloutEngine | None = None,
     verifier: Verifier | None = None,
-    parallel: DataParallel = SINGLE_PROCESS,
+    backend: TrainingBackend | None = None,
     workers: RemoteWorkers | None = None,
 ) -> Run:
-    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data.
-    Data-parallel: the policy, reference and critic are sharded with FSDP2, and the engine generates
-    this rank's share of each call."""
+    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data, each
+    placed by ``backend`` (default: this process; FSDP2 ranks shard the models and split the engine's
+    and the scorer's calls)."""
+    backend = backend or SingleProcess()
     plan = resolve(cfg)
     terms = preflight(cfg)
     device = resolve_device(cfg.model.device)
@@ -223,7 +243,7 @@ def setup(
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     processor = vision_processor(cfg.model.name_or_path)
     if processor is not None:
-        check_vision_language(cfg, parallel)
+        check_vision_language(cfg, backend.parallel)
     offline = None
     if cfg.algo.offline != "none":  # a malformed file fails here, before the models load
         offline = OfflineData(
@@ -236,8 +256,7 @@ def setup(
         engine = workers.engine
     elif engine is None:
         engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
-    if parallel.active:
-        engine = ShardedEngine(engine, parallel)
+    engine = backend.share_engine(engine)
     add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
     policy = TokenLogprobs(model, cfg.rollout.temperature, dtype)
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
@@ -245,13 +264,11 @@ def setup(
     if separate_reference:
         frozen = load_model(cfg.model.name_or_path, dtype, attention, device)
         reference = TokenLogprobs(frozen, policy.temperature, dtype)
-    if parallel.active:
-        for module in (policy, reference):
-            if module is not None:
-                shard_module(module, parallel)
+    for module in (policy, reference):
+        if module is not None:
+            backend.place(module)
     pool = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
-    if parallel.active:
-        pool = ShardedScorer(pool, parallel)
+    pool = backend.share_scorer(pool)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     encoder = PromptEncoder(
         tokenizer,
@@ -261,21 +278,7 @@ def setup(
         tools=prompt_tools(cfg.rollout, tokenizer),
         processor=processor,
     )
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    warmup = plan.warmup_optimizer_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    updater = PolicyUpdater(
-        policy,
-        optimizer,
-        scheduler,
-        cfg.algo,
-        minibatch_sequences=cfg.train.minibatch_sequences,
-        epochs=cfg.train.epochs_per_rollout,
-        microbatch_tokens=microbatch_tokens,
-        grad_clip=cfg.train.grad_clip,
-        loss_agg_constant=plan.loss_agg_constant,
-        parallel=parallel,
-    )
+    updater = build_policy_updater(cfg, plan, policy, microbatch_tokens, backend)
     a = cfg.algo
     kl = (
         AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
@@ -287,31 +290,42 @@ def setup(
         if cfg.reward.prm_dense != "off"
         else None
     )
-    collector = RolloutCollector(cfg, plan, engine, tokenizer, pool, stream, encoder, process_rewards)
-    critic = build_critic(cfg, plan, attention, dtype, device, parallel) if plan.uses_critic else None
+    settings = RolloutSettings.of(cfg, plan)
+    collector = RolloutCollector(settings, engine, tokenizer, pool, stream, encoder, process_rewards)
+    critic = build_critic(cfg, plan, attention, dtype, device, backend) if plan.uses_critic else None
     window = cfg.algo.window_tokens
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
-    windowed = PoolCollector(collector, rollout_pool) if rollout_pool is not None else None
     return Run(
         cfg=cfg,
         plan=plan,
         run_dir=run_dir,
+        backend=backend,
         model=model,
         tokenizer=tokenizer,
+        saved_tokenizer=processor if processor is not None else tokenizer,
         engine=engine,
         reference=reference,
         pool=pool,
         stream=stream,
         encoder=encoder,
         collector=collector,
+        rollout=training_rollouts(cfg, collector, rollout_pool),
+        rollout_pool=rollout_pool,
         updater=updater,
         kl=kl,
-        compute_dtype=dtype,
         critic=critic,
-        windowed=windowed,
-        conversations=ConversationCollector(collector) if cfg.rollout.multiturn != "none" else None,
         microbatch_tokens=microbatch_tokens,
         offline=offline,
-        parallel=parallel,
-        processor=processor,
     )
+
+
+def training_rollouts(
+    cfg: Config, collector: RolloutCollector, pool: RolloutPool | None
+) -> RolloutCollector | PoolCollector | ConversationCollector:
+    """The rollouts each step trains on: T-PPO's windows of ``pool``, multi-turn conversations
+    (rollout.multiturn), else ``collector``'s synchronous single-turn ones."""
+    if pool is not None:
+        return PoolCollector(collector, pool)
+    if cfg.rollout.multiturn != "none":
+        return ConversationCollector(collector)
+    return collector

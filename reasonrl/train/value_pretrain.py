@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import torch
 
-from reasonrl.algo.advantages import gae
+from reasonrl.algo.advantage_estimators import gae
 from reasonrl.algo.shaping import terminal_token_rewards
 from reasonrl.timing import timed
-from reasonrl.train.advantages import value_fit_stats
+from reasonrl.train.advantage_stage import value_fit_stats
 from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.rollout import RolloutCollector, hash_seed
+from reasonrl.train.rollout_stage import RolloutCollector, hash_seed
 
 PRETRAIN_SEED_SALT = 7919  # keeps pretraining's sampler seeds apart from the RL steps'
 

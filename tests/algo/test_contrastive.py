@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reasonrl.algo.contrastive import image_text_contrastive, info_nce
+from reasonrl.algo.contrastive_losses import image_text_contrastive, info_nce
 
 
 def test_info_nce_by_hand():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reasonrl.algo.advantages import length_adaptive_lambda, reward_to_go
+from reasonrl.algo.advantage_estimators import length_adaptive_lambda, reward_to_go
 from reasonrl.algo.diagnostics import (
     bucket_means,
     edge_mean,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reasonrl.algo.advantages import decoupled_gae, egae, gae, length_adaptive_lambda
+from reasonrl.algo.advantage_estimators import decoupled_gae, egae, gae, length_adaptive_lambda
 
 
 def reference_gae(rewards, values, mask, gamma, lam, mode="skip", bootstrap=None):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reasonrl.algo.advantages import (
+from reasonrl.algo.advantage_estimators import (
     group_advantages,
     reinforce_pp_advantages,
     rloo_advantages,

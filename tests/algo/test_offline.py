@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from reasonrl.algo.offline import (
+from reasonrl.algo.offline_objectives import (
     dpo_losses,
     dqo_policy_loss,
     dqo_targets,

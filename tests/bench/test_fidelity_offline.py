@@ -1,11 +1,11 @@
 """bench/fidelity_offline.py: the smoke profile end to end (dpo, dqo, dqo without weights, grpo) and its
 resume.  tiny-random never answers arithmetic right, so the smoke run reads a prepared offline file in
-place of its sampling stage (tests/data/test_offline_sample.py covers `reasonrl data sample`)."""
+place of its sampling stage (tests/jobs/test_offline_sample.py covers `reasonrl data sample`)."""
 
 import json
 import math
 
-from reasonrl.data.offline import summarise
+from reasonrl.jobs.offline_sample import summarise
 from tests.bench.smoke import run_smoke
 from tests.train.test_offline import write_samples
 

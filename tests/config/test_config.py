@@ -9,10 +9,11 @@ import yaml
 
 from reasonrl.algo.presets import PRESETS, AlgoSpec
 from reasonrl.config import Config, ConfigError, Plan, list_presets, load_config, resolve, to_dict
-from reasonrl.config.commands import EvalSettings, RewardModelRun
+from reasonrl.config.config_loader import PRESET_DIR, config_keys, parse_overrides
 from reasonrl.config.docs import field_docs
-from reasonrl.config.load import PRESET_DIR, config_keys, parse_overrides
 from reasonrl.config.render import render_yaml
+from reasonrl.jobs.evaluate import EvalSettings
+from reasonrl.jobs.reward_model import RewardModelRun
 
 
 def all_config_classes():

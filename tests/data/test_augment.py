@@ -45,7 +45,7 @@ def test_reordering_swaps_two_exchanges_and_keeps_the_last_question_last():
 
 def test_the_settings_know_every_augmentation():
     from reasonrl.config import ConfigError
-    from reasonrl.config.commands import AUGMENTATIONS, ContrastivePretrainRun
+    from reasonrl.jobs.contrastive_pretrain import AUGMENTATIONS, ContrastivePretrainRun
 
     ContrastivePretrainRun(augmentations=",".join(AUGMENTATIONS)).check()
     with pytest.raises(ConfigError, match="--augmentations must name some of mask, delete, reorder"):

@@ -7,7 +7,7 @@ from reasonrl.cli import main
 from reasonrl.data.arithmetic import ArithmeticTask
 from reasonrl.data.loaders import DataError, builtin_names, load_examples
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.data.visual import COLOURS, IMAGE_SIZE, PROBLEMS, SPLIT_SIZES
+from reasonrl.data.visual_tasks import COLOURS, IMAGE_SIZE, PROBLEMS, SPLIT_SIZES
 from reasonrl.reward.router import program_verifiers
 
 TASKS = sorted(PROBLEMS)

@@ -23,7 +23,7 @@ from reasonrl.dist import (  # noqa: E402
 from reasonrl.dist.cluster import WorkerHost, gather, kill_workers, start_workers  # noqa: E402
 from reasonrl.models.load import load_model, load_tokenizer  # noqa: E402
 from reasonrl.reward.math import MathVerifier  # noqa: E402
-from reasonrl.reward.pool import ScoringPool  # noqa: E402
+from reasonrl.reward.scoring_pool import ScoringPool  # noqa: E402
 from reasonrl.rollout import SamplingParams, build_engine  # noqa: E402
 
 pytestmark = pytest.mark.ray

@@ -39,6 +39,13 @@ def test_bad_specs_fail_clearly(tmp_path):
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id
 
 
+def test_a_vlm_that_was_not_built_fails_naming_the_command_that_builds_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("REASONRL_CACHE", str(tmp_path))
+    with pytest.raises(ModelError, match=r"smollm2-135m-vlm is not built yet: build it once with `reasonrl vlm build`"):
+        load_model("smollm2-135m-vlm")
+    assert list(tmp_path.iterdir()) == []  # loading built nothing
+
+
 def test_compute_dtype():
     assert compute_dtype("float32") == torch.float32
     assert compute_dtype("bfloat16") == torch.bfloat16

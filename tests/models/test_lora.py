@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError, load_config
-from reasonrl.config.load import config_keys
+from reasonrl.config.config_loader import config_keys
 from reasonrl.config.schema import ModelConfig
 from reasonrl.models.load import ModelError, load_model, load_tokenizer
 from reasonrl.models.lora import (

@@ -9,7 +9,7 @@ from reasonrl.data.loaders import load_examples
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.models.load import ModelError, is_vision_language, load_model, load_tokenizer, vision_processor
 from reasonrl.rollout import SamplingParams, build_engine
-from reasonrl.rollout.base import extended
+from reasonrl.rollout.engine_protocol import extended
 from reasonrl.train.policy import TokenLogprobs
 
 VLM = "tiny-random-vlm"

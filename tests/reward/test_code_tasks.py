@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from reasonrl.data.code_tasks import entry_point_of
+from reasonrl.data.code_tasks import code_reference, entry_point_of, parse_reference
 from reasonrl.data.loaders import load_examples, read_rows
-from reasonrl.reward.code import CodeVerifier, build_program, code_reference, extract_code, parse_reference
-from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.code import CodeVerifier, build_program, extract_code
+from reasonrl.reward.scoring_pool import ScoringPool
 
 VERIFIER = CodeVerifier(timeout_s=3.0, total_timeout_s=20.0, memory_mb=512)
 

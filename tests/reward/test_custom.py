@@ -4,8 +4,8 @@ import pytest
 
 from reasonrl.config import ConfigError, load_config
 from reasonrl.data.examples import Example
-from reasonrl.reward.base import RewardResult
 from reasonrl.reward.custom import RewardFunctionError, WeightedRewards, reward_terms
+from reasonrl.reward.verifier_protocol import RewardResult
 
 FUNCTIONS = "tests.reward_functions"
 

@@ -3,7 +3,7 @@
 import time
 
 from reasonrl.reward.math import MathVerifier
-from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.scoring_pool import ScoringPool
 from tests.helpers import ExitsOn, HangsOn, RaisesOn
 
 

@@ -8,14 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from reasonrl.config.commands import PRMLabelRun
+from reasonrl.data.code_tasks import code_reference
 from reasonrl.data.examples import Example
 from reasonrl.data.prompts import PromptEncoder
+from reasonrl.jobs.prm_label import LabelStore, PRMLabelRun, label_programs, read_records, sample_programs
 from reasonrl.models.load import load_tokenizer
-from reasonrl.reward.code import CodeVerifier, code_reference
-from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.code import CodeVerifier
 from reasonrl.reward.prm import DeadLineSearch, first_dead_line, line_labels, response_lines, token_char_ends
-from reasonrl.reward.prm_label import LabelStore, label_programs, read_records, sample_programs
+from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.rollout.fake import FakeEngine
 
 
@@ -102,7 +102,7 @@ def test_only_new_code_lines_can_earn_dense_reward():
     ],
 )
 def test_a_probe_completion_must_continue_its_prefix(prefix, completion, kept):
-    from reasonrl.reward.prm_label import continuation
+    from reasonrl.jobs.prm_label import continuation
 
     assert continuation(prefix, completion, "add") == kept
 
@@ -257,8 +257,8 @@ def test_prm_training_learns_line_labels_it_was_not_shown(tokenizer):
 
 def test_rm_train_prm_trains_on_the_labels_of_prm_label_and_saves_a_value_model(tmp_path, tokenizer):
     from reasonrl.cli import main
+    from reasonrl.jobs.reward_model import split_groups
     from reasonrl.models.value import load_value_model
-    from reasonrl.reward.training import split_groups
 
     data = tmp_path / "labels.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in synthetic_rows(tokenizer, 20, 2)))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl.cli import main
-from tests.reward.test_contrastive import conversations
+from tests.jobs.test_contrastive_pretrain import conversations
 from tests.reward.test_prm import synthetic_rows, tokenizer  # noqa: F401 (a fixture)
 from tests.test_reward_cli import pairs_file, write_jsonl
 

@@ -4,7 +4,7 @@ on the edge, and counting off by one (counting answers use the math verifier).""
 import pytest
 
 from reasonrl.reward.math import MathVerifier
-from reasonrl.reward.visual import GroundingVerifier, PointingVerifier, box_iou, parse_reference_box
+from reasonrl.reward.visual_verifiers import GroundingVerifier, PointingVerifier, box_iou, parse_reference_box
 
 REFERENCE = "0,0,10,10"  # a 10 x 10 box at the origin
 GROUNDING = [

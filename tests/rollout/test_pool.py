@@ -5,9 +5,9 @@ import random
 import pytest
 
 from reasonrl.data.examples import Example
-from reasonrl.rollout.base import SamplingParams
+from reasonrl.rollout.engine_protocol import SamplingParams
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
+from reasonrl.rollout.tppo_pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
 
 STOP = 0
 PARAMS = SamplingParams(max_new_tokens=999, temperature=1.0, seed=1)

@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from reasonrl.algo.advantages import gae
+from reasonrl.algo.advantage_estimators import gae
 from reasonrl.algo.masked import masked_whiten
 from reasonrl.algo.presets import AlgoSpec, get_preset
 from reasonrl.config import load_config
 from reasonrl.models.value import ValueModel, load_value_model, value_model_from_policy
-from reasonrl.train.advantages import assign_advantages
+from reasonrl.train.advantage_stage import assign_advantages
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.loop import fit, setup, value_pretrain_stage
 from reasonrl.train.metrics import read_metrics

@@ -53,17 +53,17 @@ def test_the_fast_engine_refuses_a_cuda_model():
 
 
 def test_eval_generates_on_the_gpu_by_default(monkeypatch, capsys):
-    import reasonrl.eval
+    import reasonrl.jobs.evaluate
     from reasonrl.cli import main
 
     devices = []
-    build = reasonrl.eval.build_engine
+    build = reasonrl.jobs.evaluate.build_engine
 
     def recording_build(name, model, *args, **kwargs):
         devices.append(next(model.parameters()).device.type)
         return build(name, model, *args, **kwargs)
 
-    monkeypatch.setattr(reasonrl.eval, "build_engine", recording_build)
+    monkeypatch.setattr(reasonrl.jobs.evaluate, "build_engine", recording_build)
     assert main(["eval", "--model", "tiny-random", "--limit", "2", "--max-new-tokens", "4"]) == 0
     assert devices == ["cuda"]
 

@@ -8,7 +8,7 @@ import torch
 
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
-from reasonrl.train.advantages import assign_advantages
+from reasonrl.train.advantage_stage import assign_advantages
 
 GAE = AlgoSpec(advantage_estimator="gae", lambda_policy=0.5, lambda_critic=1.0, gamma=1.0)
 

@@ -10,9 +10,9 @@ import torch
 from reasonrl.algo.presets import get_preset
 from reasonrl.config import ConfigError, load_config
 from reasonrl.models.load import load_tokenizer
+from reasonrl.rollout.conversations import DIRECT_REVISE_PROMPT, PAG_REVISE_PROMPT, PAG_VERIFY_PROMPT, ROLE_POLICY
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.multiturn import DIRECT_REVISE_PROMPT, PAG_REVISE_PROMPT, PAG_VERIFY_PROMPT, ROLE_POLICY
-from reasonrl.train.advantages import assign_advantages
+from reasonrl.train.advantage_stage import assign_advantages
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
 from tests.helpers import DigitFraction
@@ -193,7 +193,7 @@ def test_every_multiturn_metric_is_documented(tmp_path):
 
 
 def test_the_sandboxed_python_tool_returns_output_or_an_error_and_never_raises():
-    from reasonrl.train.multiturn import sandboxed_python
+    from reasonrl.train.conversation_stage import sandboxed_python
 
     run = sandboxed_python(timeout_s=1.0, budget_s=10.0)
     printed, crashed, looped, flooded, binary = run(
@@ -210,7 +210,7 @@ def test_the_sandboxed_python_tool_returns_output_or_an_error_and_never_raises()
 def test_a_turns_tool_calls_share_one_time_budget():
     import time
 
-    from reasonrl.train.multiturn import sandboxed_python
+    from reasonrl.train.conversation_stage import sandboxed_python
 
     run = sandboxed_python(timeout_s=1.0, budget_s=1.5, workers=2)
     started = time.monotonic()
@@ -286,8 +286,8 @@ def test_a_step_whose_prompts_are_all_too_long_stops_with_the_setting_to_change(
 
 
 def test_tool_prompts_advertise_the_python_tool_only_where_the_chat_template_has_a_tool_call_format():
-    from reasonrl.rollout.multiturn import PYTHON_TOOL
-    from reasonrl.train.multiturn import prompt_tools
+    from reasonrl.rollout.conversations import PYTHON_TOOL
+    from reasonrl.train.conversation_stage import prompt_tools
     from tests.rollout.test_multiturn import HERMES_TEMPLATE
 
     plain = load_tokenizer("tiny-random")

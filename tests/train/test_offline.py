@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError, load_config
 from reasonrl.data.loaders import DataError
-from reasonrl.data.offline import OfflineSample, preference_pairs, read_samples
+from reasonrl.data.offline_dataset import OfflineSample, preference_pairs, read_samples
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
 from tests.train.test_loop import comparable, undocumented_metrics
@@ -192,6 +192,7 @@ def test_an_offline_step_does_not_depend_on_the_micro_batch_size(tmp_path, prese
     compared: Adam's first step divides each gradient by its own size, which magnifies rounding where a
     gradient is near 0."""
     from reasonrl.train.loop import REFERENCE_CACHE, train_step
+    from reasonrl.train.offline_steps import compute_reference
     from reasonrl.train.setup import setup
 
     path = tmp_path / "samples.jsonl"
@@ -203,7 +204,7 @@ def test_an_offline_step_does_not_depend_on_the_micro_batch_size(tmp_path, prese
     for budget in (10_000, 12):
         cfg = offline_config(preset, path, "train.lr=1e-3", "critic.lr=1e-2", "model.dtype=float32")
         run = setup(cfg, tmp_path / f"run-{budget}")
-        run.offline.compute_reference(run, tmp_path / f"{REFERENCE_CACHE}-{budget}")
+        compute_reference(run, run.offline, tmp_path / f"{REFERENCE_CACHE}-{budget}")
         run.microbatch_tokens = budget
         metrics = train_step(run, 1)
         results.append(metrics)

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from reasonrl.config import ConfigError, load_config, resolve
-from reasonrl.config.commands import RewardModelRun
+from reasonrl.jobs.reward_model import RewardModelRun, run_reward_model_training
 from reasonrl.models.load import load_tokenizer
 from reasonrl.reward.prm import Line, ProcessRewardModel
-from reasonrl.reward.training import run_reward_model_training
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics

@@ -10,17 +10,18 @@ from reasonrl.data.examples import Example
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.models.load import load_tokenizer
-from reasonrl.reward.base import RewardResult
-from reasonrl.reward.pool import ScoringPool
-from reasonrl.rollout.base import Completion
+from reasonrl.reward.scoring_pool import ScoringPool
+from reasonrl.reward.verifier_protocol import RewardResult
+from reasonrl.rollout.engine_protocol import Completion
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.rollout.scored import Scored
 from reasonrl.train.loop import data_spec
-from reasonrl.train.rollout import (
+from reasonrl.train.rollout_stage import (
     DynamicSamplingError,
     Generated,
     RewardFailureError,
     RolloutCollector,
+    RolloutSettings,
     build_batch,
     finished_stats,
 )
@@ -44,7 +45,7 @@ def collector(overrides, respond, verifier=None):
     pool = ScoringPool(verifier or DigitFraction(), workers=1, timeout=30)
     stream = TrainingStream(data_spec(cfg), seed=0)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
-    return RolloutCollector(cfg, resolve(cfg), engine, tokenizer, pool, stream, encoder), pool
+    return RolloutCollector(RolloutSettings.of(cfg, resolve(cfg)), engine, tokenizer, pool, stream, encoder), pool
 
 
 def mixed_groups(tokenizer):

@@ -275,12 +275,12 @@ def test_a_finished_run_stores_its_final_weights_once_and_a_resume_says_it_is_fi
 
 SLOW_SAVES = """
 import sys, time
-import reasonrl.train.loop as loop
-real = loop.save_checkpoint
+import reasonrl.train.backend as backend
+real = backend.save_checkpoint
 def slow(*args, **kwargs):
     time.sleep(60)
     return real(*args, **kwargs)
-loop.save_checkpoint = slow
+backend.save_checkpoint = slow
 from reasonrl.cli import main
 sys.exit(main(sys.argv[1:]))
 """

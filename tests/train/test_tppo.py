@@ -15,16 +15,16 @@ from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.models.load import load_model, load_tokenizer
 from reasonrl.models.value import load_value_model, value_model_from_policy
-from reasonrl.reward.pool import ScoringPool
+from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.pool import RolloutPool
-from reasonrl.train.advantages import assign_advantages
+from reasonrl.rollout.tppo_pool import RolloutPool
+from reasonrl.train.advantage_stage import assign_advantages
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.loop import data_spec, fit, logprob_stage
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.parallel import SINGLE_PROCESS
 from reasonrl.train.policy import TokenLogprobs
-from reasonrl.train.rollout import PoolCollector, RolloutCollector
+from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY, undocumented_metrics
 
@@ -61,7 +61,7 @@ def pool_collector(cfg, engine=None):
     stream = TrainingStream(data_spec(cfg), seed=0)
     encoder = PromptEncoder(tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens)
     plan = resolve(cfg)
-    collector = RolloutCollector(cfg, plan, engine, tokenizer, scorer, stream, encoder)
+    collector = RolloutCollector(RolloutSettings.of(cfg, plan), engine, tokenizer, scorer, stream, encoder)
     pool = RolloutPool(plan.sequences_per_rollout, cfg.algo.window_tokens, cfg.rollout.max_response_tokens)
     return PoolCollector(collector, pool), scorer
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reasonrl.cli import main
-from reasonrl.models.errors import ModelError
+from reasonrl.models.model_error import ModelError
 from reasonrl.models.untrusted import TRUST_PICKLE_ENV, UnsafeFileError, load_tensor_file, safe_dcp_load
 from tests.train.test_loop import TINY
 

@@ -8,11 +8,10 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError, load_config
-from reasonrl.config.commands import EvalSettings, OfflineSampleRun
 from reasonrl.data.loaders import DataError, load_examples
-from reasonrl.data.offline import run_sampling
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.eval import run_eval
+from reasonrl.jobs.evaluate import EvalSettings, run_eval
+from reasonrl.jobs.offline_sample import OfflineSampleRun, run_sampling
 from reasonrl.models.load import load_model, load_tokenizer, vision_processor
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.train.loop import fit

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import re
 
-from reasonrl.reward.base import RewardResult
 from reasonrl.reward.math import answer_lines
+from reasonrl.reward.verifier_protocol import RewardResult
 
 NUMBER_TEXT = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 NUMBER = rf"\s*({NUMBER_TEXT})\s*"

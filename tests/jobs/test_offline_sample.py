@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from reasonrl.config.commands import OfflineSampleRun
 from reasonrl.data.loaders import DataError
-from reasonrl.data.offline import read_samples, run_sampling
+from reasonrl.data.offline_dataset import read_samples
+from reasonrl.jobs.offline_sample import OfflineSampleRun, run_sampling
 
 SETTINGS = {"model": "tiny-random", "dataset": "arithmetic", "limit": 3, "samples_per_prompt": 2, "max_new_tokens": 4,
             "overrides": ("reward.workers=1",)}  # fmt: skip

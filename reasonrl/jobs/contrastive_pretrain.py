@@ -6,7 +6,7 @@ scores.  Each step takes N conversations (a preference pair's prompt with its ch
 views of each history with two different augmentations (``reasonrl.data.augment``: term masking, turn
 deletion, exchange reordering; the reply is never changed), reads each view's representation at the end
 of its history (the state before the reply), and minimises InfoNCE with the other 2N − 2 views as
-negatives (``reasonrl.algo.contrastive.info_nce``).  The encoder is saved as a causal LM with a zero
+negatives (``reasonrl.algo.contrastive_losses.info_nce``).  The encoder is saved as a causal LM with a zero
 value head, so `rm train --model OUT/model` (bt, pairwise) and critics
 (`critic.init=reward_model critic.path=OUT`) start from it.
 """
@@ -18,21 +18,101 @@ import json
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from safetensors.torch import save_file
 
-from reasonrl.algo.contrastive import info_nce
+from reasonrl.algo.contrastive_losses import info_nce
 from reasonrl.batch import pad_rows
-from reasonrl.config.commands import ContrastivePretrainRun
+from reasonrl.config import ConfigError
 from reasonrl.data.augment import two_views
 from reasonrl.data.loaders import DataError
 from reasonrl.models.forward import response_hidden_states
+from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import HEAD_FILE, ValueModel
 from reasonrl.reward.bt import PreferencePair, RewardModel, load_preference_pairs, split_pairs
 from reasonrl.timing import Progress
+
+AUGMENTATIONS = ("mask", "delete", "reorder")
+"""COCA's augmentations of a conversation history (``reasonrl.data.augment``)."""
+
+
+@dataclass(frozen=True)
+class ContrastivePretrainRun:
+    """What ``reasonrl rm pretrain --contrastive`` runs: COCA's contrastive pretraining (arXiv 2108.10510)
+    of the encoder a reward model or a critic starts from."""
+
+    model: str = "smollm2-135m"
+    """The model to start from (a spec as model.name_or_path)."""
+
+    data: str = "hh-rlhf-harmless"
+    """Conversations: the prompts and chosen replies of preference pairs (a built-in set or a .jsonl file)."""
+
+    out: str = "runs/contrastive-encoder"
+    """Where the pretrained encoder (model/), metrics.jsonl and summary.json go; `rm train --model OUT/model`
+    and `critic.init=reward_model critic.path=OUT` start from it."""
+
+    steps: int = 100
+    """Optimiser steps."""
+
+    batch_pairs: int = 8
+    """Conversations per optimiser step (each gives two views: 2N − 2 negatives per anchor)."""
+
+    lr: float = 1e-5
+    """Learning rate (COCA: 5e-5 for BERT-base)."""
+
+    temperature: float = 0.1
+    """τ of the InfoNCE loss (COCA's 0.1)."""
+
+    augmentations: str = "mask,delete,reorder"
+    """The augmentations a view may use, comma-separated: mask (terms), delete (turns), reorder (exchanges);
+    COCA's ablation drops one at a time."""
+
+    mask_rate: float = 0.5
+    """Share of each history turn's words masked (COCA's term-deletion rate)."""
+
+    delete_rate: float = 0.5
+    """Share of the history's turns deleted (COCA's query/document deletion rate)."""
+
+    held_out: float = 0.2
+    """Fraction of the conversations kept out of training for the held-out loss and accuracy."""
+
+    eval_pairs: int | None = 200
+    """Held-out conversations scored before and after; None = all of them."""
+
+    max_prompt_tokens: int = 256
+    """History tokens the encoder reads (the most recent ones are kept)."""
+
+    max_response_tokens: int = 128
+    """Reply tokens the encoder reads (the first ones are kept)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model trains (as model.device): auto = a CUDA GPU when one is visible, else the CPU."""
+
+    seed: int = 0
+    """Seed of the split, the views and the shuffling."""
+
+    def check(self) -> None:
+        """Refuse settings that cannot train (ConfigError naming each problem)."""
+        names = [n.strip() for n in self.augmentations.split(",") if n.strip()]
+        checks = [
+            (bool(names) and set(names) <= set(AUGMENTATIONS),
+             f"--augmentations must name some of {', '.join(AUGMENTATIONS)}, got {self.augmentations!r}"),
+            (names != ["reorder"], "--augmentations reorder needs another one beside it: most histories have fewer "
+                                   "than two exchanges to swap"),
+            (self.temperature > 0, f"--temperature must be > 0, got {self.temperature}"),
+            (0 <= self.mask_rate <= 1 and 0 <= self.delete_rate <= 1,
+             "--mask-rate and --delete-rate must be in [0, 1]"),
+            (self.batch_pairs >= 2,
+             f"--batch-pairs must be >= 2 (the other conversations are the negatives), got {self.batch_pairs}"),
+        ]  # fmt: skip
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 def representations(rm: RewardModel, histories: Sequence, replies: Sequence[str]) -> torch.Tensor:
@@ -102,8 +182,6 @@ def train_encoder(
 def run_contrastive_pretraining(settings: ContrastivePretrainRun, progress: bool | None = False) -> dict:
     """Split, measure, train, measure again, save; returns (and writes) the summary.  ``progress``: show the
     measurements and the steps on stderr (``reasonrl.timing.Progress``'s ``show``)."""
-    from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
-
     settings.check()
     started = time.perf_counter()
     torch.manual_seed(settings.seed)

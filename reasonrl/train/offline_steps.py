@@ -2,18 +2,15 @@
 
 An offline run is an online run whose step reads a mini-batch of the dataset instead of generating
 one: the same setup, evaluation before and after, metrics, checkpoints, resume and export (``fit``).
-Step ``s`` reads positions (s−1)·k … s·k−1 of a sequence of seeded shuffles of the dataset, one per
-epoch, so a resumed run reads exactly what an uninterrupted one would.  The reference policy's
-log-probs of the responses are computed once, before the first step, and kept in the run directory.
+What each step reads is ``reasonrl.train.offline_batches``.  The reference policy's log-probs of the
+responses are computed once, before the first step, and kept in the run directory.
 
 ``dpo_step`` (arXiv 2305.18290) and ``dqo_step`` (arXiv 2410.09302) each read top to bottom; the math is
-``reasonrl.algo.offline``.
+``reasonrl.algo.offline_objectives``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,15 +18,21 @@ from typing import TYPE_CHECKING
 import torch
 
 from reasonrl.algo.masked import masked_mean
-from reasonrl.algo.offline import dpo_losses, dqo_policy_loss, dqo_targets, dqo_value_loss, importance_weights
+from reasonrl.algo.offline_objectives import (
+    dpo_losses,
+    dqo_policy_loss,
+    dqo_targets,
+    dqo_value_loss,
+    importance_weights,
+)
 from reasonrl.algo.value_loss import explained_variance
-from reasonrl.batch import RolloutBatch, pad_rows
+from reasonrl.batch import RolloutBatch
 from reasonrl.data.loaders import DataError
-from reasonrl.data.offline import OfflineSample, preference_pairs, read_samples
 from reasonrl.models.lora import adapters_disabled
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.untrusted import load_tensor_file
 from reasonrl.timing import timed
+from reasonrl.train.offline_batches import OfflineData, samples_batch
 
 if TYPE_CHECKING:
     from reasonrl.train.setup import Run
@@ -37,120 +40,35 @@ if TYPE_CHECKING:
 REFERENCE_CACHE = "reference_logprobs.pt"
 
 
-class OfflineData:
-    """The offline dataset of a run: its samples, what each step reads, and the reference log-probs.
-
-    DQO's items are responses; DPO's are (chosen, rejected) pairs, ``per_step`` // 2 of them a step.
-    """
-
-    def __init__(self, path: str | Path, objective: str, per_step: int, seed: int, vocab_size: int) -> None:
-        self.samples = read_samples(path)
-        biggest = max(max((*s.prompt_token_ids, *s.response_token_ids)) for s in self.samples)
-        if biggest >= vocab_size:
+def compute_reference(run: Run, data: OfflineData, cache: Path) -> None:
+    """log π_ref of every response the run trains on, into ``data.reference``: loaded from ``cache``, else
+    computed once and saved.  A cache of another dataset (the file changed since the run began) is refused."""
+    if cache.exists():
+        saved = load_tensor_file(cache)
+        if saved.get("fingerprint") != data.fingerprint:
             raise DataError(
-                f"{path}: token id {biggest} is outside the model's vocabulary ({vocab_size} tokens); the file was "
-                "sampled with another tokenizer: sample it again with this model (`reasonrl data sample --model`)"
+                f"the offline dataset changed since this run began ({cache} was computed for other samples); "
+                "continue the run with the file it started with, or start a new run"
             )
-        if objective == "dpo":
-            pairs = preference_pairs(self.samples)
-            if not pairs:
-                raise DataError(
-                    f"{path}: no prompt has both a correct and a wrong response, so DPO has no pair; sample more "
-                    "responses per prompt (--samples-per-prompt) or an easier/harder split"
-                )
-            self.items: list[tuple[int, ...]] = list(pairs)
-            self.per_step = per_step // 2
-        else:
-            self.items = [(i,) for i in range(len(self.samples))]
-            self.per_step = per_step
-        self.seed = seed
-        self.reference: dict[int, torch.Tensor] = {}
-        self.fingerprint = hashlib.sha256(
-            repr([(x.id, x.prompt_token_ids, x.response_token_ids) for x in self.samples]).encode()
-        ).hexdigest()
-        self._orders: dict[int, list[int]] = {}
-
-    def _order(self, epoch: int) -> list[int]:
-        if epoch not in self._orders:
-            order = list(range(len(self.items)))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            self._orders = {epoch: order}  # steps move forward: one epoch's order is enough
-        return self._orders[epoch]
-
-    def step_rows(self, step: int) -> list[int]:
-        """The sample indices step ``step`` (1-based) trains on; a DPO pair's two rows are adjacent."""
-        rows: list[int] = []
-        for position in range((step - 1) * self.per_step, step * self.per_step):
-            epoch, offset = divmod(position, len(self.items))
-            rows.extend(self.items[self._order(epoch)[offset]])
-        return rows
-
-    def batch(self, rows: list[int]) -> RolloutBatch:
-        """The samples ``rows`` as a batch: behaviour log-probs in ``rollout_logprobs``, the outcome (and
-        any process rewards) in ``token_rewards``, the cached reference log-probs in ``ref_logprobs``."""
-        samples = [self.samples[i] for i in rows]
-        return samples_batch(samples, [self.reference[i] for i in rows] if self.reference else None)
-
-    def compute_reference(self, run: Run, cache: Path) -> None:
-        """log π_ref of every response the run trains on: loaded from ``cache``, else computed once and saved.
-        A cache of another dataset (the file changed since the run began) is refused."""
-        if cache.exists():
-            saved = load_tensor_file(cache)
-            if saved.get("fingerprint") != self.fingerprint:
-                raise DataError(
-                    f"the offline dataset changed since this run began ({cache} was computed for other samples); "
-                    "continue the run with the file it started with, or start a new run"
-                )
-            self.reference = saved["logprobs"]
-            return
-        needed = sorted({i for item in self.items for i in item})
-        batch = samples_batch([self.samples[i] for i in needed])
-        out = torch.zeros(batch.response_mask.shape)
-        with torch.no_grad():
-            for rows in batch.micro_batch_rows(run.microbatch_tokens):
-                part = batch.select(rows)
-                if run.reference is not None:
-                    logprobs, _ = run.reference(part)
-                else:  # LoRA: the policy with its adapters switched off
-                    with adapters_disabled(run.model):
-                        logprobs, _ = run.updater.policy(part)
-                out[rows, : logprobs.shape[1]] = logprobs.cpu()
-        lengths = batch.response_mask.sum(1).tolist()
-        self.reference = {i: out[row, : lengths[row]].clone() for row, i in enumerate(needed)}
-        partial = cache.with_name(cache.name + ".partial")
-        torch.save({"fingerprint": self.fingerprint, "logprobs": self.reference}, partial)
-        partial.replace(cache)
-
-
-def samples_batch(samples: list[OfflineSample], reference: list[torch.Tensor] | None = None) -> RolloutBatch:
-    """Offline samples as a RolloutBatch (prompts left-padded, responses right-padded)."""
-    prompts = [s.prompt_token_ids for s in samples]
-    responses = [s.response_token_ids for s in samples]
-    width, prompt_width = max(map(len, responses)), max(map(len, prompts))
-    response_mask = pad_rows([[1] * len(r) for r in responses], width, False, torch.bool)
-    rewards = torch.tensor([s.reward for s in samples])
-    prompts_seen: dict[str, int] = {}
-    token_rewards = torch.zeros(len(samples), width)
-    for row, sample in enumerate(samples):
-        token_rewards[row, len(sample.response_token_ids) - 1] = sample.reward  # the outcome on the last token
-        for index, value in sample.process_rewards:
-            token_rewards[row, index] += value
-    ref = None if reference is None else pad_rows([r.tolist() for r in reference], width, False, torch.float)
-    return RolloutBatch(
-        prompt_ids=pad_rows(prompts, prompt_width, True, torch.long),
-        prompt_mask=pad_rows([[1] * len(p) for p in prompts], prompt_width, True, torch.bool),
-        response_ids=pad_rows(responses, width, False, torch.long),
-        response_mask=response_mask,
-        policy_loss_mask=response_mask.clone(),
-        value_loss_mask=response_mask.clone(),
-        rollout_logprobs=pad_rows([s.behaviour_logprobs for s in samples], width, False, torch.float32),
-        rewards=rewards,
-        correct=torch.tensor([s.correct for s in samples]),
-        truncated=torch.tensor([s.truncated for s in samples]),
-        group_ids=torch.tensor([prompts_seen.setdefault(s.example_id, len(prompts_seen)) for s in samples]),
-        token_rewards=token_rewards,
-        ref_logprobs=ref,
-    )
+        data.reference = saved["logprobs"]
+        return
+    needed = sorted({i for item in data.items for i in item})
+    batch = samples_batch([data.samples[i] for i in needed])
+    out = torch.zeros(batch.response_mask.shape)
+    with torch.no_grad():
+        for rows in batch.micro_batch_rows(run.microbatch_tokens):
+            part = batch.select(rows)
+            if run.reference is not None:
+                logprobs, _ = run.reference(part)
+            else:  # LoRA: the policy with its adapters switched off
+                with adapters_disabled(run.model):
+                    logprobs, _ = run.updater.policy(part)
+            out[rows, : logprobs.shape[1]] = logprobs.cpu()
+    lengths = batch.response_mask.sum(1).tolist()
+    data.reference = {i: out[row, : lengths[row]].clone() for row, i in enumerate(needed)}
+    partial = cache.with_name(cache.name + ".partial")
+    torch.save({"fingerprint": data.fingerprint, "logprobs": data.reference}, partial)
+    partial.replace(cache)
 
 
 def pair_micro_rows(batch: RolloutBatch, token_budget: int) -> list[list[int]]:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from reasonrl.config.commands import RewardModelRun
-from reasonrl.data.loaders import DataError
+from reasonrl.data.loaders import DataError, read_records
 from reasonrl.data.preferences import conversation_text
+from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device
+from reasonrl.models.value import export_sequence_classifier, value_model_from_policy
 from reasonrl.reward.bt import (
     PreferencePair,
     RewardModel,
@@ -27,7 +30,58 @@ from reasonrl.reward.bt import (
     split_pairs,
     train_bradley_terry,
 )
+from reasonrl.reward.pairwise import PairwiseJudge, train_pairwise_judge
+from reasonrl.reward.prm import labelled_programs, prm_metrics, train_prm
 from reasonrl.timing import Progress
+
+
+@dataclass(frozen=True)
+class RewardModelRun:
+    """What ``reasonrl rm train`` runs."""
+
+    kind: Literal["bt", "pairwise", "prm"] = "bt"
+    """bt: a scalar Bradley-Terry model (the critic's layout); pairwise: a generative judge (a causal LM);
+    prm: a process reward model (the critic's layout) regressed onto the line labels of `prm label`."""
+
+    model: str = "smollm2-135m"
+    """The model to start from (a spec as model.name_or_path)."""
+
+    data: str = "hh-rlhf-harmless"
+    """Preference pairs: a built-in set or a .jsonl / .jsonl.gz file; kind prm: the labels.jsonl of
+    `reasonrl prm label`."""
+
+    out: str = "runs/reward-model"
+    """Where the trained model (model/), metrics.jsonl and summary.json go."""
+
+    steps: int = 100
+    """Optimiser steps."""
+
+    batch_pairs: int = 8
+    """Pairs per optimiser step (a pairwise judge sees each in both orders); kind prm: programs per step."""
+
+    lr: float = 1e-5
+    """Learning rate (a BT model's zero-initialised head uses 100×)."""
+
+    held_out: float = 0.2
+    """Fraction of the pairs kept out of training for the accuracy measurement; kind prm: of the functions
+    under test, with all their programs."""
+
+    eval_pairs: int | None = 200
+    """Held-out pairs scored before and after training; None = all of them."""
+
+    max_prompt_tokens: int = 256
+    """bt, prm: prompt tokens the model reads (the most recent ones are kept)."""
+
+    max_response_tokens: int = 128
+    """bt, prm: response tokens the model reads, EOS included (the first ones are kept; a PRM drops the
+    lines beyond); set it to the policy's response cap when the model will score, or initialise the
+    critic for, longer answers."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model trains (as model.device): auto = a CUDA GPU when one is visible, else the CPU."""
+
+    seed: int = 0
+    """Seed of the split, the shuffling and the initialisation."""
 
 
 def _judge_accuracy(judge, pairs: list[PreferencePair]) -> float:
@@ -49,11 +103,6 @@ def split_groups(programs: list, held_out: float, seed: int) -> tuple[list, list
 def run_prm_training(settings: RewardModelRun, out: Path, record, progress: Progress) -> dict:
     """The PRM (kind prm): line-level accuracy, AUC and squared error on held-out prompts' lines, before
     and after regressing the critic's layout onto the labels; the model saved under ``out/model``."""
-    from reasonrl.data.loaders import read_records
-    from reasonrl.models.load import compute_dtype, load_tokenizer, resolve_device
-    from reasonrl.models.value import export_sequence_classifier, value_model_from_policy
-    from reasonrl.reward.prm import labelled_programs, prm_metrics, train_prm
-
     tokenizer = load_tokenizer(settings.model)
     rows = read_records(Path(settings.data))
     programs = labelled_programs(rows, tokenizer.eos_token_id, settings.max_prompt_tokens, settings.max_response_tokens)
@@ -118,8 +167,6 @@ def run_reward_model_training(settings: RewardModelRun, progress: bool | None = 
 def run_preference_training(settings: RewardModelRun, out: Path, record, progress: Progress) -> dict:
     """A Bradley-Terry model (kind bt) or a pairwise judge (kind pairwise): held-out pairwise accuracy
     before and after training on the pairs; the model saved under ``out/model``."""
-    from reasonrl.models.load import compute_dtype, resolve_device
-
     device = resolve_device(settings.device)
     train, held_out = split_pairs(load_preference_pairs(settings.data), settings.held_out, settings.seed)
     held_out = held_out[: settings.eval_pairs] if settings.eval_pairs else held_out
@@ -142,9 +189,6 @@ def run_preference_training(settings: RewardModelRun, out: Path, record, progres
         saved = rm.save(out / "model")
         rm.export(out / "hf")
     else:
-        from reasonrl.models.load import load_model, load_tokenizer
-        from reasonrl.reward.pairwise import PairwiseJudge, train_pairwise_judge
-
         tokenizer = load_tokenizer(settings.model)
         judge = PairwiseJudge(load_model(settings.model, torch.float32, device=device), tokenizer, compute_dtype=dtype)
         before = progress.measure("held-out before", len(held_out), "pairs", lambda: _judge_accuracy(judge, held_out))

@@ -20,7 +20,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from reasonrl.algo.presets import PRESETS as ALGO_PRESETS
-from reasonrl.config.errors import ConfigError, listing
+from reasonrl.config.config_error import ConfigError, listing
 from reasonrl.config.schema import Config
 from reasonrl.config.validate import validate
 

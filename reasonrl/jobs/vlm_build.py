@@ -27,28 +27,32 @@ on the hidden patches alone left the features of the visible ones uninformative 
 a caption read through the frozen language model carried 0.08 nats of the image per token after 200 steps
 and SFT then lost it, where the per-patch target makes the image tokens text the language model already
 reads; one image token per patch (no pixel shuffle: 36 tokens); captions and questions generated, not web
-data; a few hundred steps per stage; no video, no 2D RoPE, no MoE.  The result is cached like the GGUF
-conversion (``model.name_or_path=smollm2-135m-vlm``).
+data; a few hundred steps per stage; no video, no 2D RoPE, no MoE.  Without ``--out`` the result goes to the
+reasonrl cache, where ``model.name_or_path=smollm2-135m-vlm`` finds the default recipe's build (loading a model
+never builds one).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from reasonrl.algo.contrastive import image_text_contrastive
-from reasonrl.config.commands import VLMBuildRun
+from reasonrl.algo.contrastive_losses import image_text_contrastive
 from reasonrl.data.examples import Example
+from reasonrl.data.loaders import load_examples
 from reasonrl.data.prompts import TEMPLATES
-from reasonrl.data.visual import CELL
+from reasonrl.data.visual_tasks import CELL
 from reasonrl.models.forward import autocast_context
+from reasonrl.models.load import COMPLETE_MARKER, cache_root, compute_dtype, load_model, load_tokenizer
 from reasonrl.models.tiny import CHATML_VISION_TEMPLATE, VISION_TOKENS
 from reasonrl.timing import Progress
 
@@ -60,12 +64,70 @@ CONTRASTIVE_DIM = 128  # the shared image-text space of stage 3
 INITIAL_TEMPERATURE = 0.07  # CLIP's
 
 
+@dataclass(frozen=True)
+class VLMBuildRun:
+    """What ``reasonrl vlm build`` runs: a small vision-language model assembled in Seed1.5-VL's stages
+    (arXiv 2505.07062, §3–4) in miniature — a vision encoder pretrained on rendered images (masked image
+    modelling, then image-text contrastive learning), a connector aligned with the language model frozen,
+    then supervised fine-tuning on visual questions."""
+
+    language_model: str = "smollm2-135m"
+    """The language model the VLM is built on (a spec as model.name_or_path)."""
+
+    out: str | None = None
+    """Where the VLM goes (a Hugging Face directory with its processor); None = the reasonrl cache, where
+    ``model.name_or_path=smollm2-135m-vlm`` finds it."""
+
+    tasks: str = "visual_arithmetic"
+    """The visual tasks (comma-separated) whose train splits supply the images, captions and questions of
+    every stage; the default teaches reading the sums (counting, grounding and pointing build too, but no
+    recipe has yet made them better than chance: docs/benchmarks.md, "Vision-language RL")."""
+
+    vision_hidden: int = 192
+    """Width of the vision encoder (Idefics3's SigLIP-style ViT; 96-pixel images in 16-pixel patches)."""
+
+    vision_layers: int = 4
+    """Transformer layers of the vision encoder."""
+
+    encoder_steps: int = 600
+    """Stage 2, encoder pretraining: masked image modelling steps (half the patches hidden, every patch's
+    pixels predicted), the label-free objective of Seed1.5-VL's first ViT stage."""
+
+    contrastive_steps: int = 400
+    """Stage 3, image-text contrastive learning of the encoder on the images' captions (CLIP's loss),
+    Seed1.5-VL's second ViT stage."""
+
+    align_steps: int = 200
+    """Stage 4, alignment (the language model frozen): steps training the encoder and the connector so that
+    each image token is read as the word of its 16-pixel cell (the character written there, the colour of
+    the shape centred there, or a space), at ``lr`` with batches of 4 × ``batch_size`` images."""
+
+    sft_steps: int = 120
+    """Stage 5, supervised fine-tuning: steps training the whole model on the tasks' visual questions (on
+    the default task, 100 steps give 13% of held-out sums, 120 about 38%, 150 70%: RL needs room above;
+    ``bench/vlm_sft_steps.py``)."""
+
+    batch_size: int = 8
+    """Examples per step of stage 5 (stages 2–4 take 4×: they run no language model)."""
+
+    lr: float = 1e-3
+    """Learning rate of the stages that run no language model (2–4) and of the heads they train."""
+
+    adapter_lr: float = 1e-4
+    """Learning rate of the vision encoder and the connector in stage 5, where the language model reads
+    them."""
+
+    language_model_lr: float = 3e-5
+    """Learning rate of the language model's weights in stage 5."""
+
+    seed: int = 0
+    """Seed of the initialisation and of the order of examples."""
+
+
 def assemble(settings: VLMBuildRun):
     """(the Idefics3 model with the language model's weights and random vision parts, its processor)."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-
-    from reasonrl.models.load import load_model, load_tokenizer
 
     language_model, tokenizer = load_model(settings.language_model), load_tokenizer(settings.language_model)
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
@@ -278,8 +340,6 @@ def align_connector(model, processor, examples, settings: VLMBuildRun, advance) 
 def supervised_fine_tuning(model, processor, examples, settings: VLMBuildRun, advance) -> list[float]:
     """Stage 5: everything trained on the visual questions (the language model at its own learning rate):
     next-token loss on the answers; returns the per-step losses."""
-    from reasonrl.models.load import compute_dtype
-
     language_parts = [*model.model.text_model.parameters(), *model.lm_head.parameters()]
     language = list({id(p): p for p in language_parts}.values())  # a tied LM head counted once
     new = [*model.model.connector.parameters(), *model.model.vision_model.parameters()]
@@ -301,11 +361,8 @@ def supervised_fine_tuning(model, processor, examples, settings: VLMBuildRun, ad
 
 
 def build_directory(settings: VLMBuildRun) -> Path:
-    """Where a recipe's VLM is cached: one directory per recipe (its settings' fingerprint)."""
-    import hashlib
-
-    from reasonrl.models.load import cache_root
-
+    """Where a recipe's VLM is cached: one directory per recipe (its settings' fingerprint); the default recipe's
+    is the one ``reasonrl.models.load.BUILT_VLMS`` names ``smollm2-135m-vlm``."""
     recipe = json.dumps({k: v for k, v in sorted(vars(settings).items()) if k != "out"})
     return cache_root() / "models" / f"vlm-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
@@ -314,8 +371,6 @@ def build_vlm(settings: VLMBuildRun, out: Path, progress: bool | None = False) -
     """Assemble, run the four training stages, save the model and its processor to ``out``; returns the build's
     summary (also in ``out/build.json``): each stage's first and last losses and seconds.  ``progress``: show
     the steps on stderr (``reasonrl.timing.Progress``'s ``show``)."""
-    from reasonrl.data.loaders import load_examples
-
     started = time.perf_counter()
     examples = [e for task in settings.tasks.split(",") for e in load_examples(task.strip(), "train")]
     model, processor = assemble(settings)
@@ -349,3 +404,16 @@ def build_vlm(settings: VLMBuildRun, out: Path, progress: bool | None = False) -
     }
     (out / "build.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def run_vlm_build(settings: VLMBuildRun, progress: bool | None = False) -> dict:
+    """``reasonrl vlm build``: the VLM built into ``settings.out``, or without one into the reasonrl cache,
+    once (a complete build there is kept; its summary is returned), where ``model.name_or_path=smollm2-135m-vlm``
+    finds the default recipe's; returns the build's summary."""
+    if settings.out is not None:
+        return build_vlm(settings, Path(settings.out), progress)
+    cached = build_directory(settings)
+    if not (cached / COMPLETE_MARKER).exists():
+        build_vlm(settings, cached, progress)
+        (cached / COMPLETE_MARKER).touch()  # what the model loader asks before it reads a built model
+    return json.loads((cached / "build.json").read_text())

@@ -2,8 +2,9 @@
 
 The driver joins (or starts) the cluster, starts ``dist.rollout_workers`` rollout workers and
 ``dist.reward_workers`` scorers, then ``dist.trainer_workers`` trainer actors that form one
-torch.distributed group and each run ``fit()`` as a data-parallel rank (``reasonrl.train.parallel``),
-generating and scoring through the shared workers.  A worker that dies stops the run with an error
+torch.distributed group and each run ``fit()`` as a data-parallel rank (the training backend
+``reasonrl.train.backend.FSDP2Ranks``; one trainer worker: ``SingleProcess``), generating and scoring
+through the shared workers.  A worker that dies stops the run with an error
 naming it and the last checkpoint; running the same command again resumes from it.
 """
 
@@ -33,11 +34,11 @@ from reasonrl.dist.cluster import (
     start_workers,
     stop_ray,
 )
+from reasonrl.dist.cluster_errors import WorkerDiedError
 from reasonrl.dist.engines import EngineSettings, RayRolloutEngines
-from reasonrl.dist.errors import WorkerDiedError
 from reasonrl.dist.scoring import RayScorer
-from reasonrl.reward.base import RewardResult, Scorer
-from reasonrl.rollout.base import Completion, SamplingParams
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.rollout.engine_protocol import Completion, SamplingParams
 
 RUN_SECONDS = 10.0**9  # a training call has no time limit of its own; its workers' calls have
 

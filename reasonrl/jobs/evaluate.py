@@ -9,25 +9,24 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_WRONG
 from reasonrl.config import Config, ConfigError, load_config
-from reasonrl.config.commands import EvalSettings
 from reasonrl.config.routes import VERIFIER_SOURCES, resolve_routes
+from reasonrl.config.schema import FireConfig
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import benchmark_examples, eval_examples
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device, vision_processor
-from reasonrl.reward.base import RewardResult
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, reward_terms
+from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout import SamplingParams, build_engine
-from reasonrl.rollout.base import share_params
-from reasonrl.rollout.multiturn import (
+from reasonrl.rollout.conversations import (
     PAG_VERIFY_PROMPT,
     ROLE_INJECTED,
     ROLE_POLICY,
@@ -42,6 +41,7 @@ from reasonrl.rollout.multiturn import (
     probability_correct,
     run_conversations,
 )
+from reasonrl.rollout.engine_protocol import share_params
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
 from reasonrl.timing import Progress
@@ -50,6 +50,147 @@ from reasonrl.train.setup import build_scorer, data_spec
 
 log = logging.getLogger(__name__)
 VLLM_BATCH_SEQUENCES = 256  # the vLLM engine's default max_batch_sequences (it keeps no attribute for it)
+
+STANDALONE_DATASET = "arithmetic"
+"""What ``reasonrl eval`` evaluates a model that is not a run directory on, unless told."""
+
+STANDALONE_MAX_NEW_TOKENS = 256
+"""``reasonrl eval``'s cap on an answer's tokens for a model that is not a run directory, unless told."""
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What ``reasonrl eval`` runs; the first sentence of each field's docstring is its option's help."""
+
+    model: str = "smollm2-135m"
+    """Model spec (as model.name_or_path) or a run directory.  A spec is a built-in name, a local directory,
+    a .gguf file or a hub id; a run directory means its final model, and the settings left unset (None) are
+    then the run's own: what its evaluation used, from its config.yaml."""
+
+    dataset: str | None = None
+    """A built-in dataset (listed below), a .jsonl/.parquet file with question/answer fields, or a hub id
+    owner/name (default: a run's held-out problems, else arithmetic).  A run's held-out problems are
+    data.eval_dataset, else the hold-out of data.dataset: the first data.eval_prompts, as its evaluation."""
+
+    question_field: str | None = None
+    """Field of a file's rows holding the question (default: a run's data.question_field, else question).
+    A `datasets` name's rows too."""
+
+    answer_field: str | None = None
+    """Field of a file's rows holding the final answer (default: a run's data.answer_field, else answer).
+    Dotted for nested fields."""
+
+    k: int = 1
+    """Samples per problem for avg@k, maj@k, pass@k (greedy_pass@1 is greedy)."""
+
+    samples: int | None = field(default=None, metadata={"option": "n"})
+    """Samples drawn per problem (>= k; default k): pass@k is estimated from n.  It is the unbiased
+    estimate from n."""
+
+    system_prompt: str | None = None
+    """A system message before every prompt (default: a run's data.system_prompt, else none).  As
+    data.system_prompt; "" = none with a run directory too."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the k samples (greedy_pass@1 is always greedy)."""
+
+    top_p: float = 1.0
+    """Nucleus threshold of the k samples; 1.0 = off."""
+
+    max_new_tokens: int | None = None
+    """Cap on an answer's tokens (default: a run's rollout.max_response_tokens, else 256)."""
+
+    limit: int | None = None
+    """Evaluate the first N problems only; None = all of them (a run's held-out problems: data.eval_prompts)."""
+
+    prompt_template: Literal["answer_line", "boxed", "plain"] | None = field(
+        default=None, metadata={"option": "template"}
+    )
+    """How a question is asked (default: a run's data.prompt_template, else answer_line).  As
+    data.prompt_template."""
+
+    seed: int = 0
+    """Seed of the k samples."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model generates: auto = a CUDA GPU when one is visible, else the CPU.  On a GPU, vLLM where
+    installed, else transformers' generate (as model.device)."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights' dtype for generation (as model.dtype)."""
+
+    fire: bool = False
+    """FIRE: sample the first token flaming-hot.  In the k sampled answers only (greedy_pass@1 stays greedy),
+    as ``rollout.fire`` with the temperature and top-k below."""
+
+    fire_temperature: float = FireConfig.temperature
+    """FIRE: temperature of the first token (as rollout.fire.temperature)."""
+
+    fire_top_k: int = FireConfig.top_k
+    """FIRE: top-k of the first token (as rollout.fire.top_k)."""
+
+    protocol: Literal["single", "pag"] = "single"
+    """pag: also answer, self-verify and revise (PAG), reporting acc@t1, acc@final, verifier_accuracy.
+    single: one answer per prompt; pag: also PAG's protocol (arXiv 2506.10406): the greedy answer, the
+    model's verify turn, and a revision after any verdict but "correct", up to max_attempts (acc@t1,
+    acc@final, verifier_accuracy, delta_i_to_c, delta_c_to_i, revision_rate)."""
+
+    max_attempts: int = 2
+    """PAG: answers at most (the paper evaluates with 2)."""
+
+    self_verify_bon: bool = False
+    """PAG self-verify best-of-k: keep the sampled answer the model's own verdict rates most likely correct.
+    The model verifies each of the k sampled answers (a greedy verify turn) and the answer whose verdict
+    gives "correct" the highest probability is kept: ``self_verify_bon@k``, next to ``maj@k``."""
+
+    records: str | None = None
+    """Also write every greedy answer (id, response, tokens, score, verdict) to this .jsonl.  Its problem
+    id, data source, response, response tokens, score and verdict, for breakdowns the summary does not make
+    (accuracy by response length, say)."""
+
+    overrides: tuple[str, ...] = ()
+    """reward.* settings as for train, as "reward.functions=['my_rewards.py:score']" (default: a run's).  They
+    score the answers (reward.functions, reward.weights, reward.routes, reward.workers,
+    reward.timeout_seconds), over a run directory's own."""
+
+    def fire_config(self) -> FireConfig:
+        """FIRE's sampling of the k answers, as the run config holds it."""
+        return FireConfig(enabled=self.fire, temperature=self.fire_temperature, top_k=self.fire_top_k)
+
+    def completed(self, cfg: Config, of_run: bool) -> EvalSettings:
+        """These settings with each unset one filled in from ``cfg``'s data and rollout settings: a run
+        directory's config (``of_run``: what its evaluation used), else the defaults of a standalone eval."""
+        data = cfg.data
+        inherited = {
+            "max_new_tokens": cfg.rollout.max_response_tokens if of_run else STANDALONE_MAX_NEW_TOKENS,
+            "prompt_template": data.prompt_template,
+            "system_prompt": data.system_prompt,
+            "question_field": data.question_field,
+            "answer_field": data.answer_field,
+        }
+        if not of_run:  # a run's unset dataset stays None: its held-out problems
+            inherited["dataset"] = STANDALONE_DATASET
+        return replace(self, **{name: value for name, value in inherited.items() if getattr(self, name) is None})
+
+    def check(self) -> None:
+        """Refuse settings that cannot be evaluated, before anything loads (ConfigError naming each problem)."""
+        not_reward = [item for item in self.overrides if not item.strip().startswith("reward.")]
+        checks = [
+            (not not_reward, f"eval takes reward.* settings only as KEY=VALUE (got {', '.join(not_reward)}); "
+                             "give the others as options (--dataset, --question-field, --template, ...)"),
+            (self.k >= 1, f"--k must be >= 1 (samples per problem), got {self.k}"),
+            (self.samples is None or self.samples >= self.k,
+             f"--n {self.samples} samples cannot estimate pass@{self.k}; give --n >= --k"),
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1,
+             f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature > 0, f"--temperature must be > 0 (of the k samples), got {self.temperature}"),
+            (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
+            (self.max_attempts >= 1, f"--max-attempts must be >= 1, got {self.max_attempts}"),
+        ]  # fmt: skip
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 class _VerifyOnce(TurnRule):
@@ -301,7 +442,7 @@ def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str,
         settings.temperature,
         settings.top_p,
         seed=settings.seed,
-        fire=fire_params(settings.fire),
+        fire=fire_params(settings.fire_config()),
     )
     n = len(examples)
     try:
@@ -337,7 +478,7 @@ def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str,
         "problems": len(examples),
         "k": settings.k,
         "temperature": settings.temperature,
-        "fire": settings.fire.enabled,
+        "fire": settings.fire,
         "samples": samples,
         "greedy_pass@1": sum(r.correct for r in greedy.results) / max(1, len(examples)),
         **sampled_metrics(groups, settings.k),

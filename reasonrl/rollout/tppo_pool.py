@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reasonrl.data.examples import Example
-from reasonrl.rollout.base import FinishReason, RolloutEngine, SamplingParams
+from reasonrl.rollout.engine_protocol import FinishReason, RolloutEngine, SamplingParams
 
 
 @dataclass

@@ -3,7 +3,8 @@
 import json
 
 from reasonrl.data.examples import Example
-from reasonrl.data.select import merge, select_hardest, write_jsonl
+from reasonrl.jobs.prompt_sampling import write_jsonl
+from reasonrl.jobs.select_prompts import merge, select_hardest
 
 CANDIDATES = [Example(f"m{i}", f"math {i}", str(i), "math") for i in range(10)] + [
     Example(f"o{i}", f"open {i}", "ref", "open") for i in range(10)

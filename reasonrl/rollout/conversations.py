@@ -30,7 +30,7 @@ from torch import Tensor
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
 from reasonrl.data.control_tokens import control_tokens
-from reasonrl.rollout.base import RolloutEngine, SamplingParams, extended
+from reasonrl.rollout.engine_protocol import RolloutEngine, SamplingParams, extended
 
 ROLE_INJECTED = -1
 ROLE_POLICY = 0  # an attempt at the answer
@@ -274,7 +274,7 @@ class ToolRule(TurnRule):
     """A python tool: a turn that ends with a tool call (``python_call``) gets its output (cut to
     ``TOOL_OUTPUT_CHARS``) as the next turn, and the policy goes on; at most ``max_tool_calls`` per
     conversation.  A turn without a call ends it.  ``run_python`` runs the programs of one turn of every
-    conversation together (sandboxed, under one time budget: ``train/multiturn.sandboxed_python``).  A call
+    conversation together (sandboxed, under one time budget: ``train/conversation_stage.sandboxed_python``).  A call
     that cannot be read or that fails comes back as an error message (``Injection.tool_error``), never as
     an error of the run.  A fenced block's output comes back as a user message, a native call's as a
     "tool" message (what the template expects)."""

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 
 from reasonrl.data.examples import Example
-from reasonrl.reward.base import RewardResult, Verifier
+from reasonrl.reward.verifier_protocol import RewardResult, Verifier
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,22 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reasonrl.algo.presets import AlgoSpec
 from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
 from reasonrl.batch import RolloutBatch, pad_rows, prompt_images
 from reasonrl.config import Config, Plan
+from reasonrl.config.schema import RewardConfig, RolloutConfig
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
-from reasonrl.reward.base import RewardResult, Scorer
 from reasonrl.reward.custom import VERIFIER_TERM
 from reasonrl.reward.format import FormatVerifier
-from reasonrl.rollout.base import Completion, RolloutEngine, SamplingParams
-from reasonrl.rollout.pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
+from reasonrl.rollout.tppo_pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
 from reasonrl.timing import timed
 from reasonrl.train.process_rewards import all_failed_prompt_stats
 
@@ -66,13 +68,30 @@ def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, 
     )
 
 
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What the rollout stages read of a run's config: sampling and turns, reward shaping and group
+    filters, the reward scale and error budget, the run's seed, and two counts its plan derives."""
+
+    rollout: RolloutConfig
+    algo: AlgoSpec
+    reward: RewardConfig
+    seed: int
+    prompts_per_generation_pass: int
+    overlong_cache_tokens: int | None
+
+    @classmethod
+    def of(cls, cfg: Config, plan: Plan) -> RolloutSettings:
+        seed, per_pass, overlong_cache = cfg.run.seed, plan.prompts_per_generation_pass, plan.overlong_cache_tokens
+        return cls(cfg.rollout, cfg.algo, cfg.reward, seed, per_pass, overlong_cache)
+
+
 class RolloutCollector:
     """Produces each step's training batch from the prompt stream."""
 
     def __init__(
         self,
-        cfg: Config,
-        plan: Plan,
+        settings: RolloutSettings,
         engine: RolloutEngine,
         tokenizer,
         pool: Scorer,
@@ -80,7 +99,7 @@ class RolloutCollector:
         encoder: PromptEncoder,
         process_rewards: Callable[[RolloutBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]] | None = None,
     ) -> None:
-        self.cfg, self.plan = cfg, plan
+        self.settings = settings
         self.engine, self.tokenizer, self.pool = engine, tokenizer, pool
         self.stream, self.encoder = stream, encoder
         self.process_rewards = process_rewards  # dense line rewards for code rows (reward.prm_dense), or None
@@ -88,7 +107,7 @@ class RolloutCollector:
 
     def shaped_rewards(self, scored: Scored) -> tuple[torch.Tensor, dict[str, float]]:
         """Verifier scores mapped to [incorrect_score, correct_score], plus format and overlong terms."""
-        reward_cfg, algo = self.cfg.reward, self.cfg.algo
+        reward_cfg, algo = self.settings.reward, self.settings.algo
         scores = torch.tensor([r.score for r in scored.results], dtype=torch.float32)
         rewards = reward_cfg.incorrect_score + (reward_cfg.correct_score - reward_cfg.incorrect_score) * scores
         stats: dict[str, float] = {}
@@ -101,8 +120,8 @@ class RolloutCollector:
             lengths = torch.tensor([len(c.token_ids) for c in scored.completions])
             penalty = overlong_penalty(
                 lengths,
-                self.cfg.rollout.max_response_tokens,
-                self.plan.overlong_cache_tokens,
+                self.settings.rollout.max_response_tokens,
+                self.settings.overlong_cache_tokens,
                 algo.overlong_penalty_factor,
             ).to(torch.float32)
             rewards = rewards + penalty
@@ -111,7 +130,7 @@ class RolloutCollector:
 
     def sampling_params(self, seed: int) -> SamplingParams:
         """The run's sampling settings, with this call's seed."""
-        rollout = self.cfg.rollout
+        rollout = self.settings.rollout
         return SamplingParams(
             max_new_tokens=rollout.max_response_tokens,
             temperature=rollout.temperature,
@@ -131,8 +150,9 @@ class RolloutCollector:
         groups = self.fill_groups(step, step if seed_step is None else seed_step, generated)
         scored = Scored.concat([group for group, _ in groups])
         group_ids = torch.arange(len(groups)).repeat_interleave(self.group_size)
-        batch = build_batch(scored, torch.cat([r for _, r in groups]), group_ids, self.cfg.algo.overlong == "filter")
-        fire = self.cfg.rollout.fire
+        filter_truncated = self.settings.algo.overlong == "filter"
+        batch = build_batch(scored, torch.cat([r for _, r in groups]), group_ids, filter_truncated)
+        fire = self.settings.rollout.fire
         if fire.enabled and fire.logprob == "mask":
             batch.policy_loss_mask[:, list(fire.positions)] = False  # FIRE tokens: off-policy
         code_rows = torch.tensor([e.task_type == "code" for e in scored.examples])
@@ -152,7 +172,7 @@ class RolloutCollector:
     @property
     def group_size(self) -> int:
         """G: responses sampled per prompt."""
-        return self.cfg.rollout.samples_per_prompt
+        return self.settings.rollout.samples_per_prompt
 
     def fill_groups(self, step: int, seed_step: int, generated: Generated) -> list[tuple[Scored, torch.Tensor]]:
         """Generation passes until ``rollout_prompts`` groups are kept: DAPO's dynamic sampling
@@ -164,11 +184,11 @@ class RolloutCollector:
         last pass kept beyond that number are discarded.  ``generated`` counts every pass.  A reward that
         failed too often over the passes stops the run (``Generated.check_scoring``).
         """
-        algo, wanted = self.cfg.algo, self.cfg.rollout.rollout_prompts
+        algo, wanted = self.settings.algo, self.settings.rollout.rollout_prompts
         buffer: list[tuple[Scored, torch.Tensor]] = []
         while len(buffer) < wanted:  # 7: fewer than N groups in the buffer: generate again
             if algo.max_generation_passes and len(generated.calls) >= algo.max_generation_passes:
-                generated.check_scoring(step, self.cfg.reward.max_error_fraction)  # a broken reward: say so first
+                generated.check_scoring(step, self.settings.reward.max_error_fraction)  # a broken reward: say so first
                 raise DynamicSamplingError(
                     f"dynamic sampling kept {len(buffer)} of {wanted} groups after {len(generated.calls)} "
                     "generation passes: nearly every group was all-correct or all-wrong.  Make the task harder or "
@@ -176,9 +196,9 @@ class RolloutCollector:
                     "or set algo.dynamic_sampling=false"
                 )
             # 2: sample a batch of prompts
-            examples = self.stream.take(self.plan.prompts_per_generation_pass, step)
+            examples = self.stream.take(self.settings.prompts_per_generation_pass, step)
             # 4–5: sample G responses per prompt from π_old and score them
-            seed = hash_seed(self.cfg.run.seed, seed_step, len(generated.calls) + 1)
+            seed = hash_seed(self.settings.seed, seed_step, len(generated.calls) + 1)
             scored = self.generation_pass(examples, seed, generated.timing)
             generated.add(scored)
             rewards, generated.reward_stats = self.shaped_rewards(scored)
@@ -188,7 +208,7 @@ class RolloutCollector:
                 rows = slice(g * self.group_size, (g + 1) * self.group_size)
                 if keep[rows].all():
                     buffer.append((scored.rows(rows), rewards[rows]))
-        generated.check_scoring(step, self.cfg.reward.max_error_fraction)
+        generated.check_scoring(step, self.settings.reward.max_error_fraction)
         return buffer[:wanted]
 
     def generation_pass(self, examples: Sequence[Example], seed: int, timing: dict[str, float]) -> Scored:
@@ -201,14 +221,14 @@ class RolloutCollector:
         if not scored.completions:
             raise DataError(
                 f"all {len(examples)} prompts of a generation pass are longer than "
-                f"rollout.max_prompt_tokens={self.cfg.rollout.max_prompt_tokens}; raise it"
+                f"rollout.max_prompt_tokens={self.settings.rollout.max_prompt_tokens}; raise it"
             )
         return scored
 
     def informative(self, scored: Scored, rewards: torch.Tensor) -> torch.Tensor:
         """[N] bool: the rows whose group the dynamic-sampling filter keeps (DAPO eq 11: 0 < #correct < G, or a
         non-constant reward with ``dynamic_sampling_metric=reward``); every row without dynamic sampling."""
-        algo = self.cfg.algo
+        algo = self.settings.algo
         if not algo.dynamic_sampling:
             return torch.ones(len(rewards), dtype=torch.bool)
         group_ids = torch.arange(len(rewards) // self.group_size).repeat_interleave(self.group_size)
@@ -250,7 +270,7 @@ class PoolCollector:
                     return [PoolSequence(example, prompt, index) for _ in range(collector.group_size)]
             raise DataError(
                 f"{MAX_SKIPPED_PROMPTS} prompts in a row are longer than rollout.max_prompt_tokens="
-                f"{collector.cfg.rollout.max_prompt_tokens}; raise it"
+                f"{collector.settings.rollout.max_prompt_tokens}; raise it"
             )
 
         return new_group
@@ -260,7 +280,7 @@ class PoolCollector:
         collector, generated = self.synchronous, Generated()
         refilled = self.pool.refill(self._new_group(step))
         occupied = len(self.pool.active)
-        params = collector.sampling_params(hash_seed(collector.cfg.run.seed, step, 1))
+        params = collector.sampling_params(hash_seed(collector.settings.seed, step, 1))
         with timed(generated.timing, "perf/generate_seconds"):
             window = self.pool.advance(collector.engine, params)
         sequences = window.sequences
@@ -278,7 +298,7 @@ class PoolCollector:
             )
             scored.results = collector.pool.score_examples(scored.examples, texts) if finished else []
         generated.calls, generated.results = [window.new_tokens], scored.results
-        generated.check_scoring(step, collector.cfg.reward.max_error_fraction)
+        generated.check_scoring(step, collector.settings.reward.max_error_fraction)
         rewards = torch.zeros(len(sequences))
         results = [RewardResult(0.0, False) for _ in sequences]
         if finished:
@@ -303,7 +323,7 @@ class PoolCollector:
 
     def pooled_batch(self, sequences: Sequence[PoolSequence], scored: Scored, rewards: torch.Tensor) -> RolloutBatch:
         """The batch of every sequence a window advanced, with the masks of T-PPO's token filtering."""
-        algo = self.synchronous.cfg.algo
+        algo = self.synchronous.settings.algo
         _, group_ids = torch.unique(torch.tensor([s.group for s in sequences]), return_inverse=True)
         batch = build_batch(scored, rewards, group_ids, filter_truncated=False)  # running rows are no truncations
         running = torch.tensor([s.running for s in sequences])

@@ -2,7 +2,7 @@
 
 For each data policy (the initial policy, or evenly spaced checkpoints of an earlier RL run: the paper's
 choice), ``programs_per_prompt`` programs are sampled per prompt and scored in the sandbox.  A program
-that passes is all-positive.  For a failing one, the lines' binary search (``prm.DeadLineSearch``) asks
+that passes is all-positive.  For a failing one, the lines' binary search (``reward.prm.DeadLineSearch``) asks
 whether a line prefix is alive: K completions of it are sampled from the same policy and run against
 the tests, under the reward pool's sandbox limits and timeouts; alive if any passes.  Every program's
 search advances in lockstep, so one engine call samples the completions of many prefixes.
@@ -14,20 +14,85 @@ labelled programs, replays the probes it has, and spends completions only on the
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reasonrl.config.commands import PRMLabelRun
+from reasonrl.config import ConfigError, load_config
+from reasonrl.data.code_tasks import parse_reference
 from reasonrl.data.loaders import DataError, append_record, read_records
-from reasonrl.reward.code import defines, parse_reference
+from reasonrl.jobs.prompt_sampling import InitialPolicy, prompt_rows, stable_seed
+from reasonrl.reward.code import defines
 from reasonrl.reward.prm import DeadLineSearch, Line, line_labels, response_lines, token_char_ends
+from reasonrl.reward.router import build_router
+from reasonrl.rollout import SamplingParams
+from reasonrl.rollout.scored import sample_and_score
 from reasonrl.timing import Progress
 
 PROMPTS_PER_SAMPLING_CALL = 16  # prompts sampled (× programs_per_prompt) per engine call
 PROBES_PER_CALL = 8  # line prefixes probed (× K completions) per engine call
+
+
+@dataclass(frozen=True)
+class PRMLabelRun:
+    """What ``reasonrl prm label`` runs (arXiv 2410.17621, Algorithm 1: binary-search line labels)."""
+
+    model: str = "smollm2-135m"
+    """The initial policy (a spec as model.name_or_path): it samples the programs and the completions
+    with data_policy=initial."""
+
+    dataset: str = "mbpp"
+    """Code problems with unit tests: a built-in set (mbpp, humaneval) or a jsonl of code tasks."""
+
+    split: str = "train"
+    """The dataset's split (auto: train where there is one, else its only split)."""
+
+    limit: int | None = None
+    """Label the programs of the first N prompts only; None = every prompt."""
+
+    programs_per_prompt: int = 4
+    """n: programs sampled per prompt and policy."""
+
+    completions: int = 20
+    """K: completions sampled from a line prefix to decide whether it is alive (the paper's 20)."""
+
+    max_new_tokens: int = 256
+    """Cap on a program's tokens; a completion gets what the cap leaves after its prefix."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the programs and the completions."""
+
+    data_policy: str = "initial"
+    """Who samples: initial (the model above; no extra run), or an earlier RL run directory whose
+    evenly spaced checkpoints do (the paper's choice: 4 checkpoints of the RL baseline run)."""
+
+    checkpoints: int = 4
+    """data_policy = a run directory: how many of its checkpoints, evenly spaced, ending at the last."""
+
+    out: str = "runs/prm-labels.jsonl"
+    """The labelled programs, one JSON line each; OUT.progress holds the work in flight (resume)."""
+
+    seed: int = 0
+    """Seed of the sampling."""
+
+    overrides: tuple[str, ...] = ()
+    """`reasonrl train`-style KEY=VALUE settings for the engine and the sandbox (rollout.engine,
+    reward.timeout_seconds, reward.workers, ...)."""
+
+    def check(self) -> None:
+        """Refuse settings that cannot label anything (ConfigError naming each problem)."""
+        checks = [
+            (self.programs_per_prompt >= 1, f"--programs-per-prompt must be >= 1, got {self.programs_per_prompt}"),
+            (self.completions >= 1, f"--completions must be >= 1, got {self.completions}"),
+            (self.max_new_tokens >= 2, f"--max-new-tokens must be >= 2, got {self.max_new_tokens}"),
+            (self.temperature > 0, f"--temperature must be > 0, got {self.temperature}"),
+            (self.checkpoints >= 1, f"--checkpoints must be >= 1, got {self.checkpoints}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+        ]
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass
@@ -149,10 +214,6 @@ def data_policies(settings: PRMLabelRun) -> list[tuple[str, str]]:
     return [(saved[i].name, str(saved[i])) for i in picks]
 
 
-def _seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
-
-
 def _chunks(items: Sequence, size: int) -> Iterator[Sequence]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -161,8 +222,6 @@ def _chunks(items: Sequence, size: int) -> Iterator[Sequence]:
 def sample_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, store: LabelStore, advance) -> None:
     """Sample and score ``programs_per_prompt`` programs per prompt; a resumed run samples only the prompts
     that lack some, and keeps the programs it has (the probes it recorded refer to them)."""
-    from reasonrl.rollout import SamplingParams
-    from reasonrl.rollout.scored import sample_and_score
 
     def key(example, sample: int) -> str:
         return f"{name}/{example.id}/{sample}"
@@ -171,7 +230,7 @@ def sample_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, 
     todo = [e for e in examples if any(key(e, j) not in store.programs for j in range(n))]
     advance(len(examples) - len(todo))
     for chunk in _chunks(todo, PROMPTS_PER_SAMPLING_CALL):
-        seed = _seed(settings.seed, name, chunk[0].id)
+        seed = stable_seed(settings.seed, name, chunk[0].id)
         params = SamplingParams(settings.max_new_tokens, settings.temperature, seed=seed)
         scored = sample_and_score(
             policy.engine, policy.tokenizer, scorer, policy.encoder, chunk, params, settings.programs_per_prompt
@@ -207,8 +266,6 @@ def probe_prefixes(policy, scorer, examples, probes: Sequence[tuple[Program, int
     """Whether each (program, ℓ) prefix is alive: K completions each, sampled in one engine call, cut to
     what continues the prefix (``continuation``) and run against the program's tests; (alive, sandbox
     seconds) per probe.  A completion that abandons the prefix counts as failing."""
-    from reasonrl.rollout import SamplingParams
-
     K, decode = settings.completions, policy.tokenizer.decode
     prefixes = [program.response_token_ids[: program.lines[line - 1].end_token + 1] for program, line in probes]
     prompts = [program.prompt_token_ids + prefix for (program, _), prefix in zip(probes, prefixes, strict=True)]
@@ -260,7 +317,7 @@ def label_programs(policy, scorer, examples, name: str, settings: PRMLabelRun, s
         # 2. every other program probes the prefix its search asks for, PROBES_PER_CALL per engine call
         for chunk in _chunks(list(searches.values()), PROBES_PER_CALL):
             probes = [(program, search.query) for program, search in chunk]
-            seed = _seed(settings.seed, name, "probe", calls, len(store.labelled))
+            seed = stable_seed(settings.seed, name, "probe", calls, len(store.labelled))
             calls += 1
             for (program, search), (alive, seconds) in zip(
                 chunk, probe_prefixes(policy, scorer, examples, probes, settings, seed), strict=True
@@ -295,10 +352,6 @@ def summarise(store: LabelStore, settings: PRMLabelRun, wall_seconds: float) -> 
 def run_labelling(settings: PRMLabelRun, progress: bool | None = False) -> dict:
     """Sample and label (or continue labelling) into ``settings.out``; returns the summary.
     ``progress``: show both passes on stderr (``reasonrl.timing.Progress``'s ``show``)."""
-    from reasonrl.config import load_config
-    from reasonrl.data.select import InitialPolicy, prompt_rows
-    from reasonrl.reward.router import build_router
-
     settings.check()
     started = time.perf_counter()
     fixed = ("model", "dataset", "split", "programs_per_prompt", "completions", "max_new_tokens", "temperature",
@@ -312,7 +365,7 @@ def run_labelling(settings: PRMLabelRun, progress: bool | None = False) -> dict:
             if any(e.task_type != "code" for e in examples):
                 raise ValueError(f"{settings.dataset} is not a code dataset: prm label needs programs with unit tests")
             policy = InitialPolicy.load(cfg)
-            scorer = build_router(policy.cfg, policy.dtype)
+            scorer = build_router(policy.cfg.reward, policy.cfg.model.name_or_path, policy.dtype)
             try:
                 shown.stage(f"{name} sampling", len(examples), "prompts")
                 sample_programs(policy, scorer, examples, name, settings, store, shown.advance)

@@ -19,7 +19,7 @@ import torch
 from reasonrl.algo.pag import pag_attempt_rewards, pag_verify_rewards
 from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.data.loaders import DataError
-from reasonrl.rollout.multiturn import (
+from reasonrl.rollout.conversations import (
     INJECTED_TURN_TOKENS,
     PYTHON_TOOL,
     ROLE_POLICY,
@@ -34,7 +34,7 @@ from reasonrl.rollout.multiturn import (
     run_conversations,
 )
 from reasonrl.timing import timed
-from reasonrl.train.rollout import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, finished_stats, hash_seed
+from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, finished_stats, hash_seed
 
 TOOL_CHECK = "assert 1 == 1"  # the sandbox runs a program against tests; a tool call has none to pass
 
@@ -99,8 +99,8 @@ class ConversationCollector:
     synchronous collector's engine, stream, prompt encoder and scorer."""
 
     def __init__(self, synchronous: RolloutCollector) -> None:
-        self.synchronous, self.alpha = synchronous, synchronous.cfg.algo.revision_bonus
-        rollout = synchronous.cfg.rollout
+        self.synchronous, self.alpha = synchronous, synchronous.settings.algo.revision_bonus
+        rollout = synchronous.settings.rollout
         self.protocol, self.rule = rollout.multiturn, turn_rule(rollout)
         self.max_turns, self.token_cap = generated_turns(rollout), conversation_token_cap(rollout)
 
@@ -114,7 +114,7 @@ class ConversationCollector:
             for i, e in enumerate(rows)
         ]
         # 2. generate turn by turn
-        params = c.sampling_params(hash_seed(c.cfg.run.seed, step if seed_step is None else seed_step, 1))
+        params = c.sampling_params(hash_seed(c.settings.seed, step if seed_step is None else seed_step, 1))
         with timed(generated.timing, "perf/generate_seconds"):
             run_conversations(
                 c.engine, c.tokenizer, conversations, self.rule, params,
@@ -127,7 +127,7 @@ class ConversationCollector:
         with timed(generated.timing, "perf/score_seconds"):
             results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
         generated.results += results
-        generated.check_scoring(step, c.cfg.reward.max_error_fraction)
+        generated.check_scoring(step, c.settings.reward.max_error_fraction)
         # 4. per-turn rewards on each turn's last token
         tensors = conversation_tensors(conversations, c.tokenizer.pad_token_id)
         if self.protocol == "tool":
@@ -143,7 +143,7 @@ class ConversationCollector:
 
     def prompts(self, step: int) -> list:
         """``rollout_prompts`` prompts from the stream, over-long ones skipped (at most MAX_SKIPPED_PROMPTS)."""
-        c, wanted = self.synchronous, self.synchronous.cfg.rollout.rollout_prompts
+        c, wanted = self.synchronous, self.synchronous.settings.rollout.rollout_prompts
         examples: list = []
         for _ in range(MAX_SKIPPED_PROMPTS):
             examples += [e for e in c.stream.take(wanted - len(examples), step) if c.encoder(e) is not None]
@@ -157,7 +157,7 @@ class ConversationCollector:
     def final_answer_rewards(self, conversations, turn_ends, results) -> tuple[torch.Tensor, dict[str, float]]:
         """[B, T]: the final turn's verifier score, mapped to [reward.incorrect_score, reward.correct_score],
         on its last token; the turns before (tool calls) get 0."""
-        reward = self.synchronous.cfg.reward
+        reward = self.synchronous.settings.reward
         width = max(1, max(x.response_length for x in conversations))
         rewards = torch.zeros(len(conversations), width)
         for row, result in enumerate(results):

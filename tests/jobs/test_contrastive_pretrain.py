@@ -7,10 +7,9 @@ import random
 import torch
 
 from reasonrl.cli import main
-from reasonrl.config.commands import ContrastivePretrainRun
+from reasonrl.jobs.contrastive_pretrain import ContrastivePretrainRun, contrastive_loss
 from reasonrl.models.value import load_value_model
 from reasonrl.reward.bt import PreferencePair, RewardModel
-from reasonrl.reward.contrastive import contrastive_loss
 
 
 def conversations(n):

@@ -8,21 +8,24 @@ import pytest
 import torch
 
 from reasonrl.cli import main
-from reasonrl.config.commands import VLMBuildRun
 from reasonrl.data.loaders import load_examples
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.models.load import is_vision_language, load_model, load_tokenizer, vision_processor
-from reasonrl.models.vlm_build import (
+from reasonrl.jobs import vlm_build
+from reasonrl.jobs.vlm_build import (
     IMAGE_TOKENS,
+    VLMBuildRun,
     align_connector,
     assemble,
+    build_directory,
     cell_targets,
     contrast_images_and_captions,
     match_connector_scale,
     pretrain_encoder,
     reply_loss,
+    run_vlm_build,
     supervised_batch,
 )
+from reasonrl.models.load import BUILT_VLMS, is_vision_language, load_model, load_tokenizer, vision_processor
 from reasonrl.rollout import SamplingParams, build_engine
 
 TINY = VLMBuildRun(language_model="tiny-random", tasks="visual_counting", vision_hidden=32, vision_layers=1)
@@ -108,6 +111,20 @@ def test_the_built_vlm_loads_and_generates_from_images(tmp_path, capsys):
     prompts = [encoder(e) for e in load_examples("visual_counting", "test")[:2]]
     completions = build_engine("auto", model, tokenizer, dtype=torch.float32).generate(prompts, SamplingParams(3, 0.0))
     assert [len(c.token_ids) for c in completions] == [3, 3] or all(c.finish_reason == "stop" for c in completions)
+
+
+def test_the_default_recipe_builds_the_vlm_the_loader_names_smollm2_135m_vlm():
+    assert build_directory(VLMBuildRun()).name == BUILT_VLMS["smollm2-135m-vlm"]
+
+
+def test_a_build_into_the_cache_is_kept_and_is_what_the_loader_finds(tmp_path, monkeypatch):
+    monkeypatch.setenv("REASONRL_CACHE", str(tmp_path))
+    settings = dataclasses.replace(TINY, encoder_steps=1, contrastive_steps=1, align_steps=1, sft_steps=1, batch_size=2)
+    summary = run_vlm_build(settings)
+    monkeypatch.setitem(BUILT_VLMS, "smollm2-135m-vlm", build_directory(settings).name)
+    assert is_vision_language("smollm2-135m-vlm")
+    monkeypatch.setattr(vlm_build, "build_vlm", lambda *args, **kwargs: pytest.fail("built again"))
+    assert run_vlm_build(settings) == summary
 
 
 def test_the_reply_loss_is_hugging_faces_loss():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reasonrl.algo.advantages import (
+from reasonrl.algo.advantage_estimators import (
     decoupled_gae,
     group_advantages,
     length_adaptive_lambda,
