@@ -4,16 +4,20 @@ Prompts are left-padded and responses right-padded; every mask is explicit (neve
 ``ids != pad``: SmolLM2's pad token is also its end-of-turn token).  Shape letters: B sequences,
 P prompt tokens, T response tokens.
 
-A vision-language batch also carries its prompts' images, once per distinct prompt (not once per sample):
-``vision`` holds the model's pixel inputs [I, N, ...] (I image prompts, N images each, zero-padded) and
-``image_index`` [B] the row of them each sequence's prompt shows (−1: a text prompt).
+Beside the quantities every algorithm's step fills (old and reference log-probs, values, token rewards,
+advantages, returns), a feature that adds its own per-sequence state holds it in one optional record:
+T-PPO's ``PoolWindow`` (running rows, stale tokens), multi-turn's ``TurnLabels`` (turn rewards, roles,
+turn indices) and a vision-language batch's ``PromptImages`` (each distinct prompt's images once, not
+once per sample); process rewards are one tensor, ``dense_rewards``.  A record selects, trims,
+concatenates and moves with the batch's rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Self
 
 import torch
 from torch import Tensor
@@ -40,44 +44,34 @@ class RolloutBatch:
     token_rewards: Tensor | None = None  # [B, T]
     advantages: Tensor | None = None  # [B, T]
     returns: Tensor | None = None  # [B, T]
-    running: Tensor | None = None  # [B] bool: T-PPO, still generating (no stop token, under the cap)
-    stale_mask: Tensor | None = None  # [B, T] bool: T-PPO, tokens generated in earlier windows by older policies
-    turn_rewards: Tensor | None = None  # [B, T] float: multi-turn, each generated turn's reward on its last token
-    role_ids: Tensor | None = None  # [B, T] long: multi-turn, the role of each generated token (rollout.multiturn)
-    turn_ids: Tensor | None = None  # [B, T] long: multi-turn, the generated turn of each token, -1 elsewhere
+    # each feature's own state (None where the run does not use the feature):
+    pool_window: PoolWindow | None = None  # T-PPO: running rows [B] and earlier windows' tokens [B, T]
+    turns: TurnLabels | None = None  # multi-turn: each token's turn reward, role and turn [B, T]
     dense_rewards: Tensor | None = None  # [B, T] float: process rewards on line-end tokens, added to the outcome's
-    vision: dict[str, Tensor] | None = None  # each [I, N, ...]: the pixel inputs of the I image prompts (VLM)
-    image_index: Tensor | None = None  # [B] long: each sequence's row of ``vision``; -1 = a text prompt
+    images: PromptImages | None = None  # vision-language: pixel inputs [I, N, ...] once per prompt, row index [B]
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
 
     def _tensors(self) -> dict[str, Tensor | None]:
-        """The per-sequence tensors (row i = sequence i): every field but the images."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in IMAGE_FIELDS}
+        """The loose per-sequence tensors (row i = sequence i): every field but the feature records."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in RECORD_FIELDS}
+
+    def _records(self, change: Callable[[BatchRecord], BatchRecord]) -> dict[str, BatchRecord | None]:
+        """Each feature record as ``change`` makes it (an absent one stays None)."""
+        return {name: None if (r := getattr(self, name)) is None else change(r) for name in RECORD_FIELDS}
 
     def select(self, index: Tensor | Sequence[int]) -> RolloutBatch:
         """The rows ``index`` (a view-free copy), padding columns trimmed to the rows kept (and images to
         the prompts kept)."""
         index = torch.as_tensor(index, dtype=torch.long)
         rows = {k: (v[index] if v is not None else None) for k, v in self._tensors().items()}
-        if self.vision is None or self.image_index is None:
-            return RolloutBatch(**rows).trimmed()
-        shown = self.image_index[index]  # [b]
-        kept = torch.unique(shown[shown >= 0])  # [i] the image prompts the rows show, in order
-        remap = torch.full((len(next(iter(self.vision.values()))),), -1, dtype=torch.long, device=shown.device)
-        remap[kept] = torch.arange(len(kept), device=shown.device)
-        vision = {k: v[kept] for k, v in self.vision.items()}
-        image_index = torch.where(shown >= 0, remap[shown.clamp(min=0)], shown)
-        return RolloutBatch(**rows, vision=vision, image_index=image_index).trimmed()
+        return RolloutBatch(**rows, **self._records(lambda record: record.select(index))).trimmed()
 
     def vision_inputs(self) -> dict[str, Tensor]:
         """The model's image inputs for these rows, one entry per sequence (a text prompt's all zero: a
         padding image); empty when no row shows an image."""
-        if self.vision is None or self.image_index is None or not bool((self.image_index >= 0).any()):
-            return {}
-        rows, shows = self.image_index.clamp(min=0), self.image_index >= 0  # [B], [B]
-        return {k: v[rows] * shows.view(-1, *[1] * (v.dim() - 1)).to(v.dtype) for k, v in self.vision.items()}
+        return {} if self.images is None else self.images.per_row()
 
     def without_loss(self) -> RolloutBatch:
         """This batch with no token in any loss (its forward and backward add nothing to a gradient):
@@ -99,7 +93,7 @@ class RolloutBatch:
                 out[key] = value[:, prompt_keep:]
             else:
                 out[key] = value[:, :response_len]
-        return RolloutBatch(**out, vision=self.vision, image_index=self.image_index)
+        return RolloutBatch(**out, **self._records(lambda record: record.trimmed(response_len)))
 
     @staticmethod
     def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
@@ -113,11 +107,10 @@ class RolloutBatch:
             elif first.dim() == 1:
                 out[key] = torch.cat(values)
             else:
-                width = max(v.shape[1] for v in values)
-                left = key.startswith("prompt_")
-                padded = [_pad(v, width, left) for v in values]
-                out[key] = torch.cat(padded)
-        return RolloutBatch(**out, **_concat_images(batches))
+                out[key] = _cat_padded(values, left=key.startswith("prompt_"))
+        lengths = [len(b) for b in batches]
+        records = {name: _concat_records([getattr(b, name) for b in batches], lengths) for name in RECORD_FIELDS}
+        return RolloutBatch(**out, **records)
 
     def micro_batch_rows(self, token_budget: int) -> list[list[int]]:
         """Row indices of micro-batches whose padded size (rows × (prompt + response width)) fits the budget.
@@ -153,46 +146,143 @@ class RolloutBatch:
         if torch.device(device) == self.prompt_ids.device:
             return self
         moved = {k: (v.to(device) if v is not None else None) for k, v in self._tensors().items()}
-        vision = None if self.vision is None else {k: v.to(device) for k, v in self.vision.items()}
-        image_index = None if self.image_index is None else self.image_index.to(device)
-        return RolloutBatch(**moved, vision=vision, image_index=image_index)
+        return RolloutBatch(**moved, **self._records(lambda record: record.to(device)))
 
 
-IMAGE_FIELDS = ("vision", "image_index")
+RECORD_FIELDS = ("pool_window", "turns", "images")  # the RolloutBatch fields that hold a feature's record
 
 
-def prompt_images(prompts: Sequence[Sequence[int]]) -> dict:
-    """The ``vision`` and ``image_index`` of a batch whose row i has prompt ``prompts[i]``: each distinct
-    image prompt's pixel inputs once (a group's samples share their prompt object), text prompts -1."""
-    distinct: dict[int, ImagePrompt] = {}
-    for prompt in prompts:
-        if isinstance(prompt, ImagePrompt):
-            distinct.setdefault(id(prompt), prompt)
-    if not distinct:
-        return {"vision": None, "image_index": None}
-    row = {key: i for i, key in enumerate(distinct)}
-    keys = next(iter(distinct.values())).vision.keys()
-    vision = {k: pad_images([p.vision[k][None] for p in distinct.values()]) for k in keys}
-    return {"vision": vision, "image_index": torch.tensor([row.get(id(p), -1) for p in prompts], dtype=torch.long)}
+@dataclass(frozen=True)
+class RowRecord:
+    """One feature's state on a ``RolloutBatch``: row i of each tensor belongs to sequence i, so the record
+    selects, trims, concatenates and moves with the batch's rows.  Its tensors are per response token
+    [B, T] (right-padded like the responses), except those ``ROW_FIELDS`` names: per row [B]."""
+
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def select(self, index: Tensor) -> Self:
+        """The rows ``index``."""
+        return dataclasses.replace(self, **{k: v[index] for k, v in self._tensors().items()})
+
+    def trimmed(self, response_len: int) -> Self:
+        """The per-token tensors cut to the first ``response_len`` response columns."""
+        tokens = {k: v[:, :response_len] for k, v in self._tensors().items() if k not in self.ROW_FIELDS}
+        return dataclasses.replace(self, **tokens)
+
+    def to(self, device: torch.device | str) -> Self:
+        return dataclasses.replace(self, **{k: v.to(device) for k, v in self._tensors().items()})
+
+    @classmethod
+    def concat(cls, records: Sequence[Self | None], lengths: Sequence[int]) -> Self:
+        """The records of concatenated batches: rows stacked, per-token tensors right-padded to the widest.
+        Every batch must have one (``lengths``, their row counts, is what an image record needs)."""
+        if any(r is None for r in records):
+            raise ValueError(f"cannot concatenate batches with and without a {cls.__name__}")
+        columns = {f.name: [getattr(r, f.name) for r in records] for f in dataclasses.fields(cls)}
+        joined = {k: torch.cat(v) if k in cls.ROW_FIELDS else _cat_padded(v, left=False) for k, v in columns.items()}
+        return cls(**joined)
 
 
-def _concat_images(batches: Sequence[RolloutBatch]) -> dict:
-    """The ``vision`` and ``image_index`` of concatenated batches: image rows stacked (the images per
-    prompt zero-padded to the most), each batch's indices shifted past the rows before it."""
-    if all(b.vision is None for b in batches):
-        return {"vision": None, "image_index": None}
-    keys = next(b.vision for b in batches if b.vision is not None).keys()
-    parts: dict[str, list[Tensor]] = {k: [] for k in keys}
-    indices, offset = [], 0
-    for b in batches:
-        if b.vision is None or b.image_index is None:
-            indices.append(torch.full((len(b),), -1, dtype=torch.long))
-            continue
-        indices.append(torch.where(b.image_index >= 0, b.image_index + offset, b.image_index))
-        offset += next(iter(b.vision.values())).shape[0]
-        for k in keys:
-            parts[k].append(b.vision[k])
-    return {"vision": {k: pad_images(v) for k, v in parts.items()}, "image_index": torch.cat(indices)}
+@dataclass(frozen=True)
+class PoolWindow(RowRecord):
+    """T-PPO (docs/algorithms.md): the state of a batch of the rollout pool's sequences after a window."""
+
+    running: Tensor  # [B] bool: still generating (no stop token, under the cap)
+    stale_mask: Tensor  # [B, T] bool: tokens generated in earlier windows, by older policies
+
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ("running",)
+
+
+@dataclass(frozen=True)
+class TurnLabels(RowRecord):
+    """Multi-turn conversations (PAG): what each generated token's turn is and earns."""
+
+    rewards: Tensor  # [B, T] float: each generated turn's reward on its last token
+    role_ids: Tensor  # [B, T] long: the role of each generated token (rollout.conversations)
+    turn_ids: Tensor  # [B, T] long: the generated turn of each token, -1 elsewhere
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """A vision-language batch's images, once per distinct prompt (not once per sample, as a group's
+    samples share their prompt): the I image prompts' pixel inputs, and each sequence's row of them."""
+
+    vision: dict[str, Tensor]  # each [I, N, ...]: N images per prompt, zero-padded (a padding image)
+    index: Tensor  # [B] long: each sequence's row of ``vision``; -1 = a text prompt
+
+    @staticmethod
+    def of(prompts: Sequence[Sequence[int]]) -> PromptImages | None:
+        """The images of a batch whose row i has prompt ``prompts[i]`` (a group's samples share their prompt
+        object, so its images are kept once); None when no prompt has images."""
+        distinct: dict[int, ImagePrompt] = {}
+        for prompt in prompts:
+            if isinstance(prompt, ImagePrompt):
+                distinct.setdefault(id(prompt), prompt)
+        if not distinct:
+            return None
+        row = {key: i for i, key in enumerate(distinct)}
+        keys = next(iter(distinct.values())).vision.keys()
+        vision = {k: pad_images([p.vision[k][None] for p in distinct.values()]) for k in keys}
+        return PromptImages(vision, torch.tensor([row.get(id(p), -1) for p in prompts], dtype=torch.long))
+
+    @property
+    def prompt_count(self) -> int:
+        """I, the image prompts held."""
+        return len(next(iter(self.vision.values())))
+
+    def per_row(self) -> dict[str, Tensor]:
+        """The model's image inputs, one entry per sequence (a text prompt's all zero: a padding image);
+        empty when no row shows an image."""
+        if not bool((self.index >= 0).any()):
+            return {}
+        rows, shows = self.index.clamp(min=0), self.index >= 0  # [B], [B]
+        return {k: v[rows] * shows.view(-1, *[1] * (v.dim() - 1)).to(v.dtype) for k, v in self.vision.items()}
+
+    def select(self, index: Tensor) -> PromptImages:
+        """The rows ``index``, with the images of the prompts they show (in order) and no other."""
+        shown = self.index[index]  # [b]
+        kept = torch.unique(shown[shown >= 0])  # [i] the image prompts the rows show, in order
+        remap = torch.full((self.prompt_count,), -1, dtype=torch.long, device=shown.device)
+        remap[kept] = torch.arange(len(kept), device=shown.device)
+        vision = {k: v[kept] for k, v in self.vision.items()}
+        return PromptImages(vision, torch.where(shown >= 0, remap[shown.clamp(min=0)], shown))
+
+    def trimmed(self, response_len: int) -> PromptImages:
+        """Itself: images have no response columns."""
+        return self
+
+    def to(self, device: torch.device | str) -> PromptImages:
+        return PromptImages({k: v.to(device) for k, v in self.vision.items()}, self.index.to(device))
+
+    @classmethod
+    def concat(cls, records: Sequence[PromptImages | None], lengths: Sequence[int]) -> PromptImages:
+        """The images of concatenated batches (``lengths`` rows each; a batch with none is all text prompts):
+        image rows stacked (the images per prompt zero-padded to the most), each batch's indices shifted
+        past the rows before it."""
+        keys = next(r.vision for r in records if r is not None).keys()
+        parts: dict[str, list[Tensor]] = {k: [] for k in keys}
+        indices, offset = [], 0
+        for record, length in zip(records, lengths, strict=True):
+            if record is None:
+                indices.append(torch.full((length,), -1, dtype=torch.long))
+                continue
+            indices.append(torch.where(record.index >= 0, record.index + offset, record.index))
+            offset += record.prompt_count
+            for k in keys:
+                parts[k].append(record.vision[k])
+        return PromptImages({k: pad_images(v) for k, v in parts.items()}, torch.cat(indices))
+
+
+BatchRecord = RowRecord | PromptImages
+
+
+def _concat_records(records: Sequence[BatchRecord | None], lengths: Sequence[int]) -> BatchRecord | None:
+    """One feature's record of concatenated batches (``lengths`` rows each); None when no batch has one."""
+    present = next((r for r in records if r is not None), None)
+    return None if present is None else type(present).concat(records, lengths)
 
 
 def pad_images(values: Sequence[Tensor]) -> Tensor:
@@ -228,6 +318,12 @@ class ImagePrompt(list):
 
     def __add__(self, tokens) -> ImagePrompt:  # ``prompt + continuation`` keeps the images too
         return self.extended(tokens)
+
+
+def _cat_padded(values: Sequence[Tensor], left: bool) -> Tensor:
+    """[B_j, W_j] tensors as one [ΣB_j, max W_j], each zero-padded on the left (prompts) or the right."""
+    width = max(v.shape[1] for v in values)
+    return torch.cat([_pad(v, width, left) for v in values])
 
 
 def _pad(value: Tensor, width: int, left: bool) -> Tensor:

@@ -36,10 +36,10 @@ def policy_lambda(spec: AlgoSpec, response_mask: torch.Tensor) -> torch.Tensor:
 def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
     """GAE with decoupled λ: policy advantages from λ_policy, critic targets (returns) from λ_critic.
 
-    ``egae`` (T-PPO) bootstraps the sequences still running (``batch.running``) from their last
+    ``egae`` (T-PPO) bootstraps the sequences still running (``batch.pool_window.running``) from their last
     value; a running sequence's length-adaptive λ uses its current length (docs/algorithms.md, ambiguity 20)."""
-    running = batch.running if spec.advantage_estimator == "egae" else None
-    assert spec.advantage_estimator == "gae" or running is not None, "egae needs a pooled batch (batch.running)"
+    window = batch.pool_window if spec.advantage_estimator == "egae" else None
+    assert spec.advantage_estimator == "gae" or window is not None, "egae needs a pooled batch (batch.pool_window)"
     assert batch.values is not None and batch.token_rewards is not None, "the critic's values come first"
     lam = policy_lambda(spec, batch.response_mask)  # [B]
     batch.advantages, batch.returns = decoupled_gae(
@@ -50,7 +50,7 @@ def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
         lam,
         spec.lambda_critic,
         mask_mode=spec.gae_mask_mode,
-        running=running,
+        running=None if window is None else window.running,
     )
     stats = {"critic/lambda_policy_mean": lam.mean().item()}
     if spec.lambda_policy_mode == "length_adaptive":
@@ -98,8 +98,8 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> di
     Critic estimators need ``batch.values``.  ``advantage_norm=batch_whiten`` then whitens the
     advantages over the policy-loss tokens of the whole rollout batch (verl).
     """
-    if batch.turn_rewards is not None:  # multi-turn: every turn is rewarded on its own last token (PAG eq 1)
-        token_rewards = batch.turn_rewards.clone()
+    if batch.turns is not None:  # multi-turn: every turn is rewarded on its own last token (PAG eq 1)
+        token_rewards = batch.turns.rewards.clone()
     else:
         token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # [B, T]
     if batch.dense_rewards is not None:  # process rewards on line-end tokens (reward.prm_dense)
@@ -127,7 +127,7 @@ def assign_advantages(batch: RolloutBatch, spec: AlgoSpec, kl_coef: float) -> di
         batch.advantages = masked_whiten(batch.advantages, batch.policy_loss_mask)
     elif spec.advantage_norm == "role_whiten":  # over the whole rollout batch, before mini-batching (PAG ambiguity 4)
         roles = (
-            batch.role_ids if batch.role_ids is not None else torch.zeros_like(batch.response_mask, dtype=torch.long)
+            batch.turns.role_ids if batch.turns is not None else torch.zeros_like(batch.response_mask, dtype=torch.long)
         )
         batch.advantages = role_whiten(batch.advantages, roles, batch.policy_loss_mask)  # single-turn: one role
     return stats

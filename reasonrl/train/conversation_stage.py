@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from reasonrl.algo.pag import pag_attempt_rewards, pag_verify_rewards
-from reasonrl.batch import RolloutBatch, pad_rows
+from reasonrl.batch import RolloutBatch, TurnLabels, pad_rows
 from reasonrl.data.loaders import DataError
 from reasonrl.rollout.conversations import (
     INJECTED_TURN_TOKENS,
@@ -234,7 +234,5 @@ class ConversationCollector:
             correct=torch.tensor([last_result[row].correct for row in range(len(conversations))]),
             truncated=truncated,
             group_ids=group,
-            turn_rewards=turn_rewards,
-            role_ids=tensors.role_ids,
-            turn_ids=tensors.turn_ids,
+            turns=TurnLabels(turn_rewards, tensors.role_ids, tensors.turn_ids),
         )

@@ -142,7 +142,8 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
     token but earlier windows' (those keep their stored behaviour log-probs), reference log-probs also on
     those when the KL is in the reward (every token's reward) or in a loss that trains on them."""
     groups = run.parallel.row_groups(batch, run.microbatch_tokens)  # data-parallel: this rank's rows
-    fresh = batch.response_mask if batch.stale_mask is None else batch.response_mask & ~batch.stale_mask
+    stale = None if batch.pool_window is None else batch.pool_window.stale_mask  # [B, T]
+    fresh = batch.response_mask if stale is None else batch.response_mask & ~stale
     lm_head_tokens = 0
 
     def forward(policy: TokenLogprobs, needed: torch.Tensor) -> torch.Tensor:  # needed: [B, T] bool
@@ -164,9 +165,9 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
         batch.old_logprobs[:, positions] = batch.rollout_logprobs[:, positions]
     mask = batch.response_mask
     gap = (batch.old_logprobs - batch.rollout_logprobs).abs()
-    if batch.stale_mask is not None:  # T-PPO: earlier windows' tokens were sampled by older policies
-        mask = mask & ~batch.stale_mask  # the engine-vs-trainer gap is measured on this window's tokens
-        batch.old_logprobs = torch.where(batch.stale_mask, batch.rollout_logprobs, batch.old_logprobs)
+    if stale is not None:  # T-PPO: earlier windows' tokens were sampled by older policies
+        mask = mask & ~stale  # the engine-vs-trainer gap is measured on this window's tokens
+        batch.old_logprobs = torch.where(stale, batch.rollout_logprobs, batch.old_logprobs)
     stats = {
         "rollout/logprob_abs_diff": masked_mean(gap, mask).item(),
         "rollout/logprob_max_abs_diff": gap[mask].max().item() if mask.any() else 0.0,

@@ -18,7 +18,7 @@ import torch
 
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.algo.shaping import nonconstant_group_mask, overlong_penalty
-from reasonrl.batch import RolloutBatch, pad_rows, prompt_images
+from reasonrl.batch import PoolWindow, PromptImages, RolloutBatch, pad_rows
 from reasonrl.config import Config, Plan
 from reasonrl.config.schema import RewardConfig, RolloutConfig
 from reasonrl.data.examples import Example
@@ -64,7 +64,7 @@ def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, 
         correct=torch.tensor([r.correct for r in scored.results]),
         truncated=truncated,
         group_ids=group_ids,
-        **prompt_images(prompts),
+        images=PromptImages.of(prompts),
     )
 
 
@@ -248,9 +248,9 @@ class PoolCollector:
         so each token is trained on once, by the policy that sampled it; or every generated token
         (``all_generated``);
       - ``value_loss_mask``: every response token of the sequences that finished, none of the running
-        ones, whose return is not known yet;
-      - ``stale_mask``: tokens from earlier windows, whose behaviour log-probs were stored when they
-        were sampled (``rollout_logprobs``) and serve as their old log-probs.
+        ones (``pool_window.running``), whose return is not known yet;
+      - ``pool_window.stale_mask``: tokens from earlier windows, whose behaviour log-probs were stored when
+        they were sampled (``rollout_logprobs``) and serve as their old log-probs.
     Finished sequences are scored and shaped like synchronous ones; running ones get reward 0 (their
     advantages come from EGAE's bootstrap).  It reuses the synchronous collector's parts: engine,
     stream, prompt encoder, scorer and reward shaping.
@@ -308,7 +308,7 @@ class PoolCollector:
         every = Scored([s.example for s in sequences], [s.prompt_ids for s in sequences], completions, results)
         batch = self.pooled_batch(sequences, every, rewards)
         stats = {
-            **finished_stats(batch, ~batch.running, scored.results),
+            **finished_stats(batch, ~batch.pool_window.running, scored.results),
             "rollout/finished_sequences": float(len(finished)),
             "rollout/running_sequences": float(len(sequences) - len(finished)),
             "rollout/pool_fill": occupied / self.pool.slots,
@@ -327,12 +327,12 @@ class PoolCollector:
         _, group_ids = torch.unique(torch.tensor([s.group for s in sequences]), return_inverse=True)
         batch = build_batch(scored, rewards, group_ids, filter_truncated=False)  # running rows are no truncations
         running = torch.tensor([s.running for s in sequences])
-        batch.running = running
-        batch.truncated = torch.tensor([s.finish_reason == "length" for s in sequences])
         width = batch.response_mask.shape[1]
-        batch.stale_mask = pad_rows([[1] * s.window_start for s in sequences], width, False, torch.bool)
+        stale = pad_rows([[1] * s.window_start for s in sequences], width, False, torch.bool)
+        batch.pool_window = PoolWindow(running, stale)
+        batch.truncated = torch.tensor([s.finish_reason == "length" for s in sequences])
         if algo.policy_tokens == "window":
-            batch.policy_loss_mask &= ~batch.stale_mask
+            batch.policy_loss_mask &= ~stale
         if algo.overlong == "filter":
             batch.policy_loss_mask &= ~batch.truncated[:, None]
         batch.value_loss_mask &= ~running[:, None]

@@ -4,7 +4,7 @@ with images through its processor, and log-probs that read the images, as Huggin
 import pytest
 import torch
 
-from reasonrl.batch import ImagePrompt, RolloutBatch, pad_rows, prompt_images
+from reasonrl.batch import ImagePrompt, PromptImages, RolloutBatch, pad_rows
 from reasonrl.data.loaders import load_examples
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.models.load import ModelError, is_vision_language, load_model, load_tokenizer, vision_processor
@@ -65,7 +65,7 @@ def batch_of(prompts, responses):
         correct=torch.zeros(len(prompts), dtype=torch.bool),
         truncated=torch.zeros(len(prompts), dtype=torch.bool),
         group_ids=torch.arange(len(prompts)),
-        **prompt_images(prompts),
+        images=PromptImages.of(prompts),
     )
 
 
@@ -84,7 +84,8 @@ def test_vlm_log_probs_read_the_images_as_hugging_face_does(vlm):
     expected = torch.log_softmax(logits[:, width - 1 : width + 2], -1).gather(-1, batch.response_ids[..., None])
     assert torch.allclose(logprobs, expected.squeeze(-1) * batch.response_mask, atol=1e-5)
     swapped = batch_of([first, second], [[10, 11, 12], [13, 14]])
-    swapped.vision = {k: v.flip(0) for k, v in swapped.vision.items()}  # each prompt shown the other's image
+    flipped = {k: v.flip(0) for k, v in swapped.images.vision.items()}  # each prompt shown the other's image
+    swapped.images = PromptImages(flipped, swapped.images.index)
     assert not torch.allclose(TokenLogprobs(model, 1.0, torch.float32)(swapped)[0], logprobs, atol=1e-4)
 
 
@@ -93,15 +94,15 @@ def test_a_batch_holds_each_prompts_images_once_and_keeps_them_through_select_an
     first, second = (encoder(e) for e in load_examples("visual_counting", "test")[:2])
     text = encoder(load_examples("functions", "test")[0])
     batch = batch_of([first] * 4 + [second] * 4 + [text], [[10, 11]] * 9)  # a group of 4 per image prompt
-    assert batch.vision["pixel_values"].shape[0] == 2  # not 8
-    assert batch.image_index.tolist() == [0] * 4 + [1] * 4 + [-1]
+    assert batch.images.vision["pixel_values"].shape[0] == 2  # not 8
+    assert batch.images.index.tolist() == [0] * 4 + [1] * 4 + [-1]
     reference, _ = TokenLogprobs(model, 1.0, torch.float32)(batch)
     part = batch.select([5, 8, 1])
-    assert part.vision["pixel_values"].shape[0] == 2 and part.image_index.tolist() == [1, -1, 0]
+    assert part.images.vision["pixel_values"].shape[0] == 2 and part.images.index.tolist() == [1, -1, 0]
     assert torch.allclose(TokenLogprobs(model, 1.0, torch.float32)(part)[0], reference[[5, 8, 1]], atol=1e-5)
     joined = RolloutBatch.concat([batch.select([8]), batch.select([6, 7]), batch.select([0])])
-    assert joined.image_index.tolist() == [-1, 0, 0, 1]
-    assert torch.equal(joined.vision["pixel_values"][0], batch.vision["pixel_values"][1])
+    assert joined.images.index.tolist() == [-1, 0, 0, 1]
+    assert torch.equal(joined.images.vision["pixel_values"][0], batch.images.vision["pixel_values"][1])
     assert torch.allclose(TokenLogprobs(model, 1.0, torch.float32)(joined)[0], reference[[8, 6, 7, 0]], atol=1e-5)
 
 

@@ -1,8 +1,9 @@
-"""RolloutBatch helpers: selection, trimming, concatenation, micro-batching."""
+"""RolloutBatch helpers: selection, trimming, concatenation, micro-batching, and the feature records with them."""
 
+import pytest
 import torch
 
-from reasonrl.batch import RolloutBatch
+from reasonrl.batch import PoolWindow, RolloutBatch
 
 
 def make(prompt_lens, response_lens):
@@ -47,3 +48,18 @@ def test_concat_repads_left_and_right():
     both = RolloutBatch.concat([a, b])
     assert both.prompt_mask.tolist() == [[False, False, True, True], [True, True, True, True]]
     assert both.response_mask.tolist() == [[True, True, True], [True, False, False]]
+
+
+def test_feature_records_follow_the_rows_through_select_and_concat():
+    batch = make([2, 3, 1], [4, 1, 2])
+    stale = torch.tensor([[True, True, False, False], [False] * 4, [True, False, False, False]])
+    batch.pool_window = PoolWindow(running=torch.tensor([True, False, True]), stale_mask=stale)
+    part = batch.select([2, 1])  # responses of 2 and 1 tokens: two columns kept
+    assert part.pool_window.running.tolist() == [True, False]
+    assert part.pool_window.stale_mask.tolist() == [[True, False], [False, False]]
+    both = RolloutBatch.concat([part, batch.select([0])])
+    assert both.pool_window.running.tolist() == [True, False, True]
+    stale_rows = [[True, False, False, False], [False] * 4, [True, True, False, False]]  # re-padded on the right
+    assert both.pool_window.stale_mask.tolist() == stale_rows
+    with pytest.raises(ValueError, match="with and without a PoolWindow"):
+        RolloutBatch.concat([part, make([1], [1])])

@@ -96,7 +96,7 @@ def pag_batch():
 
 def test_injected_tokens_are_in_no_loss_and_turns_do_not_share_credit(pag_batch):
     batch = pag_batch
-    injected = batch.role_ids < 0
+    injected = batch.turns.role_ids < 0
     assert (
         injected.any()
         and not (batch.policy_loss_mask & injected).any()
@@ -107,30 +107,34 @@ def test_injected_tokens_are_in_no_loss_and_turns_do_not_share_credit(pag_batch)
     assign_advantages(batch, dataclasses.replace(spec, advantage_norm="none"), kl_coef=0.0)
     # γ = λ = 1 with a zero critic: each turn's advantage is its own reward, on every token of the turn
     for row in range(len(batch)):
-        for turn in batch.turn_ids[row].unique().tolist():
+        for turn in batch.turns.turn_ids[row].unique().tolist():
             if turn < 0:
                 continue
-            tokens = batch.turn_ids[row] == turn
-            turn_reward = batch.turn_rewards[row][tokens].sum()
+            tokens = batch.turns.turn_ids[row] == turn
+            turn_reward = batch.turns.rewards[row][tokens].sum()
             assert torch.allclose(batch.advantages[row][tokens], turn_reward.expand(int(tokens.sum())))
     # changing the last turn's reward leaves the earlier turns' advantages as they were
     before = batch.advantages.clone()
-    last_turn = batch.turn_ids == batch.turn_ids.max(dim=1, keepdim=True).values
-    batch.turn_rewards = batch.turn_rewards + 5.0 * (last_turn & batch.response_mask) * (batch.turn_rewards != 0)
+    last_turn = batch.turns.turn_ids == batch.turns.turn_ids.max(dim=1, keepdim=True).values
+    rewards = batch.turns.rewards
+    batch.turns = dataclasses.replace(
+        batch.turns, rewards=rewards + 5.0 * (last_turn & batch.response_mask) * (rewards != 0)
+    )
     assign_advantages(batch, dataclasses.replace(spec, advantage_norm="none"), kl_coef=0.0)
-    earlier = (batch.turn_ids >= 0) & ~last_turn
+    earlier = (batch.turns.turn_ids >= 0) & ~last_turn
     assert torch.equal(batch.advantages[earlier], before[earlier])
 
 
 def test_role_adv_norm_whitens_each_role_over_the_whole_batch(pag_batch):
     batch = pag_batch
     batch.values = torch.zeros_like(batch.rollout_logprobs)
-    batch.turn_rewards = batch.turn_rewards + torch.rand_like(batch.turn_rewards) * (batch.turn_rewards != 0)
+    rewards = batch.turns.rewards
+    batch.turns = dataclasses.replace(batch.turns, rewards=rewards + torch.rand_like(rewards) * (rewards != 0))
     assign_advantages(batch, get_preset("pag"), kl_coef=0.0)
     for role in (0, 1):
-        a = batch.advantages[(batch.role_ids == role) & batch.policy_loss_mask]
+        a = batch.advantages[(batch.turns.role_ids == role) & batch.policy_loss_mask]
         assert abs(a.mean().item()) < 1e-5 and abs(a.std().item() - 1.0) < 1e-4
-    assert (batch.role_ids[batch.response_mask] == ROLE_POLICY).any()
+    assert (batch.turns.role_ids[batch.response_mask] == ROLE_POLICY).any()
 
 
 def test_multiturn_refuses_settings_it_cannot_honour():
@@ -258,12 +262,12 @@ def test_values_placed_on_injected_tokens_cannot_change_any_gradient(pag_batch):
         old_logprobs=torch.where(generated, -2.0 + 0.1 * torch.randn(generated.shape, generator=g), 0.0),
         advantages=torch.where(generated, torch.randn(generated.shape, generator=g), 0.0),
     )
-    injected = batch.role_ids < 0
+    injected = batch.turns.role_ids < 0
     poisoned = dataclasses.replace(
         batch,
         old_logprobs=torch.where(injected, 50.0, batch.old_logprobs),
         advantages=torch.where(injected, 1e6, batch.advantages),
-        turn_rewards=torch.where(injected, 1e6, batch.turn_rewards),
+        turns=dataclasses.replace(batch.turns, rewards=torch.where(injected, 1e6, batch.turns.rewards)),
     )
     clean, _, _ = updated_parameters(4096, "token-mean", batch, lr=0.1)
     dirty, _, _ = updated_parameters(4096, "token-mean", poisoned, lr=0.1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reasonrl.algo.presets import AlgoSpec
-from reasonrl.batch import RolloutBatch
+from reasonrl.batch import PoolWindow, RolloutBatch
 from reasonrl.models.load import load_model
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.step import PolicyUpdater
@@ -103,8 +103,9 @@ def test_tppo_token_filtering_leaves_the_update_unchanged():
     # a T-PPO batch: each response's first tokens came from earlier windows and are out of the policy loss
     batch = rollout_batch(3)
     starts = torch.tensor([0, 2, 4, 1, 3, 0, 5, 2])
-    batch.stale_mask = batch.response_mask & (torch.arange(batch.response_mask.shape[1])[None] < starts[:, None])
-    batch.policy_loss_mask = batch.response_mask & ~batch.stale_mask
+    stale = batch.response_mask & (torch.arange(batch.response_mask.shape[1])[None] < starts[:, None])
+    batch.pool_window = PoolWindow(running=torch.zeros(len(batch), dtype=torch.bool), stale_mask=stale)
+    batch.policy_loss_mask = batch.response_mask & ~stale
     spec = AlgoSpec(loss_agg="token-mean", eps_high=0.28, nll_weight=0.1, entropy_coef=0.01)
     filtered, metrics, _ = updated_parameters(40, "token-mean", batch, spec=spec)
     every, every_metrics, _ = updated_parameters(40, "token-mean", batch, spec=spec, policy_class=EveryTokenLogprobs)

@@ -82,12 +82,12 @@ def test_each_generated_token_enters_the_policy_loss_exactly_once_over_many_wind
             if stats["rollout/finished_sequences"]:
                 longest_span = max(longest_span, stats["rollout/windows_per_response"])
             # the stale tokens are exactly the response tokens outside the policy loss
-            assert torch.equal(batch.stale_mask, batch.response_mask & ~batch.policy_loss_mask)
+            assert torch.equal(batch.pool_window.stale_mask, batch.response_mask & ~batch.policy_loss_mask)
             # a continued sequence's prompt and earlier windows are prefilled again
-            continued = batch.stale_mask.any(1)
-            reprefill = batch.prompt_mask.sum(1)[continued].sum() + batch.stale_mask.sum()
+            continued = batch.pool_window.stale_mask.any(1)
+            reprefill = batch.prompt_mask.sum(1)[continued].sum() + batch.pool_window.stale_mask.sum()
             assert stats["rollout/reprefill_tokens"] == reprefill and (step == 1) == (reprefill == 0)
-            assert torch.equal(batch.value_loss_mask, batch.response_mask & ~batch.running[:, None])
+            assert torch.equal(batch.value_loss_mask, batch.response_mask & ~batch.pool_window.running[:, None])
     assert finished > 16 and longest_span > 1  # responses finished, some across several windows
     assert set(policy_counts) == seen, "a generated token never reached the policy loss"
     assert set(policy_counts.values()) == {1}, "a token reached the policy loss twice"
@@ -110,7 +110,7 @@ def running_and_finished_batch(*overrides):
     with scorer:
         collector.collect(1)
         batch, _ = collector.collect(2)
-    assert batch.running.any() and (~batch.running).any()
+    assert batch.pool_window.running.any() and (~batch.pool_window.running).any()
     critic = value_model_from_policy("tiny-random", None)
     with torch.no_grad():
         critic.head.bias.fill_(0.3)
@@ -134,14 +134,14 @@ def test_the_value_loss_has_zero_gradient_for_every_token_of_a_running_sequence(
     loss.backward()
     hook.remove()
     grad = captured[0]  # [B, P + T, d]: d loss / d input embedding of every prompt and response token
-    running = batch.running
+    running = batch.pool_window.running
     assert torch.count_nonzero(grad[running]) == 0
     assert all(torch.count_nonzero(grad[row]) > 0 for row in (~running).nonzero().squeeze(1).tolist())
 
 
 def test_the_critic_step_is_skipped_when_no_sequence_finished():
     _, critic, batch = running_and_finished_batch()
-    running_only = batch.select(batch.running.nonzero().squeeze(1))
+    running_only = batch.select(batch.pool_window.running.nonzero().squeeze(1))
     before = {k: v.clone() for k, v in critic.state_dict().items()}
     updater = CriticUpdater(
         critic,
@@ -160,14 +160,14 @@ def test_the_critic_step_is_skipped_when_no_sequence_finished():
 
 def test_egae_in_the_loop_bootstraps_running_rows_and_is_gae_on_finished_rows():
     cfg, _, batch = running_and_finished_batch("algo.advantage_norm=none")
-    finished = batch.select((~batch.running).nonzero().squeeze(1))
-    finished.running = None  # the same rows as a synchronous batch: plain GAE
+    finished = batch.select((~batch.pool_window.running).nonzero().squeeze(1))
+    finished.pool_window = None  # the same rows as a synchronous batch: plain GAE
     gae_spec = dataclasses.replace(cfg.algo, advantage_estimator="gae", window_tokens=None)
-    advantages = batch.advantages[~batch.running][:, : finished.advantages.shape[1]]
+    advantages = batch.advantages[~batch.pool_window.running][:, : finished.advantages.shape[1]]
     assign_advantages(finished, gae_spec, 0.0)
     assert torch.equal(advantages, finished.advantages)
     last = batch.response_mask.sum(1) - 1
-    running_last = batch.advantages[torch.arange(len(batch)), last][batch.running]
+    running_last = batch.advantages[torch.arange(len(batch)), last][batch.pool_window.running]
     # γ = 1, reward 0: the newest token gets A = 0 (docs/algorithms.md, ambiguity 8)
     assert torch.count_nonzero(running_last) == 0
 
@@ -217,7 +217,7 @@ def test_the_old_logprob_pass_runs_the_lm_head_where_its_log_probs_are_read(kl_p
     with scorer:
         collector.collect(1)
         batch, _ = collector.collect(2)
-    assert batch.stale_mask.any()
+    assert batch.pool_window.stale_mask.any()
     policy = TokenLogprobs(load_model("tiny-random"), 1.0, torch.float32)
     run = SimpleNamespace(
         cfg=cfg,
@@ -231,7 +231,7 @@ def test_the_old_logprob_pass_runs_the_lm_head_where_its_log_probs_are_read(kl_p
     stats = logprob_stage(run, batch)
     with torch.no_grad():
         every, _ = policy(batch)
-    fresh, stale = batch.response_mask & ~batch.stale_mask, batch.stale_mask
+    fresh, stale = batch.response_mask & ~batch.pool_window.stale_mask, batch.pool_window.stale_mask
     torch.testing.assert_close(batch.old_logprobs[fresh], every[fresh], atol=1e-6, rtol=1e-6)
     assert torch.equal(batch.old_logprobs[stale], batch.rollout_logprobs[stale])  # the stored behaviour ones
     head = int(fresh.sum())
