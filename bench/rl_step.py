@@ -3,7 +3,8 @@
     python bench/rl_step.py [--steps 3] [--preset dapo] [key=value ...]
 
 Reports, per rollout step (median over the steps), the seconds spent generating, scoring, computing
-log-probs and updating, tokens generated per second, and the run's peak RSS.
+log-probs and updating, tokens generated per second, the share of the trainer's forward tokens that
+were padding (``perf/pad_fraction``), its micro-batches, and the run's peak RSS.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> None:
                 "generated_tokens_per_second": tokens / median["generate"],
                 "step_tokens_per_second": tokens / median["step"],
                 "generation_passes_per_step": statistics.median(r["rollout/generation_passes"] for r in steps),
+                "pad_fraction": statistics.median(r["perf/pad_fraction"] for r in steps),
+                "microbatches_per_step": statistics.median(r["perf/microbatches"] for r in steps),
                 "peak_rss_gb": summary["peak_rss_gb"],
             },
             indent=2,

@@ -112,12 +112,34 @@ class RolloutBatch:
         records = {name: _concat_records([getattr(b, name) for b in batches], lengths) for name in RECORD_FIELDS}
         return RolloutBatch(**out, **records)
 
-    def micro_batch_rows(self, token_budget: int) -> list[list[int]]:
-        """Row indices of micro-batches whose padded size (rows × (prompt + response width)) fits the budget.
+    def read_lengths(self) -> list[int]:
+        """Tokens a forward reads per row: its prompt and its response up to the last generated token
+        (a conversation's injected tokens included; ``models.forward.read_tokens``)."""
+        generated = self.response_mask.bool()
+        last = torch.where(generated.any(1), generated.shape[1] - generated.flip(1).int().argmax(1), 0)  # [B]
+        return (self.prompt_mask.sum(1) + last).tolist()
 
-        Rows are grouped by length so that little padding is computed; every row is in exactly one
-        group (sorted).  A single row larger than the budget still forms its own group.
+    def forward_tokens(self, packed: bool = True) -> int:
+        """Tokens a forward over this batch computes: packed, its lanes' (``pack_lanes`` as sdpa and eager
+        attention run them: lanes × the longest row; flash-attn's one sequence computes only the read
+        tokens, so this overstates its padding); padded, rows × width."""
+        if not packed:
+            return len(self) * (self.prompt_ids.shape[1] + self.response_ids.shape[1])
+        lengths = self.read_lengths()
+        lanes, _ = pack_lanes(lengths, max(lengths))
+        return (max(lanes) + 1) * max(lengths)
+
+    def micro_batch_rows(self, token_budget: int, packed: bool = True) -> list[list[int]]:
+        """Row indices of the micro-batches a forward runs, every row in exactly one (each group sorted).
+
+        ``packed`` (the trainer's forwards run each micro-batch as one sequence without padding): the rows'
+        read tokens in the fewest balanced bins of at most ``token_budget`` tokens (longest row first into
+        the lightest bin, as verl's dynamic batch size balances them).  Otherwise micro-batches whose padded
+        size (rows × (prompt + response width)) fits the budget, rows grouped by length.  A single row
+        larger than the budget forms its own micro-batch.
         """
+        if packed:
+            return balanced_bins(self.read_lengths(), token_budget)
         prompt_lens = self.prompt_mask.sum(1).tolist()  # [B]
         response_lens = self.response_mask.sum(1).tolist()  # [B]
         order = sorted(range(len(self)), key=lambda r: (prompt_lens[r] + response_lens[r], r), reverse=True)
@@ -136,10 +158,12 @@ class RolloutBatch:
             groups.append(sorted(current))
         return groups
 
-    def micro_batches(self, token_budget: int, device: torch.device | str = "cpu") -> list[RolloutBatch]:
+    def micro_batches(
+        self, token_budget: int, device: torch.device | str = "cpu", packed: bool = True
+    ) -> list[RolloutBatch]:
         """The micro-batches of ``micro_batch_rows`` as batches, each moved to ``device`` (the batch
         itself stays where it is: one copy per micro-batch)."""
-        return [self.select(rows).to(device) for rows in self.micro_batch_rows(token_budget)]
+        return [self.select(rows).to(device) for rows in self.micro_batch_rows(token_budget, packed)]
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """This batch with every tensor on ``device`` (itself when they are there already)."""
@@ -147,6 +171,50 @@ class RolloutBatch:
             return self
         moved = {k: (v.to(device) if v is not None else None) for k, v in self._tensors().items()}
         return RolloutBatch(**moved, **self._records(lambda record: record.to(device)))
+
+
+@dataclass
+class ForwardTally:
+    """What one pass's forwards over micro-batches computed, as summable metrics (per step, over ranks):
+    ``perf/microbatches_<pass>``, ``perf/forward_tokens_<pass>`` and ``perf/padded_tokens_<pass>``, the
+    tokens computed that no row reads (padding, and a data-parallel rank's filler forwards)."""
+
+    name: str
+    microbatches: int = 0
+    computed: int = 0
+    padded: int = 0
+
+    def add(self, micro: RolloutBatch, filler: bool = False, packed: bool = True) -> None:
+        computed = micro.forward_tokens(packed)
+        self.microbatches += 1
+        self.computed += computed
+        self.padded += computed if filler else computed - sum(micro.read_lengths())
+
+    def metrics(self) -> dict[str, float]:
+        return {  # FORWARD_TALLY_PREFIXES
+            f"perf/microbatches_{self.name}": float(self.microbatches),
+            f"perf/forward_tokens_{self.name}": float(self.computed),
+            f"perf/padded_tokens_{self.name}": float(self.padded),
+        }
+
+
+FORWARD_TALLY_PREFIXES = ("perf/microbatches_", "perf/forward_tokens_", "perf/padded_tokens_")
+
+
+def padding_summary(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with its ``ForwardTally`` token counts replaced by the step's ``perf/pad_fraction`` and
+    ``perf/microbatches`` over every pass and each pass's ``perf/pad_fraction_<pass>`` (its
+    ``perf/microbatches_<pass>`` kept)."""
+    passes = [k.removeprefix("perf/forward_tokens_") for k in metrics if k.startswith("perf/forward_tokens_")]
+    if not passes:
+        return metrics
+    out = {k: v for k, v in metrics.items() if not k.startswith(("perf/forward_tokens_", "perf/padded_tokens_"))}
+    computed = {p: metrics[f"perf/forward_tokens_{p}"] for p in passes}
+    padded = {p: metrics[f"perf/padded_tokens_{p}"] for p in passes}
+    out |= {f"perf/pad_fraction_{p}": padded[p] / max(1.0, computed[p]) for p in passes}
+    out["perf/pad_fraction"] = sum(padded.values()) / max(1.0, sum(computed.values()))
+    out["perf/microbatches"] = sum(metrics[f"perf/microbatches_{p}"] for p in passes)
+    return out
 
 
 RECORD_FIELDS = ("pool_window", "turns", "images")  # the RolloutBatch fields that hold a feature's record
@@ -318,6 +386,40 @@ class ImagePrompt(list):
 
     def __add__(self, tokens) -> ImagePrompt:  # ``prompt + continuation`` keeps the images too
         return self.extended(tokens)
+
+
+def balanced_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices of ``lengths`` in the fewest bins of total at most ``budget`` that greedy balancing finds:
+    k = ⌈Σ lengths / budget⌉ bins, each item (longest first) into the lightest bin, one more bin until
+    every bin fits (an item over the budget alone in its own).  Bins sorted, in order of their first item."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    oversized = [[i] for i in order if lengths[i] > budget]
+    fitting = [i for i in order if lengths[i] <= budget]
+    count, bins = -(-sum(lengths[i] for i in fitting) // budget), []  # ⌈Σ / budget⌉
+    while fitting:
+        bins = [[] for _ in range(count)]
+        loads = [0] * count
+        for i in fitting:
+            lightest = min(range(count), key=loads.__getitem__)
+            bins[lightest].append(i)
+            loads[lightest] += lengths[i]
+        if max(loads) <= budget:
+            break
+        count += 1
+    return sorted((sorted(g) for g in oversized + [b for b in bins if b]), key=lambda g: g[0])
+
+
+def pack_lanes(lengths: list[int], capacity: int) -> tuple[list[int], list[int]]:
+    """Each row's lane and offset when rows of ``lengths`` tokens are packed into lanes of ``capacity``
+    tokens: longest first, each into the first lane it fits (first-fit decreasing)."""
+    lane, offset, filled = [0] * len(lengths), [0] * len(lengths), []
+    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
+        first = next((i for i, used in enumerate(filled) if used + lengths[row] <= capacity), len(filled))
+        if first == len(filled):
+            filled.append(0)
+        lane[row], offset[row] = first, filled[first]
+        filled[first] += lengths[row]
+    return lane, offset
 
 
 def _cat_padded(values: Sequence[Tensor], left: bool) -> Tensor:

@@ -93,6 +93,7 @@ def resolved(name: str, capsys) -> dict[str, float]:
     """`reasonrl config show NAME`, config and derived plan, flattened to dotted keys."""
     assert main(["config", "show", name]) == 0
     config_text, plan_text = capsys.readouterr().out.split("# derived plan", 1)
+    plan_text = plan_text.split("# memory plan", 1)[0]  # the memory plan after it is a table, not YAML
     plan = yaml.safe_load("\n".join(line.removeprefix("# ") for line in plan_text.splitlines()[1:]))
     flat = {f"plan.{key}": value for key, value in plan.items()}
     for group, values in yaml.safe_load(config_text).items():

@@ -336,13 +336,45 @@ class TrainConfig:
     minibatch_sequences: int = 32
     """Responses per optimiser step; must divide rollout_prompts × samples_per_prompt."""
 
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """What the trainer stores the trained weights (policy and critic) and their gradients in; AdamW's
+    two moments stay fp32 either way.  bfloat16: 2 + 2 bytes per parameter instead of 4 + 4, and no fp32
+    master copy, so an update smaller than about 2^-8 of a weight is rounded away (bf16 keeps 8
+    significant bits): at small learning rates part of the learning is lost, which is why the default
+    stays float32 (verl's and torchtune's bf16 full fine-tunes make the same trade).  Needs bf16 forward
+    passes (model.dtype bfloat16, or auto, which then means bf16); with LoRA the frozen base is bf16 and
+    the adapters stay fp32.  Under torchrun FSDP2 all-gathers the weights in bf16 and reduces gradients
+    in fp32 whenever the forward passes run in bf16, whatever this setting."""
+
+    offload_optimizer: bool = False
+    """Keep AdamW's moments (8 bytes per parameter) in CPU memory and run its step there: on a GPU that
+    much device memory is freed, at the cost of copying each weight and gradient to the host and the
+    result back at every optimiser step (FSDP2 ranks use CPUOffloadPolicy, which keeps their shards of
+    the weights and gradients on the host too).  On a CPU device the moments are in CPU memory
+    already, and nothing changes (nor is there anything to warn about).  The same update either way,
+    so a resumed run may change it."""
+
     microbatch_tokens: int | None = None
-    """Token budget (rows × padded length) of one forward/backward micro-batch; gradients accumulate
-    over micro-batches, so it changes speed and memory, not what is learnt.  null (default): 768 on the
+    """Token budget of one forward/backward micro-batch: real tokens with train.pack_sequences (the rows'
+    prompts and responses, balanced over the fewest micro-batches), rows × padded length without; gradients
+    accumulate over micro-batches, so it changes speed and memory, not what is learnt.  null (default): 768 on the
     CPU (activation memory grows about 1 GB per 1k tokens for the 135M model; 768 keeps the main job
     under 6 GB peak RSS) and 16384 on a GPU (verl's default token budget per GPU; at 768 tokens a GPU
     step is bound by kernel launches: docs/benchmarks.md, "One RL step on a GPU"), raised to one full
     sequence (rollout.max_prompt_tokens + rollout.max_response_tokens) where that is longer."""
+
+    pack_sequences: bool = True
+    """Run each micro-batch's rows as one sequence without padding (per-row position ids; attention
+    never crosses rows: transformers' packed-sequence path, flash-attn's variable-length kernels where
+    installed), in every forward of the policy, reference and critic — verl's use_remove_padding, TRL's
+    padding_free.  false: pad rows to the longest in their micro-batch (same results, more compute;
+    docs/packing.md)."""
+
+    memory_check: Literal["refuse", "warn", "skip"] = "refuse"
+    """Before any weight loads, the memory plan (reasonrl/models/memory_plan.py, printed by `reasonrl
+    config show`) predicts the peak memory per device from the model's config and these settings; refuse:
+    a run whose plan exceeds the device's free memory (GPU) or available RAM (CPU) stops with an error
+    naming the settings that would fit; warn: it logs that and trains anyway; skip: no check."""
 
 
 @dataclass(frozen=True)

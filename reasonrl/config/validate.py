@@ -301,6 +301,15 @@ def _offline(cfg: Config) -> list[str]:
     return problems + [message for ok, message in checks if not ok]
 
 
+def _memory(cfg: Config) -> list[str]:
+    if cfg.train.param_dtype == "bfloat16" and cfg.model.dtype == "float32":
+        return [
+            "train.param_dtype=bfloat16 stores the trained weights in bf16, so the forward passes cannot run in "
+            "float32 as model.dtype=float32 asks; set model.dtype=bfloat16 (or auto), or train.param_dtype=float32"
+        ]
+    return []
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
     problems = (
@@ -311,6 +320,7 @@ def validate(cfg: Config) -> None:
         + _reward_functions(cfg)
         + _distributed(cfg)
         + _offline(cfg)
+        + _memory(cfg)
     )
     if problems:
         raise listing(problems)

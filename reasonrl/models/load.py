@@ -184,6 +184,28 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return _from_pretrained(AutoTokenizer.from_pretrained, spec)  # type: ignore[return-value]
 
 
+def model_config(spec: str):
+    """The transformers config of a model spec, read without loading, converting or downloading weights: a
+    GGUF checkpoint not converted yet from its metadata, a hub id from the local Hugging Face cache only
+    (None when the cache does not hold it)."""
+    from transformers import AutoConfig
+
+    path = Path(spec).expanduser()
+    if spec in BUILTIN_MODELS or (path.is_file() and path.suffix == ".gguf"):
+        gguf = _builtin_gguf(spec) if spec in BUILTIN_MODELS else path
+        converted = cache_root() / "models" / spec if spec in BUILTIN_MODELS else _gguf_cache_dir(gguf)
+        if (converted / COMPLETE_MARKER).exists():
+            return AutoConfig.from_pretrained(converted)
+        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    location = resolve_model(spec)
+    if location != spec or path.exists():
+        return AutoConfig.from_pretrained(location)
+    try:
+        return AutoConfig.from_pretrained(spec, local_files_only=True)
+    except OSError:
+        return None
+
+
 def is_vision_language(spec: str) -> bool:
     """Whether a model spec is a vision-language model (its config has a vision encoder)."""
     from transformers import AutoConfig

@@ -79,8 +79,11 @@ class TrainingBackend(ABC):
         self.parallel = parallel
 
     @abstractmethod
-    def place(self, module: torch.nn.Module) -> None:
-        """Put a freshly built model where this backend trains it: before its optimiser is made."""
+    def place(
+        self, module: torch.nn.Module, compute_dtype: torch.dtype = torch.float32, offload_optimizer: bool = False
+    ) -> None:
+        """Put a freshly built model where this backend trains it, before its optimiser is made: its forward
+        passes run in ``compute_dtype``; ``offload_optimizer`` (train.offload_optimizer) when it trains."""
 
     @abstractmethod
     def share_engine(self, engine: RolloutEngine) -> RolloutEngine:
@@ -147,8 +150,10 @@ class SingleProcess(TrainingBackend):
     def __init__(self) -> None:
         super().__init__(SINGLE_PROCESS)
 
-    def place(self, module: torch.nn.Module) -> None:
-        """Nothing to do: the model stays whole where it was loaded."""
+    def place(
+        self, module: torch.nn.Module, compute_dtype: torch.dtype = torch.float32, offload_optimizer: bool = False
+    ) -> None:
+        """Nothing to do: the model stays whole where it was loaded (its optimiser offloads its own state)."""
 
     def share_engine(self, engine: RolloutEngine) -> RolloutEngine:
         return engine
@@ -204,8 +209,10 @@ class FSDP2Ranks(TrainingBackend):
 
     saves_when_interrupted = False  # torchrun's and Ray's ranks stop at once
 
-    def place(self, module: torch.nn.Module) -> None:
-        shard_module(module, self.parallel)
+    def place(
+        self, module: torch.nn.Module, compute_dtype: torch.dtype = torch.float32, offload_optimizer: bool = False
+    ) -> None:
+        shard_module(module, self.parallel, compute_dtype, offload_optimizer)
 
     def share_engine(self, engine: RolloutEngine) -> RolloutEngine:
         return ShardedEngine(engine, self.parallel)

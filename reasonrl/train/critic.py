@@ -14,7 +14,7 @@ import torch
 
 from reasonrl.algo.aggregate import count_for_aggregation
 from reasonrl.algo.value_loss import explained_variance, value_loss
-from reasonrl.batch import RolloutBatch
+from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
@@ -36,8 +36,9 @@ class CriticUpdater:
         grad_clip: float | None,
         compute_dtype: torch.dtype,
         parallel: DataParallel = SINGLE_PROCESS,
+        packed: bool = True,  # micro-batches as packed sequences (train.pack_sequences)
     ) -> None:
-        self.model, self.optimizer, self.value_clip = model, optimizer, value_clip
+        self.model, self.optimizer, self.value_clip, self.packed = model, optimizer, value_clip, packed
         self.minibatch_sequences, self.epochs, self.microbatch_tokens = minibatch_sequences, epochs, microbatch_tokens
         self.grad_clip, self.compute_dtype, self.parallel = grad_clip, compute_dtype, parallel
         self.skipped_steps = 0
@@ -47,39 +48,42 @@ class CriticUpdater:
         """Where the model is: each micro-batch moves there."""
         return next(self.model.parameters()).device
 
-    def values(self, batch: RolloutBatch) -> torch.Tensor:
+    def values(self, batch: RolloutBatch, tally: ForwardTally | None = None) -> torch.Tensor:
         """V(s_t) at every response token of ``batch`` [B, T] (no gradient); 0 where masked.
-        Data-parallel: each rank computes its share of the rows, and the ranks sum their results."""
+        Data-parallel: each rank computes its share of the rows, and the ranks sum their results.  Its
+        forwards are counted in ``tally``."""
         out = torch.zeros(batch.response_mask.shape)
         with torch.no_grad():
-            for rows in self.parallel.row_groups(batch, self.microbatch_tokens):
+            for rows in self.parallel.row_groups(batch, self.microbatch_tokens, self.packed):
                 part = batch.select(rows or [0])
-                values = self.model(
-                    part.prompt_ids,
-                    part.prompt_mask,
-                    part.response_ids,
-                    part.response_mask,
-                    self.compute_dtype,
-                    part.vision_inputs(),
-                )
+                if tally is not None:
+                    tally.add(part, filler=not rows, packed=self.packed)
+                values = self.forward_values(part)
                 out[rows, : values.shape[1]] = values.cpu()
         return self.parallel.sum_(out)
+
+    def forward_values(self, part: RolloutBatch) -> torch.Tensor:
+        """V(s_t) of a micro-batch [b, T'] (with a gradient when grad mode is on)."""
+        return self.model(
+            part.prompt_ids,
+            part.prompt_mask,
+            part.response_ids,
+            part.response_mask,
+            self.compute_dtype,
+            part.vision_inputs(),
+            packed=self.packed,
+        )
 
     def _minibatch_step(self, minibatch: RolloutBatch) -> dict[str, float]:
         mask = minibatch.value_loss_mask
         tokens, seqs = count_for_aggregation(mask)
         sums: dict[str, float] = defaultdict(float)
-        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device)
+        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device, self.packed)
+        tally = ForwardTally("critic")
         for index, micro in enumerate(micros):
             reduce_gradients_after(self.model, last=index == len(micros) - 1)
-            values = self.model(
-                micro.prompt_ids,
-                micro.prompt_mask,
-                micro.response_ids,
-                micro.response_mask,
-                self.compute_dtype,
-                micro.vision_inputs(),
-            )
+            tally.add(micro, packed=self.packed)
+            values = self.forward_values(micro)
             loss, stats = value_loss(
                 values,
                 micro.values,
@@ -94,7 +98,7 @@ class CriticUpdater:
             share = micro.value_loss_mask.sum().item() / max(1, int(tokens))
             sums["critic/value_loss"] += loss.item()
             sums["critic/clip_frac"] += stats["clip_frac"].item() * share
-        sums = self.parallel.sum_metrics(sums)
+        sums = self.parallel.sum_metrics(sums | tally.metrics())
         grad_norm = apply_gradients(self.model, self.optimizer, self.grad_clip)
         self.skipped_steps += not math.isfinite(grad_norm)
         sums["critic/grad_norm"] = grad_norm
@@ -127,6 +131,6 @@ class CriticUpdater:
                 totals[key] += value
             steps += 1
         self.model.eval()
-        metrics |= {key: value / steps for key, value in totals.items()}
+        metrics |= {k: v if k.startswith(FORWARD_TALLY_PREFIXES) else v / steps for k, v in totals.items()}
         metrics["critic/skipped_steps"] = float(self.skipped_steps)
         return metrics

@@ -21,7 +21,7 @@ import torch
 
 from reasonrl.algo.kl import kl_estimate
 from reasonrl.algo.masked import masked_mean
-from reasonrl.batch import RolloutBatch
+from reasonrl.batch import ForwardTally, RolloutBatch, padding_summary
 from reasonrl.config import Config, to_dict
 from reasonrl.data.source import eval_examples
 from reasonrl.models.lora import adapters_disabled
@@ -141,24 +141,28 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
     The LM head runs only where they are read (T-PPO's token filtering): old log-probs on every response
     token but earlier windows' (those keep their stored behaviour log-probs), reference log-probs also on
     those when the KL is in the reward (every token's reward) or in a loss that trains on them."""
-    groups = run.parallel.row_groups(batch, run.microbatch_tokens)  # data-parallel: this rank's rows
+    packed = run.updater.policy.packed
+    groups = run.parallel.row_groups(batch, run.microbatch_tokens, packed)  # data-parallel: this rank's rows
     stale = None if batch.pool_window is None else batch.pool_window.stale_mask  # [B, T]
     fresh = batch.response_mask if stale is None else batch.response_mask & ~stale
     lm_head_tokens = 0
+    tallies = []
 
-    def forward(policy: TokenLogprobs, needed: torch.Tensor) -> torch.Tensor:  # needed: [B, T] bool
+    def forward(policy: TokenLogprobs, needed: torch.Tensor, tally: ForwardTally) -> torch.Tensor:  # needed: [B, T]
         nonlocal lm_head_tokens
         out = torch.zeros(batch.response_mask.shape)
+        tallies.append(tally)
         with torch.no_grad():
             for rows in groups:
                 part = batch.select(rows or [0])  # [] = a filler forward, kept in step
+                tally.add(part, filler=not rows, packed=packed)
                 head_mask = needed[rows or [0], : part.response_mask.shape[1]] & bool(rows)  # a filler: no head
                 logprobs, _ = policy(part, head_mask=head_mask)
                 lm_head_tokens += head_tokens(part, head_mask)
                 out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return run.parallel.sum_(out)
 
-    batch.old_logprobs = forward(run.updater.policy, fresh)
+    batch.old_logprobs = forward(run.updater.policy, fresh, ForwardTally("logprob"))
     fire = run.cfg.rollout.fire
     if fire.enabled and fire.logprob == "behaviour":  # the FIRE tokens' true behaviour log-probs
         positions = list(fire.positions)
@@ -175,14 +179,17 @@ def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
     if run.plan.uses_reference:
         needed = batch.response_mask if run.cfg.algo.kl_placement == "reward" else fresh | batch.policy_loss_mask
         if run.reference is not None:
-            batch.ref_logprobs = forward(run.reference, needed)
+            batch.ref_logprobs = forward(run.reference, needed, ForwardTally("reference"))
         else:  # LoRA: the policy with its adapters switched off
             with adapters_disabled(run.model):
-                batch.ref_logprobs = forward(run.updater.policy, needed)
+                batch.ref_logprobs = forward(run.updater.policy, needed, ForwardTally("reference"))
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, run.cfg.algo.kl_estimator)
         stats["policy/kl_ref"] = masked_mean(kl, mask).item()
         stats["policy/kl_coef"] = float(run.kl.coef)
-    stats["perf/lm_head_tokens_logprob"] = run.parallel.sum_metrics({"tokens": float(lm_head_tokens)})["tokens"]
+    counts = {"perf/lm_head_tokens_logprob": float(lm_head_tokens)} | {
+        k: v for t in tallies for k, v in t.metrics().items()
+    }
+    stats |= run.parallel.sum_metrics(counts)
     return stats
 
 
@@ -226,7 +233,8 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
             metrics |= logprob_stage(run, batch)
     if run.critic is not None:
         with timed(metrics, "perf/value_seconds"):
-            batch.values = run.critic.values(batch)
+            batch.values = run.critic.values(batch, values_tally := ForwardTally("values"))
+        metrics |= run.parallel.sum_metrics(values_tally.metrics())
     metrics |= assign_advantages(batch, cfg.algo, kl_coef)
     phase(UPDATE_PHASE)
     if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
@@ -238,6 +246,7 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     if run.critic is not None:
         with timed(metrics, "perf/critic_update_seconds"):
             metrics |= run.critic.update(batch, seed=seed)
+    metrics = padding_summary(metrics)
     with timed(metrics, "perf/weight_sync_seconds"):
         run.backend.sync_engine(run.model, run.engine)
     release_free_memory()

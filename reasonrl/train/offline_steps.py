@@ -56,7 +56,7 @@ def compute_reference(run: Run, data: OfflineData, cache: Path) -> None:
     batch = samples_batch([data.samples[i] for i in needed])
     out = torch.zeros(batch.response_mask.shape)
     with torch.no_grad():
-        for rows in batch.micro_batch_rows(run.microbatch_tokens):
+        for rows in batch.micro_batch_rows(run.microbatch_tokens, run.updater.policy.packed):
             part = batch.select(rows)
             if run.reference is not None:
                 logprobs, _ = run.reference(part)
@@ -128,7 +128,7 @@ def dqo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
     tokens = int(batch.response_mask.sum())
     # 1. V_φ(s_h) of every state, before this step's updates (no gradient)
     batch.values = critic.values(batch)
-    micros = batch.micro_batches(run.microbatch_tokens, run.updater.device)
+    micros = batch.micro_batches(run.microbatch_tokens, run.updater.device, policy.packed)
     sums: dict[str, float] = defaultdict(float)
     returns, value_weights = [], []
     policy.model.train()
@@ -163,16 +163,14 @@ def dqo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
     critic.model.train()
     for micro, g, w_v in zip(micros, returns, value_weights, strict=True):
         mask = micro.response_mask
-        values = critic.model(
-            micro.prompt_ids, micro.prompt_mask, micro.response_ids, mask, critic.compute_dtype, micro.vision_inputs()
-        )
+        values = critic.forward_values(micro)
         loss = dqo_value_loss(values, g, w_v, mask, tokens)
         loss.backward()
         sums["critic/value_loss"] += loss.item()
     critic.model.eval()
     sums["critic/grad_norm"] = apply_gradients(critic.model, critic.optimizer, critic.grad_clip)
     all_returns = torch.zeros_like(batch.values)
-    for rows, g in zip(batch.micro_batch_rows(run.microbatch_tokens), returns, strict=True):
+    for rows, g in zip(batch.micro_batch_rows(run.microbatch_tokens, policy.packed), returns, strict=True):
         all_returns[rows, : g.shape[1]] = g.cpu()
     sums["critic/explained_variance"] = explained_variance(batch.values, all_returns, batch.response_mask).item()
     return dict(sums)

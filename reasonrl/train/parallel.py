@@ -99,14 +99,16 @@ class DataParallel:
         if self.active:
             dist.barrier()
 
-    def row_groups(self, batch: RolloutBatch, token_budget: int) -> list[list[int]]:
+    def row_groups(self, batch: RolloutBatch, token_budget: int, packed: bool = True) -> list[list[int]]:
         """Rows of ``batch`` this rank computes in forward-only passes (old log-probs, values), grouped in
-        micro-batches of at most ``token_budget`` padded tokens, then padded with empty groups to the
-        busiest rank's count (a rank runs a forward for those too, and keeps nothing of it)."""
+        micro-batches of at most ``token_budget`` tokens (``RolloutBatch.micro_batch_rows``), then padded
+        with empty groups to the busiest rank's count (a rank runs a forward for those too, and keeps
+        nothing of it)."""
         if not self.active:
-            return batch.micro_batch_rows(token_budget)
+            return batch.micro_batch_rows(token_budget, packed)
         mine = list(self.share(len(batch)))
-        groups = [[mine[i] for i in g] for g in batch.select(mine).micro_batch_rows(token_budget)] if mine else []
+        share = batch.select(mine) if mine else None
+        groups = [[mine[i] for i in g] for g in share.micro_batch_rows(token_budget, packed)] if share else []
         return groups + [[] for _ in range(self.max(len(groups)) - len(groups))]
 
     def lockstep(
@@ -180,24 +182,41 @@ class ShardedEngine:
         return getattr(self.engine, name)
 
 
-def shard_module(module: torch.nn.Module, parallel: DataParallel) -> None:
+def shard_module(
+    module: torch.nn.Module,
+    parallel: DataParallel,
+    compute_dtype: torch.dtype = torch.float32,
+    offload_optimizer: bool = False,
+) -> None:
     """Shard ``module`` over the ranks with FSDP2 (``fully_shard``): each transformer block (the classes a
     Hugging Face model lists in ``_no_split_modules``) is its own unit, ``module`` the root that holds
     the rest (embeddings, final norm, LM head, value head: tied embeddings stay in one unit).
+
+    With a bf16 ``compute_dtype`` the weights are all-gathered in bf16 and gradients reduced in fp32
+    (``MixedPrecisionPolicy``), whatever dtype the shards are stored in (train.param_dtype).  With
+    ``offload_optimizer`` on a GPU the shards of the weights, their gradients and so AdamW's moments live
+    in CPU memory, where the optimiser steps (``CPUOffloadPolicy``); on a CPU device they are there already.
 
     Gradients are reduced as a sum, not a mean: every rank's loss already carries the whole mini-batch's
     denominators, so the sum is the single-process gradient (and gloo's reduce-scatter has averaged
     wrongly: pytorch issue #162338)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     device_type = next(module.parameters()).device.type
-    mesh = init_device_mesh(device_type, (parallel.world_size,))
+    bf16 = compute_dtype == torch.bfloat16
+    options = {
+        "mesh": init_device_mesh(device_type, (parallel.world_size,)),
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy(),
+        "offload_policy": CPUOffloadPolicy() if offload_optimizer and device_type != "cpu" else OffloadPolicy(),
+    }
     blocks = {name for sub in module.modules() for name in getattr(sub, "_no_split_modules", None) or ()}
     for sub in list(module.modules()):
         if type(sub).__name__ in blocks:
-            fully_shard(sub, mesh=mesh)
-    fully_shard(module, mesh=mesh)
+            fully_shard(sub, **options)
+    fully_shard(module, **options)
     for sub in module.modules():
         if isinstance(sub, FSDPModule):
             sub.set_gradient_divide_factor(1.0)

@@ -49,6 +49,7 @@ def response_logprobs(
     compute_dtype: torch.dtype = torch.float32,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     suppressed: tuple[int, ...] = (),
+    packed: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """log π(a_t | s_t) and the policy entropy H(π(·|s_t)) at every response token; both [B, T].
 
@@ -57,10 +58,11 @@ def response_logprobs(
     ``head_mask`` (default: every response token) limits the LM head, the log-softmax and the entropy
     to those response tokens; the others hold 0 too.  The backbone still runs over the whole sequence.
     Without a head token the output stays connected to the model, so a backward still runs.
+    ``packed`` runs the rows as one sequence without padding (``models.forward.response_hidden_states``).
     """
     device = next(model.parameters()).device
     response_hidden = response_hidden_states(
-        model.base_model, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype, vision
+        model.base_model, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype, vision, packed
     )  # [B, T, d]
     mask = response_mask.to(device).bool()
     if head_mask is not None:
@@ -107,9 +109,11 @@ class TokenLogprobs(torch.nn.Module):
     included, which calling the backbone and the head separately would bypass.
     """
 
-    def __init__(self, model: PreTrainedModel, temperature: float, compute_dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: PreTrainedModel, temperature: float, compute_dtype: torch.dtype, packed: bool = True
+    ) -> None:
         super().__init__()
-        self.model, self.temperature, self.compute_dtype = model, temperature, compute_dtype
+        self.model, self.temperature, self.compute_dtype, self.packed = model, temperature, compute_dtype, packed
         self.suppressed = suppressed_tokens(model)
 
     def forward(self, batch, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -126,6 +130,7 @@ class TokenLogprobs(torch.nn.Module):
             temperature=self.temperature,
             compute_dtype=self.compute_dtype,
             suppressed=self.suppressed,
+            packed=self.packed,
         )
 
 

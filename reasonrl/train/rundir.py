@@ -48,7 +48,10 @@ RESUMABLE_KEYS = (
     "reward.timeout_seconds",
     "reward.max_error_fraction",
     "train.microbatch_tokens",
+    "train.pack_sequences",
     "model.gradient_checkpointing",
+    "train.memory_check",
+    "train.offload_optimizer",
     "rollout.engine",
 )
 """Settings a resumed run may change: how long it runs, how often it evaluates and saves, and knobs

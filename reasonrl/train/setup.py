@@ -26,7 +26,8 @@ from reasonrl.models.load import (
     vision_processor,
 )
 from reasonrl.models.lora import add_lora
-from reasonrl.models.optim import trainable_parameters
+from reasonrl.models.memory_plan import check_memory
+from reasonrl.models.optim import adamw, trainable_parameters
 from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
 from reasonrl.reward.prm import ProcessRewardModel
@@ -127,11 +128,12 @@ def build_critic(
         model = model.to(device)
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
+    model.to(parameter_dtype(cfg))
     if cfg.model.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
-    backend.place(model)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=plan.critic_lr, weight_decay=cfg.train.weight_decay)
+    backend.place(model, dtype, cfg.train.offload_optimizer)
+    optimizer = adamw(trainable_parameters(model), plan.critic_lr, cfg.train.weight_decay, cfg.train.offload_optimizer)
     return CriticUpdater(
         model,
         optimizer,
@@ -142,17 +144,17 @@ def build_critic(
         grad_clip=cfg.train.grad_clip,
         compute_dtype=dtype,
         parallel=backend.parallel,
+        packed=cfg.train.pack_sequences,
     )
 
 
 def build_policy_updater(
     cfg: Config, plan: Plan, policy: TokenLogprobs, microbatch_tokens: int, backend: TrainingBackend
 ) -> PolicyUpdater:
-    """The policy's optimiser (over its trainable weights, as ``backend`` placed them), its warm-up
-    schedule, and the update of ``cfg.algo``."""
-    optimizer = torch.optim.AdamW(
-        trainable_parameters(policy.model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
-    )
+    """The policy's optimiser (over its trainable weights, as ``backend`` placed them; its moments in CPU
+    memory with train.offload_optimizer), its warm-up schedule, and the update of ``cfg.algo``."""
+    t = cfg.train
+    optimizer = adamw(trainable_parameters(policy.model), t.lr, t.weight_decay, t.offload_optimizer)
     warmup = plan.warmup_optimizer_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     return PolicyUpdater(
@@ -167,6 +169,17 @@ def build_policy_updater(
         loss_agg_constant=plan.loss_agg_constant,
         parallel=backend.parallel,
     )
+
+
+def parameter_dtype(cfg: Config) -> torch.dtype:
+    """What the trained weights (policy, critic) and their gradients are stored in (train.param_dtype)."""
+    return getattr(torch, cfg.train.param_dtype)
+
+
+def forward_dtype(cfg: Config) -> torch.dtype:
+    """The dtype the forward passes run in (model.dtype): bf16 where the trained weights are stored in bf16,
+    whatever model.dtype=auto would pick for the hardware (the validator refuses model.dtype=float32 then)."""
+    return compute_dtype("bfloat16" if cfg.train.param_dtype == "bfloat16" else cfg.model.dtype)
 
 
 def preflight(cfg: Config) -> list[RewardTerm]:
@@ -234,11 +247,12 @@ def setup(
     plan = resolve(cfg)
     terms = preflight(cfg)
     device = resolve_device(cfg.model.device)
+    check_memory(cfg, device, backend.parallel.world_size)  # from the model's config: before any weight loads
     attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
-    dtype = compute_dtype(cfg.model.dtype)
+    dtype = forward_dtype(cfg)
     microbatch_tokens = microbatch_token_budget(cfg, device.type)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     processor = vision_processor(cfg.model.name_or_path)
@@ -249,7 +263,7 @@ def setup(
         offline = OfflineData(
             cfg.data.offline_path, cfg.algo.offline, cfg.train.minibatch_sequences, cfg.run.seed, len(tokenizer)
         )
-    model = load_model(cfg.model.name_or_path, torch.float32, attention, device)  # fp32 master weights
+    model = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)  # fp32 master weights, or bf16
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if workers is not None:
@@ -258,15 +272,15 @@ def setup(
         engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
     engine = backend.share_engine(engine)
     add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
-    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype)
+    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, cfg.train.pack_sequences)
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
     reference = None
     if separate_reference:
         frozen = load_model(cfg.model.name_or_path, dtype, attention, device)
-        reference = TokenLogprobs(frozen, policy.temperature, dtype)
-    for module in (policy, reference):
-        if module is not None:
-            backend.place(module)
+        reference = TokenLogprobs(frozen, policy.temperature, dtype, policy.packed)
+    backend.place(policy, dtype, cfg.train.offload_optimizer)
+    if reference is not None:
+        backend.place(reference, dtype)
     pool = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
     pool = backend.share_scorer(pool)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)

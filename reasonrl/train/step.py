@@ -19,12 +19,13 @@ from reasonrl.algo.kl import kl_estimate
 from reasonrl.algo.masked import masked_mean
 from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
 from reasonrl.algo.presets import AlgoSpec
-from reasonrl.batch import RolloutBatch
+from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
 from reasonrl.models.optim import apply_gradients
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
 from reasonrl.train.policy import TokenLogprobs, head_tokens
 
-STEP_TOTALS = ("perf/lm_head_tokens_policy",)  # metrics summed over the step's optimiser steps, not averaged
+# metrics (these keys and those they begin) summed over the step's optimiser steps, not averaged
+STEP_TOTALS = ("perf/lm_head_tokens_policy", *FORWARD_TALLY_PREFIXES)
 
 
 class PolicyUpdater:
@@ -72,9 +73,12 @@ class PolicyUpdater:
         tokens, seqs = count_for_aggregation(mask)
         nll_tokens = (mask & minibatch.correct[:, None]).sum()
         sums: dict[str, float] = defaultdict(float)
-        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device)
+        packed = self.policy.packed
+        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device, packed)
+        tally = ForwardTally("policy")
         for index, micro in enumerate(micros):
             reduce_gradients_after(self.policy, last=index == len(micros) - 1)
+            tally.add(micro, packed=packed)
             micro_mask = micro.policy_loss_mask
             # the LM head only where the loss reads (T-PPO's token filtering: earlier windows' tokens are out)
             logprobs, entropy = self.policy(micro, head_mask=micro_mask)
@@ -105,7 +109,7 @@ class PolicyUpdater:
             sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
             for key, value in stats.items():
                 sums[f"policy/{key}"] += value.item() * share
-        sums = self.parallel.sum_metrics(sums)
+        sums = self.parallel.sum_metrics(sums | tally.metrics())
         grad_norm = apply_gradients(self.policy, self.optimizer, self.grad_clip, self.scheduler)
         self.skipped_steps += not math.isfinite(grad_norm)
         sums["train/grad_norm"] = grad_norm
@@ -122,21 +126,23 @@ class PolicyUpdater:
                 totals[key] += value
             steps += 1
         self.model.eval()
-        metrics = {key: value if key in STEP_TOTALS else value / steps for key, value in totals.items()}
+        metrics = {key: value if key.startswith(STEP_TOTALS) else value / steps for key, value in totals.items()}
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/skipped_steps"] = float(self.skipped_steps)
         return metrics
 
 
 def my_micro_batches(
-    minibatch: RolloutBatch, parallel: DataParallel, token_budget: int, device: torch.device
+    minibatch: RolloutBatch, parallel: DataParallel, token_budget: int, device: torch.device, packed: bool = True
 ) -> list[RolloutBatch]:
-    """This rank's share of ``minibatch``'s rows in micro-batches of at most ``token_budget`` padded tokens,
-    padded with loss-free fillers to as many micro-batches as the busiest rank has."""
+    """This rank's share of ``minibatch``'s rows in micro-batches of at most ``token_budget`` tokens
+    (``RolloutBatch.micro_batch_rows``), padded with loss-free fillers to as many micro-batches as the
+    busiest rank has."""
     if not parallel.active:
-        return minibatch.micro_batches(token_budget, device)
+        return minibatch.micro_batches(token_budget, device, packed)
     share = minibatch.select(list(parallel.share(len(minibatch))))
-    return parallel.lockstep(share.micro_batches(token_budget, device) if len(share) else [], minibatch, device)
+    mine = share.micro_batches(token_budget, device, packed) if len(share) else []
+    return parallel.lockstep(mine, minibatch, device)
 
 
 def shuffled_minibatches(batch: RolloutBatch, size: int, epochs: int, seed: int) -> Iterator[RolloutBatch]:

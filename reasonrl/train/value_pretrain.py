@@ -15,6 +15,7 @@ import torch
 
 from reasonrl.algo.advantage_estimators import gae
 from reasonrl.algo.shaping import terminal_token_rewards
+from reasonrl.batch import padding_summary
 from reasonrl.timing import timed
 from reasonrl.train.advantage_stage import value_fit_stats
 from reasonrl.train.critic import CriticUpdater
@@ -55,7 +56,7 @@ def pretrain_critic(
             _, batch.returns = gae(token_rewards, batch.values, batch.response_mask, gamma, 1.0)  # Monte-Carlo
             batch.token_rewards = token_rewards
             metrics |= value_fit_stats(batch, gamma)
-            metrics |= critic.update(batch, seed=hash_seed(seed, PRETRAIN_SEED_SALT, step))
+            metrics = padding_summary(metrics | critic.update(batch, seed=hash_seed(seed, PRETRAIN_SEED_SALT, step)))
         on_step(step, metrics)
         if ev_target is not None and metrics["critic/explained_variance"] >= ev_target:
             return step

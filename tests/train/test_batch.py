@@ -33,14 +33,28 @@ def test_select_trims_padding_columns():
     assert part.prompt_mask.sum().item() == 5 and part.response_mask.sum().item() == 13
 
 
-def test_micro_batches_cover_every_row_once_within_budget():
+def test_padded_micro_batches_cover_every_row_once_within_budget():
     batch = make([3, 5, 2, 8, 4, 6, 1, 7], [10, 2, 7, 1, 9, 3, 12, 5])
-    groups = batch.micro_batch_rows(token_budget=40)
+    groups = batch.micro_batch_rows(token_budget=40, packed=False)
     assert sorted(r for g in groups for r in g) == list(range(8))
     for rows in groups:
         part = batch.select(rows)
         width = part.prompt_ids.shape[1] + part.response_ids.shape[1]
         assert len(rows) == 1 or len(rows) * width <= 40
+
+
+def test_packed_micro_batches_hold_real_tokens_up_to_the_budget_in_the_fewest_balanced_bins():
+    prompts, responses = [3, 5, 2, 8, 4, 6, 1, 7], [10, 2, 7, 1, 9, 3, 12, 5]  # 13+7+9+9+13+9+13+12 = 85 tokens
+    batch = make(prompts, responses)
+    assert batch.read_lengths() == [13, 7, 9, 9, 13, 9, 13, 12]
+    groups = batch.micro_batch_rows(token_budget=30)
+    assert sorted(r for g in groups for r in g) == list(range(8))
+    loads = sorted(sum(batch.read_lengths()[r] for r in g) for g in groups)
+    assert loads == [20, 21, 22, 22]  # no bin over 30 and none far lighter: balanced
+    assert len(batch.micro_batch_rows(token_budget=30, packed=False)) == 5  # padded: 5 micro-batches
+    assert batch.micro_batch_rows(token_budget=12) == [[0], [1], [2], [3], [4], [5], [6], [7]]  # over: alone
+    batch.response_mask[0, 3:6] = False  # injected tokens in the middle of a conversation are still read
+    assert batch.read_lengths()[0] == 13
 
 
 def test_concat_repads_left_and_right():

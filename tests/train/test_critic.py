@@ -236,3 +236,23 @@ def test_resume_parity_with_a_critic(tmp_path):
         for d in (tmp_path / "straight", tmp_path / "split")
     ]
     assert metrics[0] == metrics[1]
+
+
+def test_packed_and_padded_training_learn_the_same(tmp_path):
+    """train.pack_sequences changes what is computed, not what is learnt: a VAPO run (old log-probs,
+    values, policy and critic updates) gives the same losses and weights either way, to float rounding."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for packed in (True, False):
+        cfg = vapo_tiny("train.rollout_steps=2", "run.eval_every=100", f"train.pack_sequences={str(packed).lower()}")
+        fit(cfg, tmp_path / str(packed), verifier=DigitFraction(), show_progress=False)
+        runs[packed] = [r for r in read_metrics(tmp_path / str(packed) / "metrics.jsonl") if "loss/policy" in r]
+    for packed_step, padded_step in zip(runs[True], runs[False], strict=True):
+        for key in ("loss/policy", "critic/value_loss", "policy/entropy", "reward/mean", "critic/explained_variance"):
+            assert packed_step[key] == pytest.approx(padded_step[key], rel=1e-4, abs=1e-5), key
+        assert packed_step["perf/pad_fraction"] < 0.05 and packed_step["perf/microbatches"] > 0
+    assert max(step["perf/pad_fraction"] for step in runs[False]) > 0  # the padded run computed padding
+    weights = [load_file(tmp_path / str(p) / "final" / "model.safetensors") for p in (True, False)]
+    for name, value in weights[0].items():
+        assert torch.allclose(value, weights[1][name], atol=1e-5), name

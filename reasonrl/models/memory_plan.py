@@ -1,0 +1,412 @@
+"""The memory plan: a run's peak memory per device, by component, predicted before anything loads.
+
+``plan_memory(cfg, model_config)`` reads the model's transformers config (its shape; the parameters are
+counted on the meta device, so no weight is allocated) and the run's settings, and predicts the peak of
+the policy update, where a training step peaks:
+
+- runtime: the process itself (Python, torch, transformers; on a GPU allocator slack);
+- policy weights, gradients and AdamW's two fp32 moments: ``train.param_dtype`` bytes per parameter for
+  the weights and the trainable parameters' gradients, 8 bytes per trainable parameter for AdamW
+  (none on the GPU with ``train.offload_optimizer``); LoRA trains only the adapters;
+- the frozen reference (with a KL term and no LoRA) in the compute dtype; the critic (gae, egae): its
+  weights and AdamW states stay resident while the policy updates (its gradients are freed after its step);
+- bf16 weight copies: autocast's bf16 casts of fp32 weights, saved for the backward pass;
+- embedding gradient temporaries: a micro-batch's gradients of the input embedding and of the LM head
+  ([vocab, d] each) are computed whole before they add to the accumulated ones;
+- activations of one micro-batch of ``train.microbatch_tokens`` tokens (packed: the budget is real tokens),
+  with or without ``model.gradient_checkpointing``, and eager attention's saved probabilities;
+- LM-head chunks: ``DEFAULT_CHUNK_TOKENS`` rows of fp32 logits over the vocabulary and their temporaries;
+- the rollout engine's share: on a GPU vLLM takes ``rollout.vllm.gpu_memory_utilization`` of the card
+  (with sleep mode it gives it back during the update, so the peak is the larger of generation and
+  update), on a CPU its own copy of the weights in the compute dtype (vLLM's CPU build: plus its KV cache);
+- with several FSDP2 ranks the weights, gradients, optimiser states, reference and critic are sharded over
+  them, and each rank gathers its root unit (embeddings, LM head) and two layers at a time.
+
+The constants not counted (``RUNTIME_CPU_BYTES``, ``ACTIVATION_*``, ``HEAD_COPIES``) were set from the
+tensors the code saves and checked against peak RSS on the CPU: ``python bench/memory_plan.py`` runs each
+measured configuration in a fresh process and reports predicted against measured (within 15% on all four,
+docs/benchmarks.md, "Memory plan").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reasonrl.config import Config, ConfigError, resolve
+from reasonrl.config.plan import microbatch_token_budget
+
+if TYPE_CHECKING:
+    import torch
+
+GIB = 2**30
+DEFAULT_CHUNK_TOKENS = 512  # reasonrl.train.policy.DEFAULT_CHUNK_TOKENS (train sits above models)
+ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32
+RUNTIME_CPU_BYTES = int(0.55 * GIB)
+"""A CPU process's resident memory before any model: Python, torch, transformers and reasonrl imported."""
+RUNTIME_CUDA_BYTES = int(0.5 * GIB)
+"""Allocator slack, cuBLAS workspaces and collectives' buffers on a GPU (an allowance, not measured here)."""
+ACTIVATION_HIDDEN = 12.0
+ACTIVATION_INTERMEDIATE = 4.0
+"""Values saved for the backward pass per token per layer, in multiples of the hidden size d and the MLP's
+intermediate size I (each of the compute dtype's size)."""
+ACTIVATION_ATTENTION = 2.0
+"""Eager attention: [span, span] score matrices per head saved per layer (probabilities and their softmax)."""
+HEAD_COPIES = 4.0
+"""LM-head chunk: fp32 [chunk, vocab] tensors alive at once (logits, softmax, their product, a gradient)."""
+FSDP_GATHERED_LAYERS = 2  # the layer running and the one prefetched
+LORA_RANK_SUGGESTED = 16
+GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model: parameter counts and the text decoder's sizes."""
+
+    parameters: int
+    trainable: int
+    """Trained parameters: all of them, or with LoRA the adapters."""
+    root_parameters: int
+    """Parameters outside the decoder layers (embeddings, LM head, final norm): FSDP2's root unit."""
+    layer_parameters: int
+    """Parameters of one decoder layer."""
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config: Any, lora_rank: int = 0, lora_targets: str | tuple[str, ...] = "all-linear") -> ModelShape:
+        """Count ``config``'s parameters on the meta device (nothing allocated) and LoRA's adapters on them."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+        with torch.device("meta"):
+            model = auto.from_config(config)
+        text = config.get_text_config()
+        parameters = sum(p.numel() for p in model.parameters())
+        layer = max(sum(p.numel() for p in m.parameters()) for m in decoder_layers(model))
+        return cls(
+            parameters=parameters,
+            trainable=lora_parameters(model, lora_rank, lora_targets) if lora_rank else parameters,
+            root_parameters=parameters - layer * text.num_hidden_layers,
+            layer_parameters=layer,
+            layers=text.num_hidden_layers,
+            hidden=text.hidden_size,
+            intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
+            heads=text.num_attention_heads,
+            vocab=text.vocab_size,
+        )
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder's layers: the longest ModuleList of the model (a VLM's text decoder, not its vision tower)."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+
+
+def lora_parameters(model: torch.nn.Module, rank: int, targets: str | tuple[str, ...]) -> int:
+    """Adapter parameters r·(in + out) of every targeted linear layer (all-linear: all but the LM head)."""
+    import torch
+
+    head = model.get_output_embeddings()
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets:
+            count += rank * (module.in_features + module.out_features)
+    return count
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Predicted peak bytes per device, by component, and what the device has."""
+
+    device_type: str
+    world_size: int
+    parameters: int
+    components: dict[str, int]
+    """Component -> bytes per device at the update's peak (the rollout engine's share included)."""
+    total: int
+    """Predicted peak per device: the components' sum, or with a sleeping vLLM the larger of generation
+    (resident parts + the engine's share) and the update (everything else)."""
+    capacity: int | None = None
+    """Bytes the device has for this process (free GPU memory, or available RAM per local rank); None = unknown."""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        """Whether the total fits the capacity (an unknown capacity fits)."""
+        return self.capacity is None or self.total <= self.capacity
+
+    def table(self) -> str:
+        """component | GiB per device, the total and the capacity, as lines of text."""
+        rows = [(name, value) for name, value in self.components.items() if value]
+        width = max(len(name) for name, _ in [*rows, ("total (predicted peak)", 0)])
+        lines = [f"{'component':<{width}}  GiB per device", *(f"{n:<{width}}  {gib(v):>8.2f}" for n, v in rows)]
+        lines.append(f"{'total (predicted peak)':<{width}}  {gib(self.total):>8.2f}")
+        capacity = "unknown" if self.capacity is None else f"{gib(self.capacity):>8.2f}"
+        lines.append(f"{f'{self.device_type} available':<{width}}  {capacity}")
+        return "\n".join([*lines, *self.notes])
+
+
+def gib(value: float) -> float:
+    return value / GIB
+
+
+def element_size(dtype_name: str) -> int:
+    """Bytes of one value of a dtype named float32 or bfloat16."""
+    return 2 if dtype_name == "bfloat16" else 4
+
+
+def planned_compute_dtype(cfg: Config, device_type: str) -> str:
+    """model.dtype as the trainer resolves it on ``device_type`` (auto: bfloat16 on a GPU and with
+    train.param_dtype=bfloat16)."""
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    if device_type == "cuda" or cfg.train.param_dtype == "bfloat16":
+        return "bfloat16"
+    from reasonrl.models.load import compute_dtype
+
+    return str(compute_dtype("auto")).removeprefix("torch.")
+
+
+def plan_memory(
+    cfg: Config,
+    model_config: Any,
+    *,
+    device_type: str,
+    world_size: int = 1,
+    capacity: int | None = None,
+    device_memory: int | None = None,
+) -> MemoryPlan:
+    """The peak memory per device of ``cfg``'s training on ``device_type`` ("cpu" or "cuda") with
+    ``world_size`` FSDP2 ranks; ``device_memory`` is the GPU's total (vLLM's share is a fraction of it)."""
+    import torch
+
+    from reasonrl.models.load import attention_implementation
+
+    m, t = cfg.model, cfg.train
+    plan = resolve(cfg)
+    shape = ModelShape.of(model_config, m.lora_rank, m.lora_target_modules)
+    param_bytes = element_size(t.param_dtype)
+    compute = planned_compute_dtype(cfg, device_type)
+    compute_bytes = element_size(compute)
+    gradient_bytes = 4 if m.lora_rank else param_bytes  # LoRA's adapters stay fp32
+    offload = t.offload_optimizer and device_type == "cuda"
+    shards = max(1, world_size)
+    host_shards = offload and shards > 1  # FSDP2's CPUOffloadPolicy: the weights' and gradients' shards too
+    tokens = microbatch_token_budget(cfg, device_type)
+    attention = attention_implementation(m.attention, torch.device(device_type), plan.max_sequence_tokens)
+    span = min(tokens, plan.max_sequence_tokens)  # a packed lane or a padded row: the longest row's length
+    per_layer = compute_bytes * (ACTIVATION_HIDDEN * shape.hidden + ACTIVATION_INTERMEDIATE * shape.intermediate)
+    attention_bytes = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if attention == "eager" else 0
+    if m.gradient_checkpointing:  # each layer's input kept (fp32 residual), one layer recomputed at a time
+        activations = tokens * (shape.layers * 4 * shape.hidden + per_layer) + attention_bytes
+    else:
+        activations = tokens * shape.layers * per_layer + attention_bytes * shape.layers
+    separate_reference = plan.uses_reference and not m.lora_rank  # LoRA: the frozen base is the reference
+    casts = 2 * shape.parameters if compute == "bfloat16" and param_bytes == 4 and not m.gradient_checkpointing else 0
+    components = {
+        "runtime": RUNTIME_CUDA_BYTES if device_type == "cuda" else RUNTIME_CPU_BYTES,
+        "policy weights": 0 if host_shards else shape.parameters * param_bytes // shards,
+        "policy gradients": 0 if host_shards else shape.trainable * gradient_bytes // shards,
+        "optimizer states (AdamW)": 0 if offload else shape.trainable * ADAM_BYTES // shards,
+        "reference weights": shape.parameters * compute_bytes // shards if separate_reference else 0,
+        "critic (weights, AdamW)": (
+            (shape.parameters * param_bytes + shape.trainable * (0 if offload else ADAM_BYTES)) // shards
+            if plan.uses_critic
+            else 0
+        ),
+        "FSDP2 gathered layers": (
+            (shape.root_parameters + FSDP_GATHERED_LAYERS * shape.layer_parameters) * param_bytes if shards > 1 else 0
+        ),
+        "bf16 weight copies": casts // shards,
+        "embedding gradient temporaries": 0 if m.lora_rank else 2 * shape.vocab * shape.hidden * gradient_bytes,
+        "activations": int(activations),
+        "LM-head chunks": int(HEAD_COPIES * 4 * min(DEFAULT_CHUNK_TOKENS, tokens) * shape.vocab),
+        "rollout engine": engine_bytes(cfg, device_type, shape, compute_bytes, device_memory),
+    }
+    total = sum(components.values())
+    notes = []
+    if engine_sleeps(cfg, device_type):
+        transient = ("policy gradients", "FSDP2 gathered layers", "bf16 weight copies")
+        transient += ("embedding gradient temporaries", "activations", "LM-head chunks")
+        generation = total - sum(components[name] for name in transient)
+        total = max(generation, total - components["rollout engine"])
+        notes.append("vLLM sleeps during the update: the total is the larger of generation and update")
+    return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, tuple(notes))
+
+
+def engine_name(cfg: Config, device_type: str) -> str:
+    """rollout.engine as build_engine resolves auto (vllm on a GPU where installed)."""
+    import importlib.util
+
+    if cfg.rollout.engine != "auto":
+        return cfg.rollout.engine
+    if device_type == "cuda":
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    return "fast"
+
+
+def engine_sleeps(cfg: Config, device_type: str) -> bool:
+    """vLLM on a GPU with sleep mode: its share is free during the update."""
+    return device_type == "cuda" and engine_name(cfg, device_type) == "vllm" and cfg.rollout.vllm.sleep_mode
+
+
+def engine_bytes(
+    cfg: Config, device_type: str, shape: ModelShape, compute_bytes: int, device_memory: int | None
+) -> int:
+    """The rollout engine's memory on the trainer's device: vLLM's share of a GPU, else its weights' copy."""
+    name = engine_name(cfg, device_type)
+    if name == "vllm" and device_type == "cuda":
+        return int(cfg.rollout.vllm.gpu_memory_utilization * (device_memory or 0))
+    copy = shape.parameters * compute_bytes
+    return copy + cfg.rollout.vllm.cpu_kv_cache_gib * GIB if name == "vllm" else copy
+
+
+def device_memory(device: torch.device, local_ranks: int = 1) -> tuple[int, int]:
+    """(bytes available to this process, the device's total): a GPU's free and total memory, or the
+    machine's available RAM (/proc/meminfo's MemAvailable) and total, shared by ``local_ranks`` processes."""
+    import torch
+
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return free, total
+    lines = Path("/proc/meminfo").read_text().splitlines()
+    info = dict(line.split(":", 1) for line in lines if ":" in line)
+    available, total = (int(info[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
+    return available // max(1, local_ranks), total
+
+
+def planned_device_type(cfg: Config) -> str:
+    """model.device as the run resolves it here: auto = cuda when this machine sees a GPU."""
+    import torch
+
+    if cfg.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.model.device
+
+
+def planned_world_size(cfg: Config) -> int:
+    """FSDP2 ranks the run trains on: dist.trainer_workers under Ray, else torchrun's WORLD_SIZE (1 outside it)."""
+    if cfg.dist.backend == "ray":
+        return cfg.dist.trainer_workers
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def with_setting(cfg: Config, key: str, value: Any) -> Config:
+    """``cfg`` with one dotted setting (group.name) changed."""
+    group, name = key.split(".")
+    return replace(cfg, **{group: replace(getattr(cfg, group), **{name: value})})
+
+
+def fixing_settings(cfg: Config, model_config: Any, plan: MemoryPlan) -> list[tuple[str, MemoryPlan]]:
+    """Each setting that lowers ``plan``'s peak, with the plan it would give: the largest
+    train.microbatch_tokens that fits (or its smallest, one full sequence), gradient checkpointing, LoRA,
+    optimiser offload (GPU), bf16 parameters, and on a GPU the fewest FSDP2 ranks that fit."""
+    options = dict(device_type=plan.device_type, world_size=plan.world_size, capacity=plan.capacity)
+    m, t = cfg.model, cfg.train
+    changes: list[tuple[str, Any]] = []
+    budget = microbatch_token_budget(cfg, plan.device_type)
+    smallest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    budgets = [budget // 2**k for k in range(1, 12) if budget // 2**k > smallest] + [smallest]
+    fitting = [b for b in budgets if b < budget and plan_memory(with_setting(cfg, "train.microbatch_tokens", b),
+                                                                 model_config, **options).fits]  # fmt: skip
+    if fitting or smallest < budget:
+        changes.append(("train.microbatch_tokens", fitting[0] if fitting else smallest))
+    if not m.gradient_checkpointing:
+        changes.append(("model.gradient_checkpointing", True))
+    if not m.lora_rank:
+        changes.append(("model.lora_rank", LORA_RANK_SUGGESTED))
+    if plan.device_type == "cuda" and not t.offload_optimizer:
+        changes.append(("train.offload_optimizer", True))
+    if t.param_dtype == "float32" and m.dtype != "float32":  # bf16 weights need bf16 passes
+        changes.append(("train.param_dtype", "bfloat16"))
+    found = [(f"{key}={str(value).lower()}", plan_memory(with_setting(cfg, key, value), model_config, **options))
+             for key, value in changes]  # fmt: skip
+    if plan.device_type == "cuda":
+        for ranks in (n for n in GPU_COUNTS if n > plan.world_size):
+            more = plan_memory(cfg, model_config, **(options | {"world_size": ranks}))
+            if more.fits or ranks == GPU_COUNTS[-1]:
+                launch = f"torchrun --nproc-per-node {ranks}, or dist.trainer_workers={ranks}"
+                found.append((f"{ranks} GPUs ({launch})", more))
+                break
+    return found
+
+
+def refusal_message(cfg: Config, model_config: Any, plan: MemoryPlan) -> str:
+    """Why the run does not fit, its plan, and the settings that would make it fit with their predicted peaks."""
+    fixes = fixing_settings(cfg, model_config, plan)
+    fit = [f"{setting} ({gib(p.total):.2f} GiB)" for setting, p in fixes if p.fits]
+    short = [f"{setting} ({gib(p.total):.2f} GiB)" for setting, p in fixes if not p.fits]
+    lines = [
+        f"the memory plan predicts a peak of {gib(plan.total):.2f} GiB per device for training "
+        f"{cfg.model.name_or_path}, more than the {gib(plan.capacity or 0):.2f} GiB this {plan.device_type} has "
+        "available (nothing has loaded yet):",
+        *(f"  {line}" for line in plan.table().splitlines()),
+        f"settings that would make it fit (predicted peak per device): {'; '.join(fit) or 'none alone'}",
+    ]
+    if short:
+        lines.append(f"settings that lower it but not enough alone: {'; '.join(short)}")
+    lines.append("to run it anyway: train.memory_check=warn (or skip)")
+    return "\n".join(lines)
+
+
+def memory_plan_of(cfg: Config, device: torch.device | None = None, world_size: int | None = None) -> MemoryPlan | str:
+    """The plan of ``cfg`` on ``device`` (default: the run's device on this machine) with ``world_size``
+    ranks (default: the run's), with what the device has here; or a line saying why there is none (the
+    model's config is not on this machine)."""
+    import torch
+
+    from reasonrl.models.load import model_config
+    from reasonrl.models.model_error import ModelError
+
+    device = device or torch.device(planned_device_type(cfg))
+    try:
+        config = model_config(cfg.model.name_or_path)
+    except ModelError as exc:
+        return f"no memory plan: {exc}"
+    if config is None:
+        return f"no memory plan: the config of {cfg.model.name_or_path} is not on this machine (nothing is downloaded)"
+    here = device.type == "cpu" or torch.cuda.is_available()
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    available, total = device_memory(device, local_ranks) if here else (None, None)
+    return plan_memory(
+        cfg,
+        config,
+        device_type=device.type,
+        world_size=world_size or planned_world_size(cfg),
+        capacity=available,
+        device_memory=total,
+    )
+
+
+def check_memory(cfg: Config, device: torch.device, world_size: int = 1) -> MemoryPlan | None:
+    """Refuse a run whose plan exceeds what ``device`` has (a ConfigError naming the settings that would
+    fit), before any weight loads; train.memory_check=warn logs that instead, skip skips the check."""
+    import logging
+
+    mode = cfg.train.memory_check
+    if mode == "skip":
+        return None
+    plan = memory_plan_of(cfg, device, world_size)
+    log = logging.getLogger(__name__)
+    if isinstance(plan, str):
+        log.warning("%s; the run starts unchecked", plan)
+        return None
+    if not plan.fits:
+        from reasonrl.models.load import model_config
+
+        message = refusal_message(cfg, model_config(cfg.model.name_or_path), plan)
+        if mode == "refuse":
+            raise ConfigError(message)
+        log.warning("%s", message)
+    return plan

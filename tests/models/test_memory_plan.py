@@ -1,0 +1,129 @@
+"""The memory plan: exact bytes for the counted components, sharding, LoRA, vLLM's share, the refusal
+before any weight loads, and `reasonrl config show` printing it."""
+
+import logging
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from reasonrl.cli import main
+from reasonrl.config import ConfigError, load_config
+from reasonrl.models import memory_plan
+from reasonrl.models.lora import add_lora
+from reasonrl.models.memory_plan import GIB, check_memory, plan_memory, refusal_message
+
+TINY = LlamaConfig(
+    vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1, tie_word_embeddings=True,
+)  # fmt: skip
+CPU = ["model.device=cpu", "model.dtype=float32", "rollout.engine=hf"]
+
+
+def tiny_parameters() -> int:
+    return sum(p.numel() for p in LlamaForCausalLM(TINY).parameters())
+
+
+def plan(*overrides: str, preset: str = "dr_grpo", **options):
+    return plan_memory(load_config(preset, [*CPU, *overrides]), TINY, **({"device_type": "cpu"} | options))
+
+
+def test_weights_gradients_and_adamw_states_are_counted_per_parameter():
+    params = tiny_parameters()
+    parts = plan().components
+    assert (parts["policy weights"], parts["policy gradients"]) == (4 * params, 4 * params)
+    assert parts["optimizer states (AdamW)"] == 8 * params  # two fp32 moments
+    assert parts["reference weights"] == 0  # dr_grpo has no KL term
+    assert parts["rollout engine"] == 4 * params  # the hf engine's copy in the compute dtype
+    bf16 = plan("model.dtype=bfloat16", "train.param_dtype=bfloat16").components
+    assert (bf16["policy weights"], bf16["optimizer states (AdamW)"]) == (2 * params, 8 * params)
+
+
+def test_a_kl_term_adds_the_reference_in_the_compute_dtype_unless_lora_is_its_base():
+    params = tiny_parameters()
+    assert plan(preset="grpo").components["reference weights"] == 4 * params
+    assert plan("model.lora_rank=4", preset="grpo").components["reference weights"] == 0
+
+
+def test_lora_trains_exactly_the_adapters_peft_adds():
+    model = add_lora(LlamaForCausalLM(TINY), load_config("dr_grpo", ["model.lora_rank=4"]).model)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    parts = plan("model.lora_rank=4").components
+    assert parts["policy gradients"] == 4 * adapters
+    assert parts["optimizer states (AdamW)"] == 8 * adapters
+    assert parts["policy weights"] == 4 * tiny_parameters()  # the frozen base stays
+
+
+def test_two_fsdp2_ranks_halve_the_sharded_parts_and_gather_layers():
+    one, two = plan().components, plan(world_size=2).components
+    for part in ("policy weights", "policy gradients", "optimizer states (AdamW)"):
+        assert two[part] == one[part] // 2
+    assert one["FSDP2 gathered layers"] == 0 < two["FSDP2 gathered layers"]
+    assert two["activations"] == one["activations"]  # each rank runs whole micro-batches
+
+
+def test_checkpointing_and_a_smaller_token_budget_shrink_activations():
+    base = plan("train.microbatch_tokens=1024").components["activations"]
+    assert plan("train.microbatch_tokens=512").components["activations"] < base
+    assert plan("train.microbatch_tokens=1024", "model.gradient_checkpointing=true").components["activations"] < base
+
+
+def test_vllm_takes_its_share_of_the_gpu_and_gives_it_back_while_asleep():
+    options = {"device_type": "cuda", "device_memory": 80 * GIB}
+    awake = plan("model.device=auto", "rollout.engine=vllm", "rollout.vllm.sleep_mode=false", **options)
+    assert awake.components["rollout engine"] == 40 * GIB  # gpu_memory_utilization 0.5
+    assert awake.total == sum(awake.components.values())
+    asleep = plan("model.device=auto", "rollout.engine=vllm", **options)
+    assert asleep.total < awake.total
+    offloaded = plan("model.device=auto", "rollout.engine=vllm", "train.offload_optimizer=true", **options)
+    assert offloaded.components["optimizer states (AdamW)"] == 0
+
+
+def test_the_refusal_names_each_setting_with_its_predicted_peak():
+    cfg = load_config("dr_grpo", [*CPU, "train.microbatch_tokens=4096", "model.dtype=auto"])
+    over = plan_memory(cfg, TINY, device_type="cpu")
+    # room for everything but a fifth of the activations: checkpointing or a smaller budget fits
+    capacity = over.total - over.components["activations"] // 5
+    message = refusal_message(cfg, TINY, plan_memory(cfg, TINY, device_type="cpu", capacity=capacity))
+    fitting = message.split("settings that would make it fit")[1].split("\n")[0]
+    assert "train.microbatch_tokens=2048 (" in fitting
+    assert "model.gradient_checkpointing=true (" in fitting
+    for setting in ("model.lora_rank=16", "train.param_dtype=bfloat16", "train.memory_check=warn"):
+        assert setting in message
+    assert "GiB" in fitting and "activations" in message
+
+
+def test_train_refuses_before_any_weight_loads(monkeypatch, tmp_path):
+    from reasonrl.train import setup
+
+    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (GIB // 4, GIB))
+    monkeypatch.setattr(setup, "load_model", lambda *a, **k: pytest.fail("weights loaded before the check"))
+    cfg = load_config("dr_grpo", [*CPU, "model.name_or_path=tiny-random"])
+    with pytest.raises(ConfigError, match=r"more than the 0\.25 GiB this cpu has available") as refused:
+        setup.setup(cfg, tmp_path)
+    assert "settings that would make it fit" in str(refused.value)
+
+
+def test_warn_logs_the_plan_and_skip_skips_it(monkeypatch, caplog):
+    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (GIB // 4, GIB))
+    device = torch.device("cpu")
+    with caplog.at_level(logging.WARNING):
+        planned = check_memory(load_config("dr_grpo", [*CPU, "model.name_or_path=tiny-random",
+                                                       "train.memory_check=warn"]), device)  # fmt: skip
+    assert not planned.fits and "train.memory_check=warn" in caplog.text
+    assert check_memory(load_config("dr_grpo", [*CPU, "train.memory_check=skip"]), device) is None
+
+
+def test_config_show_prints_the_plan(capsys):
+    assert main(["config", "show", "grpo", "model.name_or_path=tiny-random", "model.device=cpu"]) == 0
+    shown = capsys.readouterr().out
+    plan_lines = shown.split("# memory plan")[1]
+    for row in ("policy weights", "optimizer states (AdamW)", "reference weights", "activations",
+                "total (predicted peak)", "cpu available"):  # fmt: skip
+        assert f"# {row}" in plan_lines
+
+
+def test_the_planned_lm_head_chunk_is_the_trainers():
+    from reasonrl.train import policy
+
+    assert memory_plan.DEFAULT_CHUNK_TOKENS == policy.DEFAULT_CHUNK_TOKENS

@@ -1,0 +1,180 @@
+"""Packed sequences: a micro-batch's rows run as one sequence and give what the padded batch gives.
+
+Every forward the trainer owns (policy and reference log-probs, entropy, critic values, reward-model
+scores) goes through ``response_hidden_states``; packed must equal padded in fp32 for each model
+family, with a long-tailed mix of lengths, for the outputs and for the gradients.
+"""
+
+import pytest
+import torch
+
+from reasonrl.batch import RolloutBatch, pad_rows
+from reasonrl.models.forward import response_hidden_states
+from reasonrl.models.value import ValueModel
+from reasonrl.train.policy import response_logprobs
+
+VOCAB = 96
+# prompt and response lengths with a long tail: most rows short, one long (as reasoning answers are)
+PROMPTS = [5, 9, 3, 7, 12, 4]
+RESPONSES = [2, 1, 6, 3, 47, 9]
+
+
+def family_config(family: str):
+    """A 2-layer random model of each family, with what is particular to it switched on (sliding windows
+    shorter than the long row, Gemma's embedding scale and soft-capping)."""
+    import transformers
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(**common)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=16, max_window_layers=1)
+    if family == "mistral":
+        return transformers.MistralConfig(**common, sliding_window=16)
+    if family == "gemma":
+        return transformers.GemmaConfig(**common, head_dim=8)
+    if family == "gemma2":
+        return transformers.Gemma2Config(**common, head_dim=8, sliding_window=16)
+    raise ValueError(family)
+
+
+FAMILIES = ["llama", "qwen2", "mistral", "gemma", "gemma2"]
+
+
+def long_tailed_batch(seed: int = 0) -> RolloutBatch:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in PROMPTS]
+    responses = [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in RESPONSES]
+    width = max(RESPONSES)
+    mask = pad_rows([[1] * n for n in RESPONSES], width, False, torch.bool)
+    rows = len(prompts)
+    return RolloutBatch(
+        prompt_ids=pad_rows(prompts, max(PROMPTS), True, torch.long),
+        prompt_mask=pad_rows([[1] * n for n in PROMPTS], max(PROMPTS), True, torch.bool),
+        response_ids=pad_rows(responses, width, False, torch.long),
+        response_mask=mask,
+        policy_loss_mask=mask.clone(),
+        value_loss_mask=mask.clone(),
+        rollout_logprobs=torch.zeros(mask.shape),
+        rewards=torch.zeros(rows),
+        correct=torch.zeros(rows, dtype=torch.bool),
+        truncated=torch.zeros(rows, dtype=torch.bool),
+        group_ids=torch.arange(rows),
+    )
+
+
+def causal_lm(family: str, attention: str):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = family_config(family)
+    config._attn_implementation = attention
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attention).float()
+
+
+def logprob_pass(model, batch: RolloutBatch, packed: bool):
+    model.zero_grad()
+    logprobs, entropy = response_logprobs(
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, packed=packed
+    )
+    (logprobs.sum() + 0.1 * entropy.sum()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logprobs.detach(), entropy.detach(), grads
+
+
+@pytest.mark.parametrize(
+    ("family", "attention"),
+    [(f, a) for f in FAMILIES for a in ("eager", "sdpa") if (f, a) != ("gemma2", "sdpa")],  # soft-capping: eager only
+)
+def test_packed_log_probs_entropy_and_gradients_equal_the_padded_batchs(family, attention):
+    model, batch = causal_lm(family, attention), long_tailed_batch()
+    packed, padded = logprob_pass(model, batch, True), logprob_pass(model, batch, False)
+    assert torch.allclose(packed[0], padded[0], atol=1e-5) and torch.allclose(packed[1], padded[1], atol=1e-5)
+    assert packed[2].keys() == padded[2].keys() and len(packed[2]) > 0
+    for name, grad in packed[2].items():
+        assert torch.allclose(grad, padded[2][name], atol=1e-5), name
+    for row in range(len(batch)):  # and both equal each row run alone, with no padding at all
+        alone = logprob_pass(model, batch.select([row]), False)[0][0]  # [T_row]
+        assert torch.allclose(alone, packed[0][row, : len(alone)], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_packed_critic_values_and_their_gradients_equal_the_padded_batchs(family):
+    torch.manual_seed(1)
+    backbone = causal_lm(family, "sdpa").base_model
+    critic = ValueModel(backbone)
+    torch.nn.init.normal_(critic.head.weight, std=0.1)
+    batch = long_tailed_batch(seed=1)
+    outputs = {}
+    for packed in (True, False):
+        critic.zero_grad()
+        values = critic(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, packed=packed)
+        values.sum().backward()
+        outputs[packed] = values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters()}
+    assert torch.allclose(outputs[True][0], outputs[False][0], atol=1e-5)
+    for name, grad in outputs[True][1].items():
+        assert torch.allclose(grad, outputs[False][1][name], atol=1e-5), name
+
+
+def test_tokens_injected_between_turns_are_read_by_both_passes():
+    """A conversation's injected tokens (tool output, the verifier's prompt) are outside ``response_mask``
+    but the engine read them, so the trainer's forward reads them too, packed or padded."""
+    model = causal_lm("llama", "sdpa")
+    batch = long_tailed_batch()
+    batch.response_mask[4, 10:20] = False  # row 4: ten injected tokens in the middle of its response
+    packed = response_hidden_states(
+        model.base_model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, torch.float32
+    )
+    padded = response_hidden_states(
+        model.base_model,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.response_ids,
+        batch.response_mask,
+        torch.float32,
+        packed=False,
+    )
+    generated = batch.response_mask
+    assert torch.allclose(packed[generated], padded[generated], atol=1e-5)
+    other = batch.response_ids.clone()
+    other[4, 10:20] = (other[4, 10:20] + 1) % VOCAB  # other injected text: later states must change
+    changed = response_hidden_states(
+        model.base_model, batch.prompt_ids, batch.prompt_mask, other, batch.response_mask, torch.float32
+    )
+    assert not torch.allclose(changed[4, 21:47], packed[4, 21:47], atol=1e-4)
+    assert torch.allclose(changed[:4], packed[:4], atol=1e-6)  # and no other row's
+
+
+def test_packed_vlm_log_probs_equal_the_padded_batchs():
+    from reasonrl.data.loaders import load_examples
+    from reasonrl.data.prompts import PromptEncoder
+    from reasonrl.models.load import load_model, load_tokenizer, vision_processor
+    from tests.models.test_vlm import VLM, batch_of
+
+    model, tokenizer = load_model(VLM), load_tokenizer(VLM)
+    encoder = PromptEncoder(tokenizer, "answer_line", 4096, processor=vision_processor(VLM))
+    first, second = (encoder(e) for e in load_examples("visual_counting", "test")[:2])
+    text = encoder(load_examples("functions", "test")[0])
+    batch = batch_of([first, text, second, first], [[10, 11, 12], [13], [14, 15, 16, 17, 18, 19, 20, 21], [22, 23]])
+    outputs = [
+        response_logprobs(
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            vision=batch.vision_inputs(),
+            packed=packed,
+        )[0]
+        for packed in (True, False)
+    ]
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
