@@ -53,6 +53,6 @@ def test_the_cpu_smoke_measures_reasonrl_and_trl_on_the_same_rows(tmp_path):
             assert measures["tokens_per_second"] > 0 and measures["tflops"] > 0 and measures["mfu"] is None
             assert 0 <= measures["pad_fraction"] < 1 and measures["microbatches"] >= 1
             assert 0 < measures["peak_memory_gb"] < 8
-    assert measured["reasonrl"]["update"]["pad_fraction"] == 0  # packed: no padding computed
-    for other in set(measured) - {"reasonrl"}:  # padded: the rows' lengths differ, so padding is computed
-        assert measured[other]["update"]["pad_fraction"] > 0
+    packed = measured["reasonrl"]["update"]["pad_fraction"]  # lanes: only their tails are padding
+    for other in set(measured) - {"reasonrl"}:  # padded: every row to its micro-batch's longest
+        assert measured[other]["update"]["pad_fraction"] >= packed and measured[other]["update"]["pad_fraction"] > 0

@@ -129,15 +129,15 @@ def test_the_value_loss_has_zero_gradient_for_every_token_of_a_running_sequence(
         output.register_hook(captured.append)
 
     hook = embeddings.register_forward_hook(keep_gradient)
-    values = critic(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    # padded, so that row i of the embeddings' gradient is sequence i's (packing lays rows out in lanes)
+    values = critic(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, packed=False)
     loss, _ = value_loss(values, batch.values, batch.returns, batch.value_loss_mask, 0.5, "token-mean")
     loss.backward()
     hook.remove()
-    # d loss / d input embedding of every token the critic read: packed [1, N, d], row after row
-    per_row = captured[0][0].split(batch.read_lengths())
-    running = batch.pool_window.running.tolist()
-    assert all(torch.count_nonzero(grad) == 0 for grad, still in zip(per_row, running, strict=True) if still)
-    assert all(torch.count_nonzero(grad) > 0 for grad, still in zip(per_row, running, strict=True) if not still)
+    grad = captured[0]  # [B, P + T, d]: d loss / d input embedding of every prompt and response token
+    running = batch.pool_window.running
+    assert torch.count_nonzero(grad[running]) == 0
+    assert all(torch.count_nonzero(grad[row]) > 0 for row in (~running).nonzero().squeeze(1).tolist())
 
 
 def test_the_critic_step_is_skipped_when_no_sequence_finished():
