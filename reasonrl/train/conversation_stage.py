@@ -34,7 +34,8 @@ from reasonrl.rollout.conversations import (
     run_conversations,
 )
 from reasonrl.timing import timed
-from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, finished_stats, hash_seed
+from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, hash_seed
+from reasonrl.train.rollout_stats import finished_stats
 
 TOOL_CHECK = "assert 1 == 1"  # the sandbox runs a program against tests; a tool call has none to pass
 

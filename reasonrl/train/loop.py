@@ -45,7 +45,8 @@ from reasonrl.train.offline_steps import REFERENCE_CACHE, compute_reference, off
 from reasonrl.train.parallel import RemoteWorkers, join_data_parallel
 from reasonrl.train.policy import TokenLogprobs, head_tokens
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
-from reasonrl.train.rollout_stage import ground_truth_stats, hash_seed
+from reasonrl.train.rollout_stage import hash_seed
+from reasonrl.train.rollout_stats import ground_truth_stats
 from reasonrl.train.rundir import RunRecord, claim, custom_objects
 from reasonrl.train.setup import Run, data_spec, setup
 from reasonrl.train.trackers import open_trackers

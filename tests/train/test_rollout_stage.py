@@ -23,8 +23,8 @@ from reasonrl.train.rollout_stage import (
     RolloutCollector,
     RolloutSettings,
     build_batch,
-    finished_stats,
 )
+from reasonrl.train.rollout_stats import finished_stats
 from tests.helpers import DigitFraction, RaisesOn
 
 
