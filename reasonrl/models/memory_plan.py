@@ -23,9 +23,10 @@ the policy update, where a training step peaks:
   them, and each rank gathers its root unit (embeddings, LM head) and two layers at a time.
 
 The constants not counted (``RUNTIME_CPU_BYTES``, ``ACTIVATION_*``, ``HEAD_COPIES``) were set from the
-tensors the code saves and checked against peak RSS on the CPU: ``python bench/memory_plan.py`` runs each
-measured configuration in a fresh process and reports predicted against measured (within 15% on all four,
-docs/benchmarks.md, "Memory plan").
+tensors the code saves and checked against peak RSS on the CPU (``python bench/memory_plan.py``: within 15%
+on all four configurations) and against ``max_memory_allocated`` on an H100 (``python bench/memory_plan_gpu.py``:
+6 of 14 within 15%, the rest under-predicted by up to 44%: padded micro-batches, long packed lanes,
+checkpointed fp32-weight training; docs/benchmarks.md, "Memory plan on an H100").
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ ACTIVATION_HIDDEN = 12.0
 ACTIVATION_INTERMEDIATE = 4.0
 """Values saved for the backward pass per token per layer, in multiples of the hidden size d and the MLP's
 intermediate size I (each of the compute dtype's size)."""
+ACTIVATION_HIDDEN_AUTOCAST = 24.0
+ACTIVATION_INTERMEDIATE_AUTOCAST = 5.0
+"""The same under bf16 autocast over fp32 weights (a GPU's default): the residual stream and the RMSNorms
+stay fp32 (each norm saves its fp32 input, normalised value and output) and every linear layer saves its own
+bf16 cast of its input, so a Qwen2 layer saves about 48·d + 10·I bytes per token. Checked against
+``max_memory_allocated`` on an H100 (docs/benchmarks.md, "Memory plan on an H100")."""
 ACTIVATION_ATTENTION = 2.0
 """Eager attention: [span, span] score matrices per head saved per layer (probabilities and their softmax)."""
 HEAD_COPIES = 4.0
@@ -206,14 +213,20 @@ def plan_memory(
     tokens = microbatch_token_budget(cfg, device_type)
     attention = attention_implementation(m.attention, torch.device(device_type), plan.max_sequence_tokens)
     span = min(tokens, plan.max_sequence_tokens)  # a packed lane or a padded row: the longest row's length
-    per_layer = compute_bytes * (ACTIVATION_HIDDEN * shape.hidden + ACTIVATION_INTERMEDIATE * shape.intermediate)
+    autocast = compute == "bfloat16" and param_bytes == 4
+    hidden_factor, intermediate_factor = (
+        (ACTIVATION_HIDDEN_AUTOCAST, ACTIVATION_INTERMEDIATE_AUTOCAST)
+        if autocast
+        else (ACTIVATION_HIDDEN, ACTIVATION_INTERMEDIATE)
+    )
+    per_layer = compute_bytes * (hidden_factor * shape.hidden + intermediate_factor * shape.intermediate)
     attention_bytes = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if attention == "eager" else 0
     if m.gradient_checkpointing:  # each layer's input kept (fp32 residual), one layer recomputed at a time
         activations = tokens * (shape.layers * 4 * shape.hidden + per_layer) + attention_bytes
     else:
         activations = tokens * shape.layers * per_layer + attention_bytes * shape.layers
     separate_reference = plan.uses_reference and not m.lora_rank  # LoRA: the frozen base is the reference
-    casts = 2 * shape.parameters if compute == "bfloat16" and param_bytes == 4 and not m.gradient_checkpointing else 0
+    casts = 2 * shape.parameters if autocast and not m.gradient_checkpointing else 0
     components = {
         "runtime": RUNTIME_CUDA_BYTES if device_type == "cuda" else RUNTIME_CPU_BYTES,
         "policy weights": 0 if host_shards else shape.parameters * param_bytes // shards,

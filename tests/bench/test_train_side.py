@@ -56,3 +56,27 @@ def test_the_cpu_smoke_measures_reasonrl_and_trl_on_the_same_rows(tmp_path):
     packed = measured["reasonrl"]["update"]["pad_fraction"]  # lanes: only their tails are padding
     for other in set(measured) - {"reasonrl"}:  # padded: every row to its micro-batch's longest
         assert measured[other]["update"]["pad_fraction"] >= packed and measured[other]["update"]["pad_fraction"] > 0
+
+
+def test_the_memory_plan_is_compared_with_every_fitted_reasonrl_configuration_measured_on_the_h100():
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "memory_plan_gpu.py")], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    measured = json.loads((ROOT / "bench" / "results" / "train_side_gpu_h100.json").read_text())["configurations"]
+    fitted = [c for c in measured if c["implementation"] != "trl" and c.get("fits")]
+    assert len(result["points"]) + len(result["not_planned"]) == len(fitted) + 4  # + the trace's reasonrl cases
+    for point in result["points"]:
+        assert point["measured_over_predicted"] == pytest.approx(point["measured_gib"] / point["predicted_gib"], 0.01)
+
+
+@pytest.mark.slow
+def test_the_trace_smoke_times_each_case_three_times_and_writes_a_profile(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "train_side_trace.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "train_side_trace.json").read_text())
+    assert not result["problems"] and len(result["cases"]) == 5
+    for case in result["cases"]:
+        assert len(case["update"]["seconds"]) == 3 and case["update"]["pad_fraction"] < 1
+        assert (tmp_path / f"trace_{case['case']}.txt").read_text().count("\n") > 10
