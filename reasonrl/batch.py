@@ -48,6 +48,7 @@ class RolloutBatch:
     pool_window: PoolWindow | None = None  # T-PPO: running rows [B] and earlier windows' tokens [B, T]
     turns: TurnLabels | None = None  # multi-turn: each token's turn reward, role and turn [B, T]
     dense_rewards: Tensor | None = None  # [B, T] float: process rewards on line-end tokens, added to the outcome's
+    policy_versions: Tensor | None = None  # [B, T] long: the policy version that sampled each token (async), −1 off it
     images: PromptImages | None = None  # vision-language: pixel inputs [I, N, ...] once per prompt, row index [B]
 
     def __len__(self) -> int:

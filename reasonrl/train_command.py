@@ -91,6 +91,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.source import check_sources
     from reasonrl.dist.cluster_errors import ClusterError, WorkerDiedError
     from reasonrl.models.load import ModelError
+    from reasonrl.train.async_rollouts import ProducerError
     from reasonrl.train.loop import data_spec, fit
     from reasonrl.train.rollout_stage import DynamicSamplingError, RewardFailureError
     from reasonrl.train.rundir import DiskFullError
@@ -135,6 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         DiskFullError,
         ClusterError,
         WorkerDiedError,
+        ProducerError,
     ) as exc:
         if main_rank():
             print(f"reasonrl: error: {exc}", file=sys.stderr)

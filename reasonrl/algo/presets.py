@@ -137,6 +137,21 @@ class AlgoSpec:
     overlong_penalty_factor: float = 1.0
     """Multiplier of the soft overlong punishment (verl's penalty_factor)."""
 
+    rollout_correction: Literal["auto", "none", "decoupled", "tis", "mis"] = "auto"
+    """Correction of each token's policy loss for the policy that sampled it (π_behav, the engine's
+    rollout log-probs) differing from the trainer's proximal policy (π_prox, its own log-prob pass before
+    the update), w = π_prox/π_behav: decoupled (AReaL's decoupled PPO: the loss weighted by w, tokens with
+    w above the threshold dropped), tis (truncated IS: weighted by min(w, threshold)), mis (masked IS:
+    tokens or sequences with w outside [1/threshold, threshold] dropped, the rest unweighted), none, or
+    auto: none when rollout.max_staleness is 0, decoupled when it is ≥ 1 (docs/algorithms.md)."""
+
+    rollout_correction_level: Literal["token", "sequence"] = "token"
+    """tis and mis: w per token, or per sequence (the product of its tokens' ratios) for all its tokens."""
+
+    rollout_correction_threshold: float | None = None
+    """The correction's cap C > 1; None = decoupled 5.0 (AReaL's behaviour-weight cap), tis and mis 2.0
+    (verl's rollout-correction threshold)."""
+
     window_tokens: int | None = None
     """T-PPO: each step advances every in-flight response by at most this many tokens; unfinished
     responses continue next step.  None = synchronous rollouts (every response runs to the end)."""

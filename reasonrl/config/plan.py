@@ -62,6 +62,15 @@ class Plan:
     own forward then runs at the old policy, and its detached log-probs serve (as TRL does).  Always
     when T-PPO trains on earlier windows' tokens, whose old log-probs are the stored behaviour ones."""
 
+    rollout_correction: str
+    """algo.rollout_correction with auto resolved: none in a synchronous run, decoupled in an asynchronous one."""
+
+    rollout_correction_threshold: float
+    """algo.rollout_correction_threshold, or its mode's default (decoupled 5.0, tis and mis 2.0)."""
+
+
+CORRECTION_THRESHOLDS = {"none": 1.0, "decoupled": 5.0, "tis": 2.0, "mis": 2.0}  # AReaL's cap; verl's threshold
+
 
 def resolve(cfg: Config) -> Plan:
     """Validate ``cfg`` and derive its Plan (the config itself is frozen and never changed)."""
@@ -79,6 +88,10 @@ def resolve(cfg: Config) -> Plan:
     constant = None
     if a.loss_agg == "seq-mean-token-sum-norm":
         constant = a.loss_agg_constant if a.loss_agg_constant is not None else float(r.max_response_tokens)
+    correction = a.rollout_correction
+    if correction == "auto":
+        correction = "decoupled" if r.max_staleness else "none"
+    threshold = a.rollout_correction_threshold or CORRECTION_THRESHOLDS[correction]
     return Plan(
         sequences_per_rollout=sequences,
         minibatches_per_rollout=minibatches,
@@ -101,6 +114,8 @@ def resolve(cfg: Config) -> Plan:
             and not (r.fire.enabled and r.fire.logprob == "behaviour")
             and a.policy_tokens == "window"
         ),
+        rollout_correction=correction,
+        rollout_correction_threshold=threshold,
     )
 
 

@@ -165,6 +165,18 @@ class RolloutConfig:
     generated turns (pag, direct: 2 · max_attempts − 1; tool: max_tool_calls + 1) of max_response_tokens
     plus 128 per injected turn."""
 
+    max_staleness: int = 0
+    """Asynchronous RL: 0 is the synchronous loop (generate, score, train, sync, generate again).  k ≥ 1: a
+    producer process generates and scores each step's batch ahead of the trainer, from a policy at most k
+    updates older than the one a synchronous step samples with, while the trainer trains (docs/async.md).
+    The policy loss then corrects for the staleness (algo.rollout_correction)."""
+
+    producer_threads: int = 1
+    """Asynchronous RL: torch threads of the producer process (the trainer keeps its own)."""
+
+    producer_timeout_seconds: float = 1800.0
+    """Asynchronous RL: the run fails, naming the producer, when no batch arrives for this long."""
+
     fire: FireConfig = field(default_factory=FireConfig)
     """FIRE first-token sampling."""
 

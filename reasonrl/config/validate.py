@@ -310,6 +310,36 @@ def _memory(cfg: Config) -> list[str]:
     return []
 
 
+def _asynchronous(cfg: Config) -> list[str]:
+    """What rollout.max_staleness ≥ 1 composes with, and the corrections' settings."""
+    a, r = cfg.algo, cfg.rollout
+    problems = []
+    if a.rollout_correction_threshold is not None and a.rollout_correction_threshold <= 1:
+        problems.append(f"algo.rollout_correction_threshold={a.rollout_correction_threshold:g} must be above 1")
+    if a.rollout_correction == "decoupled" and a.rollout_correction_level == "sequence":
+        problems.append("algo.rollout_correction=decoupled weights tokens: use algo.rollout_correction_level=token")
+    if r.max_staleness < 0 or r.producer_threads < 1 or r.producer_timeout_seconds <= 0:
+        problems.append("rollout.max_staleness must be >= 0, rollout.producer_threads >= 1 and "
+                        "rollout.producer_timeout_seconds > 0")  # fmt: skip
+    if r.max_staleness < 1:
+        return problems
+    # each: the setting, and why the producer cannot run with it yet
+    unsupported = {
+        "algo.window_tokens (T-PPO)": (a.window_tokens is not None, "T-PPO's rollout pool lives in the trainer"),
+        "rollout.multiturn": (r.multiturn != "none", "conversations are driven by the trainer's collector"),
+        "algo.offline": (a.offline != "none", "an offline run generates nothing"),
+        "reward.prm_dense": (cfg.reward.prm_dense != "off", "the process reward model is loaded by the trainer"),
+        "data parallelism (torchrun or Ray trainers)": (
+            data_parallel_size(cfg) > 1 or cfg.dist.backend == "ray",
+            "the producer feeds one trainer process",
+        ),
+    }
+    for setting, (used, why) in unsupported.items():
+        if used:
+            problems.append(f"rollout.max_staleness={r.max_staleness} does not run with {setting} yet: {why}")
+    return problems
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
     problems = (
@@ -321,6 +351,7 @@ def validate(cfg: Config) -> None:
         + _distributed(cfg)
         + _offline(cfg)
         + _memory(cfg)
+        + _asynchronous(cfg)
     )
     if problems:
         raise listing(problems)

@@ -420,6 +420,6 @@ def _train(
             write_summary(run_dir, summary)
         return summary
     finally:
-        run.pool.close()
+        run.close()
         for tracker in run.trackers:
             tracker.close()

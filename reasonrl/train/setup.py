@@ -36,6 +36,7 @@ from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.reward.verifier_protocol import Scorer, Verifier
 from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.tppo_pool import RolloutPool
+from reasonrl.train.async_rollouts import AsyncRollouts, PublishingEngine
 from reasonrl.train.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.train.conversation_stage import ConversationCollector, prompt_tools
 from reasonrl.train.critic import CriticUpdater
@@ -44,7 +45,7 @@ from reasonrl.train.parallel import DataParallel, RemoteWorkers
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.process_rewards import ProcessRewards
 from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
-from reasonrl.train.step import PolicyUpdater
+from reasonrl.train.step import PolicyUpdater, RolloutCorrection
 from reasonrl.train.trackers import Tracker, TrackerError, check_trackers
 
 
@@ -70,9 +71,9 @@ class Run:
     encoder: PromptEncoder
     collector: RolloutCollector
     """Synchronous single-turn rollouts (value pretraining always uses them)."""
-    rollout: RolloutCollector | PoolCollector | ConversationCollector
-    """The training rollouts' stage: ``collector``, T-PPO's truncated rollouts (algo.window_tokens) or
-    multi-turn conversations (rollout.multiturn)."""
+    rollout: RolloutCollector | PoolCollector | ConversationCollector | AsyncRollouts
+    """The training rollouts' stage: ``collector``, T-PPO's truncated rollouts (algo.window_tokens),
+    multi-turn conversations (rollout.multiturn) or the asynchronous producer's (rollout.max_staleness)."""
     rollout_pool: RolloutPool | None
     """T-PPO's pool of unfinished sequences, which a checkpoint holds (None without T-PPO)."""
     updater: PolicyUpdater
@@ -82,8 +83,16 @@ class Run:
     """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
     offline: OfflineData | None = None
     """The offline dataset of algo.offline (dpo, dqo); None = online RL."""
+    producer: AsyncRollouts | None = None
+    """The rollout producer process of an asynchronous run (rollout.max_staleness ≥ 1), stopped by ``close``."""
     trackers: list[Tracker] = field(default_factory=list)
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
+
+    def close(self) -> None:
+        """Stop what the run started beside this process: the rollout producer, the scoring workers."""
+        if self.producer is not None:
+            self.producer.close()
+        self.pool.close()
 
     @property
     def parallel(self) -> DataParallel:
@@ -168,6 +177,9 @@ def build_policy_updater(
         grad_clip=cfg.train.grad_clip,
         loss_agg_constant=plan.loss_agg_constant,
         parallel=backend.parallel,
+        correction=RolloutCorrection(
+            plan.rollout_correction, cfg.algo.rollout_correction_level, plan.rollout_correction_threshold
+        ),
     )
 
 
@@ -266,6 +278,7 @@ def setup(
     model = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)  # fp32 master weights, or bf16
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    custom_engine = engine is not None
     if workers is not None:
         engine = workers.engine
     elif engine is None:
@@ -284,14 +297,7 @@ def setup(
     pool = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
     pool = backend.share_scorer(pool)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    encoder = PromptEncoder(
-        tokenizer,
-        cfg.data.prompt_template,
-        cfg.rollout.max_prompt_tokens,
-        cfg.data.system_prompt,
-        tools=prompt_tools(cfg.rollout, tokenizer),
-        processor=processor,
-    )
+    encoder = prompt_encoder(cfg, tokenizer, processor)
     updater = build_policy_updater(cfg, plan, policy, microbatch_tokens, backend)
     a = cfg.algo
     kl = (
@@ -309,6 +315,16 @@ def setup(
     critic = build_critic(cfg, plan, attention, dtype, device, backend) if plan.uses_critic else None
     window = cfg.algo.window_tokens
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
+    producer = None
+    if cfg.rollout.max_staleness:  # the producer process generates; this process's engine serves evaluation
+        if custom_engine:
+            raise ConfigError(
+                f"rollout.max_staleness={cfg.rollout.max_staleness} generates in a producer process, which builds "
+                "its engine from the config: a run given its own engine object runs synchronously (max_staleness=0)"
+            )
+        current = lambda: backend.engine_weights(model, engine)  # noqa: E731
+        producer = AsyncRollouts(cfg, producer_collector, stream, current, verifier)
+        engine = PublishingEngine(engine, producer)
     return Run(
         cfg=cfg,
         plan=plan,
@@ -323,7 +339,8 @@ def setup(
         stream=stream,
         encoder=encoder,
         collector=collector,
-        rollout=training_rollouts(cfg, collector, rollout_pool),
+        rollout=producer or training_rollouts(cfg, collector, rollout_pool),
+        producer=producer,
         rollout_pool=rollout_pool,
         updater=updater,
         kl=kl,
@@ -331,6 +348,32 @@ def setup(
         microbatch_tokens=microbatch_tokens,
         offline=offline,
     )
+
+
+def prompt_encoder(cfg: Config, tokenizer, processor=None) -> PromptEncoder:
+    """Prompts as the policy reads them: the template, the token cap, the system prompt, the tools."""
+    tools = prompt_tools(cfg.rollout, tokenizer)
+    return PromptEncoder(
+        tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt, tools, processor
+    )
+
+
+def producer_collector(cfg: Config, stream_state: dict, verifier: Verifier | None) -> RolloutCollector:
+    """The rollout producer's collector (rollout.max_staleness ≥ 1), built in its own process from the
+    config (and the run's own ``verifier``, pickled across): the policy's engine (its weights come from the
+    trainer before the first batch), the scorer and the prompt stream at ``stream_state``."""
+    device = resolve_device(cfg.model.device)
+    plan = resolve(cfg)
+    dtype = forward_dtype(cfg)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
+    model = load_model(cfg.model.name_or_path, dtype, attention, device)
+    engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
+    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
+    stream.load_state_dict(stream_state)
+    scorer = build_scorer(cfg, dtype, device, verifier, preflight(cfg))
+    settings = RolloutSettings.of(cfg, plan)
+    return RolloutCollector(settings, engine, tokenizer, scorer, stream, prompt_encoder(cfg, tokenizer))
 
 
 def training_rollouts(

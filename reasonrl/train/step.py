@@ -11,12 +11,14 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
 from reasonrl.algo.aggregate import aggregate, count_for_aggregation
 from reasonrl.algo.kl import kl_estimate
 from reasonrl.algo.masked import masked_mean
+from reasonrl.algo.off_policy import behaviour_log_ratio, correction_stats, importance_weights
 from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
@@ -26,6 +28,17 @@ from reasonrl.train.policy import TokenLogprobs, head_tokens
 
 # metrics (these keys and those they begin) summed over the step's optimiser steps, not averaged
 STEP_TOTALS = ("perf/lm_head_tokens_policy", *FORWARD_TALLY_PREFIXES)
+CORRECTION_MAXIMA = ("rollout/is_weight_max",)  # the largest over micro-batches and mini-batches, not a mean
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """How the policy loss corrects for the policy that sampled each token (``Plan.rollout_correction``,
+    algo.rollout_correction_level, ``Plan.rollout_correction_threshold``; reasonrl.algo.off_policy)."""
+
+    mode: str = "none"
+    level: str = "token"
+    threshold: float = 2.0
 
 
 class PolicyUpdater:
@@ -48,8 +61,10 @@ class PolicyUpdater:
         grad_clip: float | None,
         loss_agg_constant: float | None,
         parallel: DataParallel = SINGLE_PROCESS,
+        correction: RolloutCorrection = RolloutCorrection(),
     ) -> None:
         self.policy, self.optimizer, self.scheduler, self.spec = policy, optimizer, scheduler, spec
+        self.correction = correction
         self.minibatch_sequences, self.epochs, self.microbatch_tokens = minibatch_sequences, epochs, microbatch_tokens
         self.grad_clip, self.loss_agg_constant, self.parallel = grad_clip, loss_agg_constant, parallel
         self.skipped_steps = 0
@@ -88,6 +103,14 @@ class PolicyUpdater:
             per_token, stats = ppo_clip(
                 logprobs, old_logprobs, micro.advantages, micro_mask, spec.eps_low, spec.eps_high, spec.dual_clip
             )
+            share = micro_mask.sum().item() / max(1, int(tokens))
+            if self.correction.mode != "none":  # each token's loss weighted by π_prox / π_behav
+                log_ratio = behaviour_log_ratio(old_logprobs, micro.rollout_logprobs, micro_mask)
+                c = self.correction
+                weights, keep = importance_weights(log_ratio, micro_mask, c.mode, c.level, c.threshold)
+                per_token = per_token * weights
+                for key, value in correction_stats(log_ratio, weights, keep, micro_mask).items():
+                    sums[key] = max(sums[key], value) if key in CORRECTION_MAXIMA else sums[key] + value * share
             policy_loss = self._aggregate(per_token, micro_mask, tokens, seqs)
             loss = policy_loss
             if spec.nll_weight:
@@ -103,7 +126,6 @@ class PolicyUpdater:
             if spec.entropy_coef:
                 loss = loss - spec.entropy_coef * self._aggregate(entropy, micro_mask, tokens, seqs)
             loss.backward()
-            share = micro_mask.sum().item() / max(1, int(tokens))
             sums["loss/policy"] += policy_loss.item()
             sums["loss/total"] += loss.item()
             sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
@@ -121,12 +143,16 @@ class PolicyUpdater:
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
+        maxima: dict[str, float] = {}
         for minibatch in shuffled_minibatches(batch, self.minibatch_sequences, self.epochs, seed):
             for key, value in self._minibatch_step(minibatch, kl_coef).items():
                 totals[key] += value
+                if key in CORRECTION_MAXIMA:
+                    maxima[key] = max(maxima.get(key, value), value)
             steps += 1
         self.model.eval()
         metrics = {key: value if key.startswith(STEP_TOTALS) else value / steps for key, value in totals.items()}
+        metrics |= {key: maximum for key, maximum in maxima.items()}
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/skipped_steps"] = float(self.skipped_steps)
         return metrics

@@ -7,7 +7,7 @@ from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import PoolWindow, RolloutBatch
 from reasonrl.models.load import load_model
 from reasonrl.train.policy import TokenLogprobs
-from reasonrl.train.step import PolicyUpdater
+from reasonrl.train.step import PolicyUpdater, RolloutCorrection
 
 
 def rollout_batch(seed=0, rows=8):
@@ -34,7 +34,9 @@ def rollout_batch(seed=0, rows=8):
     )
 
 
-def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None, device="cpu", policy_class=TokenLogprobs):
+def updated_parameters(
+    microbatch_tokens, agg, batch, lr=1.0, spec=None, device="cpu", policy_class=TokenLogprobs, correction=None
+):
     torch.manual_seed(0)
     model = load_model("tiny-random", device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -50,6 +52,7 @@ def updated_parameters(microbatch_tokens, agg, batch, lr=1.0, spec=None, device=
         microbatch_tokens=microbatch_tokens,
         grad_clip=None,
         loss_agg_constant=16.0,
+        correction=correction or RolloutCorrection(),
     )
     metrics = updater.update(batch, seed=0)
     return dict(model.named_parameters()), metrics, updater
@@ -114,3 +117,29 @@ def test_tppo_token_filtering_leaves_the_update_unchanged():
     for key in ("loss/total", "policy/entropy", "train/grad_norm"):
         assert metrics[key] == pytest.approx(every_metrics[key], rel=1e-5), key
     assert metrics["perf/lm_head_tokens_policy"] == batch.policy_loss_mask.sum() < batch.response_mask.sum()
+
+
+@pytest.mark.parametrize("mode", ["decoupled", "tis", "mis"])
+def test_a_correction_changes_nothing_on_policy_and_drops_what_its_cap_drops(mode):
+    spec = AlgoSpec(loss_agg="token-mean", eps_high=0.28)  # the policy loss alone (the NLL term is not weighted)
+    batch = rollout_batch()
+    batch.rollout_logprobs = batch.old_logprobs.clone()  # the engine sampled with the proximal policy
+    plain, _, _ = updated_parameters(10_000, "", batch, spec=spec)
+    corrected, metrics, _ = updated_parameters(10_000, "", batch, spec=spec, correction=RolloutCorrection(mode))
+    for name, weight in plain.items():
+        torch.testing.assert_close(corrected[name], weight, rtol=0, atol=0)
+    assert metrics["rollout/is_weight_mean"] == 1.0 and metrics["rollout/is_masked_fraction"] == 0.0
+    # rows 0-3 sampled by a policy that gave their tokens e^-3 of the probability: w = e^3, above any cap
+    stale = torch.arange(len(batch)) < 4
+    batch.rollout_logprobs = torch.where(stale[:, None], batch.old_logprobs - 3.0, batch.old_logprobs)
+    corrected, metrics, _ = updated_parameters(10_000, "", batch, spec=spec, correction=RolloutCorrection(mode))
+    assert metrics["rollout/is_weight_max"] == pytest.approx(torch.e**3, rel=1e-4)
+    if mode == "tis":  # kept, the weight capped at 2
+        assert metrics["rollout/is_truncated_fraction"] > 0 and metrics["rollout/is_masked_fraction"] == 0
+        return
+    # dropped: the same update as those rows with no advantage (no loss), the batch's denominator kept
+    silent = RolloutBatch(**{**batch.__dict__, "advantages": torch.where(stale[:, None], 0.0, batch.advantages)})
+    expected, _, _ = updated_parameters(10_000, "", silent, spec=spec)
+    assert metrics["rollout/is_masked_fraction"] > 0
+    for name, weight in expected.items():
+        torch.testing.assert_close(corrected[name], weight)

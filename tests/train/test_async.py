@@ -1,0 +1,198 @@
+"""Asynchronous rollouts (rollout.max_staleness): the staleness bound, a producer that fails or dies, a
+resume mid-run, and staleness 0 being the synchronous loop."""
+
+import json
+import os
+import pickle
+import queue
+import signal
+import time
+
+import pytest
+import torch
+
+from reasonrl.batch import RolloutBatch
+from reasonrl.config import ConfigError, load_config
+from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError
+from reasonrl.train.loop import fit
+from reasonrl.train.metrics import read_metrics
+from reasonrl.train.rollout_stage import DynamicSamplingError
+from tests.helpers import DigitFraction
+from tests.train.test_loop import comparable, tiny_config
+
+# --- the producer's protocol, with a stand-in collector (built in the producer process: module level) ---
+
+
+class RecordingEngine:
+    def __init__(self) -> None:
+        self.loads = 0
+
+    def load_weights(self, state_dict) -> None:
+        self.loads += 1
+
+
+class CountingStream:
+    def __init__(self, consumed: int) -> None:
+        self.consumed = consumed
+
+    def state_dict(self) -> dict:
+        return {"consumed": self.consumed}
+
+
+class StandInCollector:
+    """One row per step, its only token the step number; ``behaviour`` picks a failure to act out."""
+
+    def __init__(self, stream_state: dict, behaviour: str) -> None:
+        self.engine, self.behaviour = RecordingEngine(), behaviour
+        self.stream = CountingStream(stream_state["consumed"])
+
+    def collect(self, step: int):
+        if self.behaviour == "raises" and step == 2:
+            raise DynamicSamplingError("no informative group after 3 generation passes")
+        if self.behaviour == "hangs":
+            time.sleep(60)
+        self.stream.consumed += 1
+        ones = torch.ones(1, 1, dtype=torch.bool)
+        batch = RolloutBatch(
+            prompt_ids=torch.tensor([[step]]), prompt_mask=ones, response_ids=torch.tensor([[step]]),
+            response_mask=ones, policy_loss_mask=ones, value_loss_mask=ones, rollout_logprobs=torch.zeros(1, 1),
+            rewards=torch.zeros(1), correct=torch.zeros(1, dtype=torch.bool),
+            truncated=torch.zeros(1, dtype=torch.bool), group_ids=torch.zeros(1, dtype=torch.long),
+        )  # fmt: skip
+        return batch, {"rollout/generated_by_step": float(step)}
+
+
+def stand_in(cfg, stream_state, verifier):
+    return StandInCollector(stream_state, verifier)  # the "verifier" slot carries the behaviour
+
+
+class StartedStream:
+    def __init__(self) -> None:
+        self.consumed = 0
+
+    def state_dict(self) -> dict:
+        return {"consumed": self.consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.consumed = state["consumed"]
+
+
+def producer(staleness: int, behaviour: str = "", timeout: float = 60.0) -> AsyncRollouts:
+    cfg = load_config("grpo", [f"rollout.max_staleness={staleness}", f"rollout.producer_timeout_seconds={timeout}",
+                               "train.rollout_steps=10"])  # fmt: skip
+    return AsyncRollouts(cfg, stand_in, StartedStream(), lambda: {"w": torch.zeros(2)}, behaviour)
+
+
+def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:
+    """The steps the producer has made beyond those collected, once it had ``settle`` seconds to run ahead."""
+    time.sleep(settle)
+    steps = []
+    while True:
+        try:
+            steps.append(pickle.loads(rollouts.results.get(timeout=0.5)).step)
+        except queue.Empty:  # the producer is waiting for a newer version
+            return steps
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_the_producer_runs_at_most_k_versions_ahead(staleness):
+    rollouts = producer(staleness)
+    try:
+        batch, metrics = rollouts.collect(1)  # sampled with version 0, as a synchronous step 1 is
+        assert batch.prompt_ids.item() == 1 and metrics["rollout/staleness_mean"] == 0.0
+        assert metrics["rollout/staleness_0_fraction"] == 1.0
+        # no update has been published: batches 2 .. k + 1 may use version 0, batch k + 2 may not
+        assert queued_steps(rollouts) == list(range(2, staleness + 2))
+        rollouts.publish({"w": torch.ones(2)})  # the update of step 1 -> version 1
+        assert queued_steps(rollouts) == [staleness + 2]
+    finally:
+        rollouts.close()
+    assert rollouts.process is None
+
+
+def test_a_stale_batch_reports_its_staleness_and_the_stream_follows_the_batches_trained():
+    rollouts = producer(1)
+    try:
+        rollouts.collect(1)
+        time.sleep(2)  # batch 2 is made from version 0 before any publish
+        batch, metrics = rollouts.collect(2)
+        assert metrics["rollout/staleness_max"] == 1.0 and metrics["rollout/staleness_1_fraction"] == 1.0
+        assert batch.policy_versions.tolist() == [[0]]
+        assert rollouts.stream.consumed == 2  # what a checkpoint after step 2 resumes from
+    finally:
+        rollouts.close()
+
+
+def test_a_killed_producer_fails_the_run_with_one_clear_error_not_a_hang():
+    rollouts = producer(1)
+    try:
+        rollouts.collect(1)
+        os.kill(rollouts.process.pid, signal.SIGKILL)
+        started = time.monotonic()
+        rollouts.publish({"w": torch.ones(2)})
+        with pytest.raises(ProducerError, match=r"died with exit code -9 before step \d's batch.*resume"):
+            for step in (2, 3):
+                rollouts.collect(step)
+        assert time.monotonic() - started < 10
+    finally:
+        rollouts.close()
+
+
+def test_a_producer_error_reaches_the_trainer_as_itself():
+    rollouts = producer(1, "raises")
+    try:
+        rollouts.collect(1)
+        with pytest.raises(DynamicSamplingError, match="no informative group after 3 generation passes"):
+            rollouts.collect(2)
+    finally:
+        rollouts.close()
+
+
+def test_a_silent_producer_times_out_with_the_setting_named():
+    rollouts = producer(1, "hangs", timeout=2.0)
+    try:
+        with pytest.raises(ProducerError, match=r"no batch for step 1 in rollout.producer_timeout_seconds=2"):
+            rollouts.collect(1)
+    finally:
+        started = time.monotonic()
+        rollouts.close()
+        assert time.monotonic() - started < 15  # a producer stuck in a call is killed
+
+
+# --- whole runs on tiny-random -------------------------------------------------------------------
+
+
+def test_staleness_zero_is_the_synchronous_loop(tmp_path):
+    default, explicit = tmp_path / "default", tmp_path / "explicit"
+    fit(tiny_config("train.rollout_steps=2"), default, verifier=DigitFraction(), show_progress=False)
+    cfg = tiny_config("train.rollout_steps=2", "rollout.max_staleness=0", "algo.rollout_correction=auto")
+    fit(cfg, explicit, verifier=DigitFraction(), show_progress=False)
+    a, b = (comparable(read_metrics(d / "metrics.jsonl")) for d in (default, explicit))
+    assert a == b and not any(k.startswith("rollout/staleness") for record in a for k in record)
+
+
+def test_an_async_run_resumes_with_the_prompts_in_flight_issued_again(tmp_path):
+    settings = ("run.save_every=2", "rollout.max_staleness=1", "train.lr=1e-3")
+    fit(tiny_config("train.rollout_steps=2", *settings), tmp_path, verifier=DigitFraction(), show_progress=False)
+    state = json.loads((tmp_path / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["stream"]["consumed"] == 2 * 4  # two steps of 4 prompts, not the batch made ahead
+    fit(tiny_config("train.rollout_steps=4", *settings), tmp_path, verifier=DigitFraction(), show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # nothing trained twice or skipped
+    for r in records:
+        assert 0 <= r["rollout/staleness_max"] <= 1
+        assert r["rollout/staleness_0_fraction"] + r["rollout/staleness_1_fraction"] == 1.0
+        assert r["rollout/is_masked_fraction"] <= 0.05 and r["rollout/is_weight_mean"] == pytest.approx(1, abs=0.1)
+    final = json.loads((tmp_path / "checkpoints" / "step-000004" / "state.json").read_text())
+    assert final["stream"]["consumed"] == 4 * 4
+
+
+def test_what_the_producer_cannot_run_with_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match=r"does not run with algo\.window_tokens \(T-PPO\) yet: T-PPO's rollout pool"):
+        load_config("t_ppo", ["rollout.max_staleness=1"])
+    with pytest.raises(ConfigError, match=r"rollout\.multiturn yet"):
+        load_config("pag", ["rollout.max_staleness=2"])
+    with pytest.raises(ConfigError, match="decoupled weights tokens"):
+        load_config("grpo", ["algo.rollout_correction=decoupled", "algo.rollout_correction_level=sequence"])
+    with pytest.raises(ConfigError, match=r"rollout_correction_threshold=1 must be above 1"):
+        load_config("grpo", ["algo.rollout_correction=tis", "algo.rollout_correction_threshold=1"])
