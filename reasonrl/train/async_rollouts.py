@@ -176,6 +176,7 @@ class AsyncRollouts:
         self.process = None
         self.weights: SharedWeights | None = None
         self.last_step = 0  # the newest step collected: the version its update will publish
+        self.trainer_threads: int | None = None  # the trainer's torch threads before the run gave the producer its own
 
     def start(self, first_step: int) -> None:
         self.weights = SharedWeights(self.current_weights(), first_step - 1, self.context)

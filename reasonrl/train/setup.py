@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,8 @@ class Run:
         """Stop what the run started beside this process: the rollout producer, the scoring workers."""
         if self.producer is not None:
             self.producer.close()
+            if self.producer.trainer_threads:  # as the run found them
+                torch.set_num_threads(self.producer.trainer_threads)
         self.pool.close()
 
     @property
@@ -324,6 +327,9 @@ def setup(
             )
         current = lambda: backend.engine_weights(model, engine)  # noqa: E731
         producer = AsyncRollouts(cfg, producer_collector, stream, current, verifier)
+        if device.type == "cpu":  # the producer's threads and the trainer's share the cores, not oversubscribe them
+            producer.trainer_threads = torch.get_num_threads()
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - cfg.rollout.producer_threads))
         engine = PublishingEngine(engine, producer)
     return Run(
         cfg=cfg,

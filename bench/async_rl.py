@@ -1,0 +1,118 @@
+"""Synchronous vs asynchronous rollouts (rollout.max_staleness) vs T-PPO on the main job's task.
+
+    python bench/async_rl.py [--profile main|generation_heavy] [--variants sync async1 ...] [--seeds 0 1 2]
+                             [--out bench/results/async_rl_PROFILE.json]
+
+Each (variant, seed) is one `reasonrl train` run in its own process, as a user runs it (the main job: the
+dapo preset with its defaults; ``generation_heavy`` adds ``PROFILES``' overrides). Read from its metrics
+file: seconds per step (median of ``perf/step_seconds``), the engine's idle time per step (synchronous:
+the step's time outside generation, scoring and evaluation, when the engine waits for the trainer; asynchronous: the
+producer's wait for a fresh enough version, ``perf/producer_idle_seconds``), the run's wall time, its
+held-out accuracy after each evaluation, the final accuracy, and the time to reach the synchronous run's
+final accuracy (same seed): the summed step times up to the first evaluation at or above it (null when
+never reached). Writes one JSON object (printed too) and a plot beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, child_env
+
+VARIANTS = {
+    "sync": ("dapo", []),
+    "async1": ("dapo", ["rollout.max_staleness=1"]),
+    "async2": ("dapo", ["rollout.max_staleness=2"]),
+    "t_ppo": ("t_ppo", []),  # T-PPO's own preset (critic, EGAE) on the same task: its algorithm, not dapo's
+}
+PROFILES = {
+    "main": [],
+    # answers up to 4x the main job's cap and twice the samples: generation is most of a synchronous step
+    "generation_heavy": ["rollout.max_response_tokens=256", "rollout.samples_per_prompt=16"],
+}
+
+
+def run_once(variant: str, seed: int, profile: str, extra: list[str]) -> dict:
+    preset, overrides = VARIANTS[variant]
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = [*overrides, *PROFILES[profile], *extra, f"run.seed={seed}", f"run.output_dir={tmp}", "run.name=r"]
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "reasonrl", "train", preset, *settings], capture_output=True,
+                              text=True, cwd=ROOT, env=child_env())  # fmt: skip
+        wall = time.perf_counter() - started
+        if done.returncode:
+            return {"variant": variant, "seed": seed, "error": done.stderr[-1500:]}
+        records = [json.loads(line) for line in (Path(tmp) / "r" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] > 0 and "perf/step_seconds" in r]
+    elapsed, evaluations = 0.0, [{"step": 0, "seconds": 0.0, "accuracy": records[0].get("eval/accuracy")}]
+    for r in steps:
+        elapsed += r["perf/step_seconds"]
+        if "eval/accuracy" in r:
+            evaluations.append({"step": r["step"], "seconds": elapsed, "accuracy": r["eval/accuracy"]})
+    idle = [
+        r["perf/producer_idle_seconds"]
+        if "perf/producer_idle_seconds" in r
+        else r["perf/step_seconds"] - sum(r.get(f"perf/{k}_seconds", 0) for k in ("generate", "score", "eval"))
+        for r in steps
+    ]
+    return {
+        "variant": variant,
+        "seed": seed,
+        "command": " ".join(["reasonrl", "train", preset, *settings[:-2]]),
+        "wall_seconds": wall,
+        "step_seconds_median": statistics.median(r["perf/step_seconds"] for r in steps),
+        "generate_seconds_median": statistics.median(r.get("perf/generate_seconds", 0) for r in steps),
+        "update_seconds_median": statistics.median(r.get("perf/update_seconds", 0) for r in steps),
+        "engine_idle_seconds_median": statistics.median(idle),
+        "staleness_mean": statistics.fmean(r.get("rollout/staleness_mean", 0) for r in steps),
+        "evaluations": evaluations,
+        "final_accuracy": evaluations[-1]["accuracy"],
+    }
+
+
+def time_to(run: dict, target: float) -> float | None:
+    return next((e["seconds"] for e in run.get("evaluations", []) if e["accuracy"] >= target), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="main")
+    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("overrides", nargs="*", help="settings added to every run (e.g. train.rollout_steps=4)")
+    args = parser.parse_args(argv)
+    out = args.out or ROOT / "bench" / "results" / f"async_rl_{args.profile}.json"
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "command": " ".join(["python", "bench/async_rl.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "profile": args.profile,
+        "runs": [],
+    }
+    for seed in args.seeds:
+        for variant in args.variants:
+            result["runs"].append(run_once(variant, seed, args.profile, args.overrides))
+            out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a stop
+    for run in result["runs"]:
+        sync = next((r for r in result["runs"] if r["variant"] == "sync" and r["seed"] == run["seed"]), None)
+        if sync and "final_accuracy" in sync and "evaluations" in run:
+            run["seconds_to_sync_final_accuracy"] = time_to(run, sync["final_accuracy"])
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

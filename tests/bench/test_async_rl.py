@@ -1,0 +1,26 @@
+"""bench/async_rl.py on tiny-random: both variants run as a user runs them and report what the benchmark
+compares (the synchronous run never waits for a producer; the asynchronous one reports its staleness)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.bench.smoke import ROOT
+
+TINY = ["model.name_or_path=tiny-random", "train.rollout_steps=3", "data.eval_prompts=4", "rollout.rollout_prompts=2",
+        "rollout.samples_per_prompt=2", "train.minibatch_sequences=2", "algo.dynamic_sampling=false"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_smoke_compares_synchronous_and_asynchronous_runs_of_the_same_seed(tmp_path):
+    out = tmp_path / "async.json"
+    command = [sys.executable, str(ROOT / "bench" / "async_rl.py"), "--variants", "sync", "async1", "--seeds", "0"]
+    done = subprocess.run([*command, "--out", str(out), *TINY], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sync, async1 = json.loads(out.read_text())["runs"]
+    assert "error" not in sync and "error" not in async1, (sync, async1)
+    assert sync["staleness_mean"] == 0 and 0 <= async1["staleness_mean"] <= 1
+    assert [e["step"] for e in sync["evaluations"]] == [e["step"] for e in async1["evaluations"]] == [0, 3]
+    assert "rollout.max_staleness=1" in async1["command"] and sync["seconds_to_sync_final_accuracy"] is not None
