@@ -169,6 +169,7 @@ class AsyncRollouts:
         stream: TrainingStream,
         current_weights: Callable[[], Mapping[str, torch.Tensor]],
         verifier: Any = None,
+        share_cores: bool = False,
     ) -> None:
         self.cfg, self.build, self.stream, self.current_weights = cfg, build, stream, current_weights
         self.verifier = verifier  # the run's own verifier object (the Python API's), pickled to the producer
@@ -176,7 +177,8 @@ class AsyncRollouts:
         self.process = None
         self.weights: SharedWeights | None = None
         self.last_step = 0  # the newest step collected: the version its update will publish
-        self.trainer_threads: int | None = None  # the trainer's torch threads before the run gave the producer its own
+        self.share_cores = share_cores  # CPU: the trainer leaves the producer's threads their cores while it runs
+        self.trainer_threads = torch.get_num_threads()  # restored when the producer stops
 
     def start(self, first_step: int) -> None:
         self.weights = SharedWeights(self.current_weights(), first_step - 1, self.context)
@@ -186,6 +188,8 @@ class AsyncRollouts:
                      self.results, self.stop, os.getpid())  # fmt: skip
         self.process = self.context.Process(target=run_producer, args=arguments, name="reasonrl-rollout-producer")
         self.process.start()
+        if self.share_cores:
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - self.cfg.rollout.producer_threads))
 
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Step ``step``'s batch and its metrics: the producer's, with its staleness and the waits."""
@@ -250,6 +254,7 @@ class AsyncRollouts:
             self.process.join()
         self.results.cancel_join_thread()
         self.process = None
+        torch.set_num_threads(self.trainer_threads)
 
 
 class PublishingEngine:

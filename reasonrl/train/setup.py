@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,8 +92,6 @@ class Run:
         """Stop what the run started beside this process: the rollout producer, the scoring workers."""
         if self.producer is not None:
             self.producer.close()
-            if self.producer.trainer_threads:  # as the run found them
-                torch.set_num_threads(self.producer.trainer_threads)
         self.pool.close()
 
     @property
@@ -261,6 +258,11 @@ def setup(
     backend = backend or SingleProcess()
     plan = resolve(cfg)
     terms = preflight(cfg)
+    if cfg.rollout.max_staleness and engine is not None:
+        raise ConfigError(
+            f"rollout.max_staleness={cfg.rollout.max_staleness} generates in a producer process, which builds "
+            "its engine from the config: a run given its own engine object runs synchronously (max_staleness=0)"
+        )
     device = resolve_device(cfg.model.device)
     check_memory(cfg, device, backend.parallel.world_size)  # from the model's config: before any weight loads
     attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
@@ -281,7 +283,6 @@ def setup(
     model = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)  # fp32 master weights, or bf16
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    custom_engine = engine is not None
     if workers is not None:
         engine = workers.engine
     elif engine is None:
@@ -320,16 +321,8 @@ def setup(
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
     producer = None
     if cfg.rollout.max_staleness:  # the producer process generates; this process's engine serves evaluation
-        if custom_engine:
-            raise ConfigError(
-                f"rollout.max_staleness={cfg.rollout.max_staleness} generates in a producer process, which builds "
-                "its engine from the config: a run given its own engine object runs synchronously (max_staleness=0)"
-            )
         current = lambda: backend.engine_weights(model, engine)  # noqa: E731
-        producer = AsyncRollouts(cfg, producer_collector, stream, current, verifier)
-        if device.type == "cpu":  # the producer's threads and the trainer's share the cores, not oversubscribe them
-            producer.trainer_threads = torch.get_num_threads()
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - cfg.rollout.producer_threads))
+        producer = AsyncRollouts(cfg, producer_collector, stream, current, verifier, share_cores=device.type == "cpu")
         engine = PublishingEngine(engine, producer)
     return Run(
         cfg=cfg,

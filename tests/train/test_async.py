@@ -196,3 +196,12 @@ def test_what_the_producer_cannot_run_with_is_refused_with_the_reason():
         load_config("grpo", ["algo.rollout_correction=decoupled", "algo.rollout_correction_level=sequence"])
     with pytest.raises(ConfigError, match=r"rollout_correction_threshold=1 must be above 1"):
         load_config("grpo", ["algo.rollout_correction=tis", "algo.rollout_correction_threshold=1"])
+
+
+def test_a_run_given_its_own_engine_object_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    import reasonrl.train.setup as setup
+
+    monkeypatch.setattr(setup, "load_model", lambda *a, **k: pytest.fail("a model loaded before the refusal"))
+    cfg = tiny_config("rollout.max_staleness=1")
+    with pytest.raises(ConfigError, match=r"a run given its own engine object runs synchronously"):
+        fit(cfg, tmp_path, engine=RecordingEngine(), verifier=DigitFraction(), show_progress=False)
