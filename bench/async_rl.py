@@ -34,7 +34,9 @@ VARIANTS = {
     "sync": ("dapo", []),
     "async1": ("dapo", ["rollout.max_staleness=1"]),
     "async2": ("dapo", ["rollout.max_staleness=2"]),
+    "async1_partial": ("dapo", ["rollout.max_staleness=1", "rollout.partial_rollouts=true"]),
     "t_ppo": ("t_ppo", []),  # T-PPO's own preset (critic, EGAE) on the same task: its algorithm, not dapo's
+    "t_ppo_async1": ("t_ppo", ["rollout.max_staleness=1"]),  # the two composed
 }
 PROFILES = {
     "main": [],
@@ -77,6 +79,7 @@ def run_once(variant: str, seed: int, profile: str, extra: list[str]) -> dict:
         "update_seconds_median": statistics.median(r.get("perf/update_seconds", 0) for r in steps),
         "engine_idle_seconds_median": statistics.median(idle),
         "staleness_mean": statistics.fmean(r.get("rollout/staleness_mean", 0) for r in steps),
+        "reprefill_tokens_median": statistics.median(r.get("rollout/reprefill_tokens", 0) for r in steps),
         "evaluations": evaluations,
         "final_accuracy": evaluations[-1]["accuracy"],
     }

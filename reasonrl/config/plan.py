@@ -68,7 +68,11 @@ class Plan:
     rollout_correction_threshold: float
     """algo.rollout_correction_threshold, or its mode's default (decoupled 5.0, tis and mis 2.0)."""
 
+    partial_window_tokens: int | None
+    """rollout.partial_window_tokens, or a quarter of max_response_tokens; None without partial rollouts."""
 
+
+PARTIAL_WINDOWS_PER_RESPONSE = 4  # partial rollouts' default window: a quarter of the response cap (our choice)
 CORRECTION_THRESHOLDS = {"none": 1.0, "decoupled": 5.0, "tis": 2.0, "mis": 2.0}  # AReaL's cap; verl's threshold
 
 
@@ -92,6 +96,9 @@ def resolve(cfg: Config) -> Plan:
     if correction == "auto":
         correction = "decoupled" if r.max_staleness else "none"
     threshold = a.rollout_correction_threshold or CORRECTION_THRESHOLDS[correction]
+    window = None
+    if r.partial_rollouts:
+        window = r.partial_window_tokens or max(1, r.max_response_tokens // PARTIAL_WINDOWS_PER_RESPONSE)
     return Plan(
         sequences_per_rollout=sequences,
         minibatches_per_rollout=minibatches,
@@ -116,6 +123,7 @@ def resolve(cfg: Config) -> Plan:
         ),
         rollout_correction=correction,
         rollout_correction_threshold=threshold,
+        partial_window_tokens=window,
     )
 
 

@@ -177,6 +177,15 @@ class RolloutConfig:
     producer_timeout_seconds: float = 1800.0
     """Asynchronous RL: the run fails, naming the producer, when no batch arrives for this long."""
 
+    partial_rollouts: bool = False
+    """Asynchronous RL: generate in windows of partial_window_tokens and load the newest published weights
+    between them, so a response still generating when the trainer publishes continues under the new
+    policy (each token tagged with the version that sampled it) instead of being finished by the old one.
+    Costs a prefill of the prompt and partial response per window (rollout/reprefill_tokens)."""
+
+    partial_window_tokens: int | None = None
+    """Asynchronous RL with partial_rollouts: tokens per window; null = a quarter of max_response_tokens."""
+
     fire: FireConfig = field(default_factory=FireConfig)
     """FIRE first-token sampling."""
 

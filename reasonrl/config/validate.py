@@ -321,12 +321,26 @@ def _asynchronous(cfg: Config) -> list[str]:
     if r.max_staleness < 0 or r.producer_threads < 1 or r.producer_timeout_seconds <= 0:
         problems.append("rollout.max_staleness must be >= 0, rollout.producer_threads >= 1 and "
                         "rollout.producer_timeout_seconds > 0")  # fmt: skip
+    if r.partial_window_tokens is not None and r.partial_window_tokens < 1:
+        problems.append(f"rollout.partial_window_tokens={r.partial_window_tokens} must be >= 1")
     if r.max_staleness < 1:
+        if r.partial_rollouts:
+            problems.append(
+                "rollout.partial_rollouts continues responses under weights published while they generate, "
+                "which needs rollout.max_staleness >= 1 (a synchronous run does the same within a step with "
+                "T-PPO's algo.window_tokens)"
+            )
         return problems
     # each: the setting, and why the producer cannot run with it yet
     unsupported = {
-        "algo.window_tokens (T-PPO)": (a.window_tokens is not None, "T-PPO's rollout pool lives in the trainer"),
-        "rollout.multiturn": (r.multiturn != "none", "conversations are driven by the trainer's collector"),
+        "rollout.partial_rollouts with algo.window_tokens (T-PPO)": (
+            r.partial_rollouts and a.window_tokens is not None,
+            "T-PPO's windows already continue responses under the weights of the steps after",
+        ),
+        "rollout.partial_rollouts with rollout.multiturn": (
+            r.partial_rollouts and r.multiturn != "none",
+            "a conversation's turns do not keep each token's policy version",
+        ),
         "algo.offline": (a.offline != "none", "an offline run generates nothing"),
         "reward.prm_dense": (cfg.reward.prm_dense != "off", "the process reward model is loaded by the trainer"),
         "data parallelism (torchrun or Ray trainers)": (

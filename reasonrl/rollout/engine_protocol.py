@@ -67,6 +67,10 @@ class Completion:
     finish_reason: FinishReason
     """stop: a stop token was generated; length: max_new_tokens was reached first."""
 
+    policy_versions: list[int] | None = None
+    """The policy version that sampled each token, where a response spans several (asynchronous RL's
+    partial rollouts); None: all of them the weights the engine held for the call."""
+
 
 # request seed = call seed × this + prompt index: every copy of a prompt samples on its own
 REQUEST_SEED_STRIDE = 100_003

@@ -7,31 +7,40 @@ generation batch stays full while prompts remain.  An unfinished sequence keeps 
 continues at the next step under the updated policy.  Continuation is a prefill of prompt + partial
 response, which every engine supports.  Each token's behaviour log-prob is stored when the token is
 generated, because a sequence that spans several windows was sampled by several policy versions.
+
+Asynchronous RL's partial rollouts reuse the pool within one generation call (``generate_in_windows``):
+a slot per prompt, advanced window by window, the newest published weights loaded between windows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reasonrl.data.examples import Example
-from reasonrl.rollout.engine_protocol import FinishReason, RolloutEngine, SamplingParams
+from reasonrl.rollout.engine_protocol import Completion, FinishReason, RolloutEngine, SamplingParams
 
 
 @dataclass
 class PoolSequence:
     """One response in the pool: its prompt, the tokens generated so far and their behaviour log-probs."""
 
-    example: Example
+    example: Example | None
+    """The dataset row (None for a partial rollout's sequence: its call's caller keeps the rows)."""
+
     prompt_ids: list[int]
     group: int
-    """Index of the prompt among all prompts the pool admitted (the G samples of a prompt share it)."""
+    """Index of the prompt among all prompts the pool admitted (the G samples of a prompt share it; a
+    partial rollout's sequence: the index of its prompt in its generation call)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     """Log-prob of each generated token under the policy that sampled it, recorded at generation time."""
+
+    versions: list[int] = field(default_factory=list)
+    """The policy version that sampled each generated token."""
 
     window_start: int = 0
     """Index of the first token generated in the latest window; earlier tokens came from older policies."""
@@ -51,7 +60,9 @@ class PoolSequence:
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> PoolSequence:
-        return PoolSequence(**{**state, "example": Example(**state["example"])})
+        example = None if state["example"] is None else Example(**state["example"])
+        unknown = [-1] * len(state["token_ids"])  # a checkpoint from before versions were kept
+        return PoolSequence(**{"versions": unknown, **state, "example": example})
 
 
 @dataclass
@@ -99,11 +110,12 @@ class RolloutPool:
             added += 1
         return added
 
-    def advance(self, engine: RolloutEngine, params: SamplingParams) -> Window:
+    def advance(self, engine: RolloutEngine, params: SamplingParams, version: int = 0) -> Window:
         """Advance every active sequence by at most one window; finished sequences leave the pool.
 
         One engine call serves all slots: each sequence's prompt is its prompt + response so far.
-        A sequence is never taken past the global cap: new tokens beyond it are dropped.
+        A sequence is never taken past the global cap: new tokens beyond it are dropped.  The new
+        tokens are tagged with ``version``, the policy version of ``engine``'s weights.
         """
         advanced = self.active
         budgets = [min(self.window_tokens, self.max_response_tokens - len(s.token_ids)) for s in advanced]
@@ -116,12 +128,13 @@ class RolloutPool:
             sequence.window_start = len(sequence.token_ids)
             sequence.token_ids += kept
             sequence.logprobs += completion.logprobs[:budget]
+            sequence.versions += [version] * len(kept)
             sequence.windows += 1
             gained.append(len(kept))
             if kept and kept[-1] in engine.stop_token_ids and completion.finish_reason == "stop":
                 sequence.finish_reason = "stop"
-            elif len(sequence.token_ids) >= self.max_response_tokens:
-                sequence.finish_reason = "length"
+            elif len(sequence.token_ids) >= self.max_response_tokens or not kept:
+                sequence.finish_reason = "length"  # the cap, or an engine that could generate nothing more
         self.active = [s for s in advanced if s.running]
         return Window(advanced, gained, reprefill)
 
@@ -138,6 +151,57 @@ class RolloutPool:
         self.active = [PoolSequence.from_state(s) for s in state["active"]]
         self.waiting = [PoolSequence.from_state(s) for s in state["waiting"]]
         self.groups_admitted = int(state["groups_admitted"])
+
+
+class PartialRollouts:
+    """Partial rollouts (asynchronous RL, rollout.partial_rollouts): an engine whose every call generates
+    its responses window by window through a ``RolloutPool`` with a slot per prompt.  Before each window
+    ``newest_version`` loads the newest published weights into ``engine`` (when there are newer ones) and
+    returns their version, so a response still generating when new weights arrive continues under them
+    rather than being finished by the old policy or thrown away.  Each token keeps the version that
+    sampled it (``Completion.policy_versions``) and its behaviour log-prob; continuing a response is a
+    prefill of its prompt and partial response (``reprefill_tokens`` counts those, to be read and reset
+    by the caller)."""
+
+    def __init__(self, engine: RolloutEngine, window_tokens: int, newest_version: Callable[[], int]) -> None:
+        self.engine, self.window_tokens, self.newest_version = engine, window_tokens, newest_version
+        self.stop_token_ids = engine.stop_token_ids
+        self.reprefill_tokens = 0
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        if not prompts:
+            return []
+        # 1. a slot per prompt; each keeps its sampling stream (its index in the call) in every window
+        indices = params.request_indices or tuple(range(params.first_index, params.first_index + len(prompts)))
+        sequences = [PoolSequence(None, list(prompt), i) for i, prompt in enumerate(prompts)]
+        pool = RolloutPool(len(prompts), min(self.window_tokens, params.max_new_tokens), params.max_new_tokens)
+        pool.refill(lambda group: list(sequences) if group == 0 else [])
+        window = 0
+        while pool.active:
+            # 2. the newest weights between windows, then one window for every running response
+            version = self.newest_version()
+            request = dataclasses.replace(
+                params,
+                seed=window_seed(params.seed, window),
+                request_indices=tuple(indices[s.group] for s in pool.active),
+                fire=params.fire if window == 0 else None,  # FIRE's positions open the response
+            )
+            self.reprefill_tokens += pool.advance(self.engine, request, version).reprefill_tokens
+            window += 1
+        return [Completion(s.token_ids, s.logprobs, s.finish_reason or "length", s.versions) for s in sequences]
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        self.engine.load_weights(state_dict)
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+
+def window_seed(seed: int | None, window: int) -> int | None:
+    """The sampling seed of a partial rollout's ``window``-th window: the call's own for the first."""
+    if seed is None or window == 0:
+        return seed
+    return (seed * 1_000_003 + window) % (2**31 - 1)
 
 
 def slot_utilisation(new_tokens: list[int]) -> tuple[float, float]:

@@ -5,7 +5,10 @@ Versions: version v is the policy after v updates (v = 0: the initial weights). 
 that a synchronous loop samples with version s − 1; here the producer may sample it with any version
 v ≥ s − 1 − k, so the batch is s − 1 − v versions stale (0 ≤ staleness ≤ k). Before each batch the producer
 waits until such a version is published (its idle time is ``perf/producer_idle_seconds``) and loads the
-newest one; each of the batch's tokens is tagged with it (``RolloutBatch.policy_versions``).
+newest one; each of the batch's tokens is tagged with it (``RolloutBatch.policy_versions``).  With partial
+rollouts (``rollout.partial_rollouts``) the producer generates in windows and loads the newest weights
+between them too: a response then spans several versions, each token tagged with its own, so the batch's
+tokens are at most s − 1 − v stale and some are fresher.
 
 1. ``AsyncRollouts.collect(step)`` starts the producer at the first step it is asked for (after a resume:
    the checkpoint's step + 1, from the checkpoint's stream position and weights), then takes the batches
@@ -13,11 +16,11 @@ newest one; each of the batch's tokens is tagged with it (``RolloutBatch.policy_
 2. ``PublishingEngine.load_weights`` (the loop's weight sync after each update) loads the trainer-side
    engine (evaluation reads it) and publishes the weights to shared memory without waiting for the producer.
 3. The producer (``run_producer``, its own process, one thread by default) builds its own collector from
-   the config (``build`` names a module-level function of the setup; a verifier object given to ``fit`` is
-   pickled across), and
-   reports every batch with the stream position after it: the trainer keeps the position of the last batch
-   it trained on, so a checkpoint resumes with the prompts then in flight issued again, none trained twice
-   or skipped.
+   the config (``build`` names a module-level function of the setup, which passes the engine it builds
+   through ``ProducerPolicy.engine_for``; a verifier object given to ``fit`` is pickled across), and
+   reports every batch with the stream position after it (and T-PPO's pool): the trainer keeps those of the
+   last batch it trained on, so a checkpoint resumes with the prompts then in flight issued again, none
+   trained twice or skipped.
 4. A producer that fails sends its error; one that dies, or sends nothing for
    ``rollout.producer_timeout_seconds``, fails the run with a ``ProducerError`` naming the cause.
 """
@@ -39,11 +42,12 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config
+from reasonrl.config import Config, resolve
 from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
 from reasonrl.rollout.engine_protocol import RolloutEngine
-from reasonrl.train.rollout_stage import DynamicSamplingError, RewardFailureError
+from reasonrl.rollout.tppo_pool import PartialRollouts, RolloutPool
+from reasonrl.train.rollout_stage import DynamicSamplingError, PoolCollector, RewardFailureError
 
 log = logging.getLogger(__name__)
 RAISED_AS_THEMSELVES = {error.__name__: error for error in (DataError, DynamicSamplingError, RewardFailureError)}
@@ -61,10 +65,9 @@ class ProducedBatch:
     """One step's batch as the producer made it."""
 
     step: int
-    version: int  # the policy version that sampled every token of the batch
-    batch: RolloutBatch
+    batch: RolloutBatch  # its policy_versions: the policy version that sampled each token
     stats: dict[str, float]
-    stream_state: dict  # the prompt stream's position after this batch's prompts
+    collector_state: dict  # after this batch: the prompt stream's position ("stream"), T-PPO's pool ("pool")
     idle_seconds: float  # how long the producer waited for a fresh enough version before generating it
 
 
@@ -119,12 +122,44 @@ class SharedWeights:
             time.sleep(WAKE_SECONDS)
 
 
+class ProducerPolicy:
+    """The producer's view of the policy: its engine and the version of the weights it holds."""
+
+    def __init__(self, weights: SharedWeights, cfg: Config) -> None:
+        self.weights, self.window_tokens = weights, resolve(cfg).partial_window_tokens
+        self.engine: RolloutEngine | None = None
+        self.partial: PartialRollouts | None = None
+        self.loaded: int | None = None
+
+    def engine_for(self, engine: RolloutEngine) -> RolloutEngine:
+        """What the producer's collector generates with: ``engine``, or with partial rollouts ``engine``
+        generating in windows that load the newest weights between them."""
+        self.engine = engine
+        if self.window_tokens is None:
+            return engine
+        self.partial = PartialRollouts(engine, self.window_tokens, self.newest)
+        return self.partial
+
+    def newest(self) -> int:
+        """Load the newest published weights when they are newer than the engine's; their version."""
+        if self.weights.newest_version() != self.loaded:
+            self.loaded = self.weights.load_into(self.engine)
+        return self.loaded
+
+    def window_stats(self) -> dict[str, float]:
+        """Partial rollouts: the tokens prefilled again to continue responses since the last call."""
+        if self.partial is None:
+            return {}
+        tokens, self.partial.reprefill_tokens = self.partial.reprefill_tokens, 0
+        return {"rollout/reprefill_tokens": float(tokens)}
+
+
 def run_producer(
-    build: Callable[[Config, dict, Any], Any],
+    build: Callable[[Config, dict, Any, ProducerPolicy], Any],
     cfg: Config,
     verifier: Any,
     first_step: int,
-    stream_state: dict,
+    collector_state: dict,
     weights: SharedWeights,
     results,
     stop,
@@ -137,20 +172,42 @@ def run_producer(
     torch.set_num_threads(cfg.rollout.producer_threads)
     step = first_step
     try:
-        collector = build(cfg, stream_state, verifier)
-        loaded = None
+        policy = ProducerPolicy(weights, cfg)
+        collector = build(cfg, collector_state, verifier, policy)
         for step in range(first_step, cfg.train.rollout_steps + 1):
             waited = time.perf_counter()
             if not weights.wait_for_version(step - 1 - cfg.rollout.max_staleness, stop, parent_pid):  # 1. fresh enough
                 return
             idle = time.perf_counter() - waited
-            if weights.newest_version() != loaded:  # 2. the newest weights, between engine calls
-                loaded = weights.load_into(collector.engine)
+            version = policy.newest()  # 2. the newest weights, between engine calls
             batch, stats = collector.collect(step)  # 3. generate and score, as the synchronous loop does
-            batch.policy_versions = torch.where(batch.response_mask, loaded, -1)  # [B, T]
-            results.put(as_bytes(ProducedBatch(step, loaded, batch, stats, collector.stream.state_dict(), idle)))
+            if batch.policy_versions is None:  # 4. every token tagged (partial rollouts tag their own)
+                batch.policy_versions = torch.where(batch.response_mask, version, -1)  # [B, T]
+            stats = {**stats, **policy.window_stats()}
+            results.put(as_bytes(ProducedBatch(step, batch, stats, resume_state(collector), idle)))
     except BaseException as exc:  # everything goes to the trainer, which raises it
         results.put(as_bytes(ProducerFailure(step, type(exc).__name__, str(exc), traceback.format_exc(limit=8))))
+
+
+def resume_state(collector) -> dict:
+    """What a checkpoint after the collector's latest batch needs of it: the prompt stream's position, and
+    T-PPO's pool of unfinished sequences."""
+    state = {"stream": collector.stream.state_dict()}
+    if isinstance(collector, PoolCollector):
+        state["pool"] = collector.pool.state_dict()
+    return state
+
+
+def staleness_stats(staleness: torch.Tensor, bound: int) -> dict[str, float]:
+    """Mean, max and histogram (0 … ``bound``) of the staleness of a batch's tokens (``staleness`` [N]: how
+    many updates behind the trainer's previous version the policy that sampled each was)."""
+    staleness = staleness.float() if len(staleness) else torch.zeros(1)
+    histogram = {f"rollout/staleness_{j}_fraction": (staleness == j).float().mean().item() for j in range(bound + 1)}
+    return {
+        "rollout/staleness_mean": staleness.mean().item(),
+        "rollout/staleness_max": staleness.max().item(),
+        **histogram,
+    }
 
 
 def as_bytes(result: ProducedBatch | ProducerFailure) -> bytes:
@@ -165,13 +222,15 @@ class AsyncRollouts:
     def __init__(
         self,
         cfg: Config,
-        build: Callable[[Config, dict, Any], Any],
+        build: Callable[[Config, dict, Any, ProducerPolicy], Any],
         stream: TrainingStream,
         current_weights: Callable[[], Mapping[str, torch.Tensor]],
         verifier: Any = None,
         share_cores: bool = False,
+        rollout_pool: RolloutPool | None = None,
     ) -> None:
         self.cfg, self.build, self.stream, self.current_weights = cfg, build, stream, current_weights
+        self.rollout_pool = rollout_pool  # T-PPO: the checkpointed copy of the producer's pool
         self.verifier = verifier  # the run's own verifier object (the Python API's), pickled to the producer
         self.context = torch_mp.get_context("spawn")
         self.process = None
@@ -184,7 +243,10 @@ class AsyncRollouts:
         self.weights = SharedWeights(self.current_weights(), first_step - 1, self.context)
         self.results = self.context.Queue()
         self.stop = self.context.Value("b", 0, lock=False)  # a flag, not an Event: nothing a killed producer can wedge
-        arguments = (self.build, self.cfg, self.verifier, first_step, self.stream.state_dict(), self.weights,
+        state = {"stream": self.stream.state_dict()}
+        if self.rollout_pool is not None:
+            state["pool"] = self.rollout_pool.state_dict()
+        arguments = (self.build, self.cfg, self.verifier, first_step, state, self.weights,
                      self.results, self.stop, os.getpid())  # fmt: skip
         self.process = self.context.Process(target=run_producer, args=arguments, name="reasonrl-rollout-producer")
         self.process.start()
@@ -197,15 +259,17 @@ class AsyncRollouts:
             self.start(step)
         waited = time.perf_counter()
         produced = self.next_result(step)
-        staleness = step - 1 - produced.version
-        self.stream.load_state_dict(produced.stream_state)  # a checkpoint after this step resumes after its prompts
+        self.stream.load_state_dict(produced.collector_state["stream"])  # a checkpoint resumes after its prompts
+        if self.rollout_pool is not None:
+            self.rollout_pool.load_state_dict(produced.collector_state["pool"])  # ... with the sequences in flight
         self.last_step = step
-        k = self.cfg.rollout.max_staleness
-        return produced.batch, {
+        batch = produced.batch
+        sampled = batch.response_mask  # [B, T] the tokens this batch's generation sampled (T-PPO: its window's)
+        if batch.pool_window is not None:
+            sampled = sampled & ~batch.pool_window.stale_mask
+        return batch, {
             **produced.stats,
-            "rollout/staleness_mean": float(staleness),
-            "rollout/staleness_max": float(staleness),
-            **{f"rollout/staleness_{j}_fraction": float(staleness == j) for j in range(k + 1)},
+            **staleness_stats(step - 1 - batch.policy_versions[sampled], self.cfg.rollout.max_staleness),
             "perf/producer_idle_seconds": produced.idle_seconds,
             "perf/rollout_wait_seconds": time.perf_counter() - waited,
         }

@@ -19,6 +19,7 @@ import torch
 from reasonrl.algo.pag import pag_attempt_rewards, pag_verify_rewards
 from reasonrl.batch import RolloutBatch, TurnLabels, pad_rows
 from reasonrl.data.loaders import DataError
+from reasonrl.data.source import TrainingStream
 from reasonrl.rollout.conversations import (
     INJECTED_TURN_TOKENS,
     PYTHON_TOOL,
@@ -104,6 +105,11 @@ class ConversationCollector:
         rollout = synchronous.settings.rollout
         self.protocol, self.rule = rollout.multiturn, turn_rule(rollout)
         self.max_turns, self.token_cap = generated_turns(rollout), conversation_token_cap(rollout)
+
+    @property
+    def stream(self) -> TrainingStream:
+        """The prompt stream the conversations start from (the synchronous collector's)."""
+        return self.synchronous.stream
 
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
         c, generated = self.synchronous, Generated()

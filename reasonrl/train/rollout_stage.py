@@ -53,6 +53,10 @@ def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, 
     response_mask = pad_rows([[1] * len(c.token_ids) for c in completions], t_width, False, torch.bool)
     truncated = torch.tensor([c.finish_reason == "length" for c in completions])
     policy_mask = response_mask & ~truncated[:, None] if filter_truncated else response_mask.clone()
+    versions = None  # each token's policy version, where the engine tagged them (partial rollouts)
+    if any(c.policy_versions is not None for c in completions):
+        tags = [c.policy_versions if c.policy_versions is not None else [-1] * len(c.token_ids) for c in completions]
+        versions = pad_rows(tags, t_width, False, torch.long, fill=-1)
     return RolloutBatch(
         prompt_ids=pad_rows(prompts, p_width, True, torch.long),
         prompt_mask=pad_rows([[1] * len(p) for p in prompts], p_width, True, torch.bool),
@@ -65,6 +69,7 @@ def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, 
         correct=torch.tensor([r.correct for r in scored.results]),
         truncated=truncated,
         group_ids=group_ids,
+        policy_versions=versions,
         images=PromptImages.of(prompts),
     )
 
@@ -257,8 +262,18 @@ class PoolCollector:
     stream, prompt encoder, scorer and reward shaping.
     """
 
-    def __init__(self, synchronous: RolloutCollector, pool: RolloutPool) -> None:
+    def __init__(
+        self, synchronous: RolloutCollector, pool: RolloutPool, sampling_version: Callable[[int], int] | None = None
+    ) -> None:
         self.synchronous, self.pool = synchronous, pool
+        # the policy version step s's window samples with: s − 1 in the synchronous loop; in an asynchronous
+        # run's producer, the version its engine holds
+        self.sampling_version = sampling_version or (lambda step: step - 1)
+
+    @property
+    def stream(self) -> TrainingStream:
+        """The prompt stream the pool admits prompts from (the synchronous collector's)."""
+        return self.synchronous.stream
 
     def _new_group(self, step: int):
         collector = self.synchronous
@@ -283,10 +298,10 @@ class PoolCollector:
         occupied = len(self.pool.active)
         params = collector.sampling_params(hash_seed(collector.settings.seed, step, 1))
         with timed(generated.timing, "perf/generate_seconds"):
-            window = self.pool.advance(collector.engine, params)
+            window = self.pool.advance(collector.engine, params, self.sampling_version(step))
         sequences = window.sequences
         finished = [i for i, s in enumerate(sequences) if not s.running]
-        completions = [Completion(s.token_ids, s.logprobs, s.finish_reason or "length") for s in sequences]
+        completions = [Completion(s.token_ids, s.logprobs, s.finish_reason or "length", s.versions) for s in sequences]
         scored = Scored(
             [sequences[i].example for i in finished],
             [sequences[i].prompt_ids for i in finished],

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.reward.verifier_protocol import Scorer, Verifier
 from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.tppo_pool import RolloutPool
-from reasonrl.train.async_rollouts import AsyncRollouts, PublishingEngine
+from reasonrl.train.async_rollouts import AsyncRollouts, ProducerPolicy, PublishingEngine
 from reasonrl.train.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.train.conversation_stage import ConversationCollector, prompt_tools
 from reasonrl.train.critic import CriticUpdater
@@ -322,7 +323,15 @@ def setup(
     producer = None
     if cfg.rollout.max_staleness:  # the producer process generates; this process's engine serves evaluation
         current = lambda: backend.engine_weights(model, engine)  # noqa: E731
-        producer = AsyncRollouts(cfg, producer_collector, stream, current, verifier, share_cores=device.type == "cpu")
+        producer = AsyncRollouts(
+            cfg,
+            producer_collector,
+            stream,
+            current,
+            verifier,
+            share_cores=device.type == "cpu",
+            rollout_pool=rollout_pool,
+        )
         engine = PublishingEngine(engine, producer)
     return Run(
         cfg=cfg,
@@ -357,31 +366,46 @@ def prompt_encoder(cfg: Config, tokenizer, processor=None) -> PromptEncoder:
     )
 
 
-def producer_collector(cfg: Config, stream_state: dict, verifier: Verifier | None) -> RolloutCollector:
+def producer_collector(
+    cfg: Config, state: dict, verifier: Verifier | None, policy: ProducerPolicy
+) -> RolloutCollector | PoolCollector | ConversationCollector:
     """The rollout producer's collector (rollout.max_staleness ≥ 1), built in its own process from the
-    config (and the run's own ``verifier``, pickled across): the policy's engine (its weights come from the
-    trainer before the first batch), the scorer and the prompt stream at ``stream_state``."""
+    config (and the run's own ``verifier``, pickled across): the policy's engine as ``policy`` wraps it
+    (its weights come from the trainer before the first batch), the scorer, the prompt stream at
+    ``state["stream"]``, and T-PPO's pool at ``state["pool"]`` or multi-turn conversations where the run
+    has them."""
     device = resolve_device(cfg.model.device)
     plan = resolve(cfg)
     dtype = forward_dtype(cfg)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
     model = load_model(cfg.model.name_or_path, dtype, attention, device)
-    engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
+    engine = policy.engine_for(
+        build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
+    )
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    stream.load_state_dict(stream_state)
+    stream.load_state_dict(state["stream"])
+    rollout_pool = None
+    if cfg.algo.window_tokens:
+        rollout_pool = RolloutPool(plan.sequences_per_rollout, cfg.algo.window_tokens, cfg.rollout.max_response_tokens)
+        rollout_pool.load_state_dict(state["pool"])
     scorer = build_scorer(cfg, dtype, device, verifier, preflight(cfg))
     settings = RolloutSettings.of(cfg, plan)
-    return RolloutCollector(settings, engine, tokenizer, scorer, stream, prompt_encoder(cfg, tokenizer))
+    collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, prompt_encoder(cfg, tokenizer))
+    return training_rollouts(cfg, collector, rollout_pool, sampling_version=lambda step: policy.loaded)
 
 
 def training_rollouts(
-    cfg: Config, collector: RolloutCollector, pool: RolloutPool | None
+    cfg: Config,
+    collector: RolloutCollector,
+    pool: RolloutPool | None,
+    sampling_version: Callable[[int], int] | None = None,
 ) -> RolloutCollector | PoolCollector | ConversationCollector:
-    """The rollouts each step trains on: T-PPO's windows of ``pool``, multi-turn conversations
-    (rollout.multiturn), else ``collector``'s synchronous single-turn ones."""
+    """The rollouts each step trains on: T-PPO's windows of ``pool`` (sampled with the policy version
+    ``sampling_version(step)``: step − 1 by default), multi-turn conversations (rollout.multiturn), else
+    ``collector``'s synchronous single-turn ones."""
     if pool is not None:
-        return PoolCollector(collector, pool)
+        return PoolCollector(collector, pool, sampling_version)
     if cfg.rollout.multiturn != "none":
         return ConversationCollector(collector)
     return collector

@@ -7,7 +7,13 @@ import pytest
 from reasonrl.data.examples import Example
 from reasonrl.rollout.engine_protocol import SamplingParams
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.tppo_pool import PoolSequence, RolloutPool, idle_slot_steps, slot_utilisation
+from reasonrl.rollout.tppo_pool import (
+    PartialRollouts,
+    PoolSequence,
+    RolloutPool,
+    idle_slot_steps,
+    slot_utilisation,
+)
 
 STOP = 0
 PARAMS = SamplingParams(max_new_tokens=999, temperature=1.0, seed=1)
@@ -116,3 +122,34 @@ def test_slot_utilisation_of_a_call():
     utilisation, underfull = slot_utilisation([1, 2, 4])
     assert utilisation == pytest.approx(7 / 12) and underfull == pytest.approx(0.75)
     assert idle_slot_steps([4, 4, 4]) == 0 and idle_slot_steps([1, 2, 4]) == 12 - 7 and idle_slot_steps([]) == 0
+
+
+def test_partial_rollouts_continue_under_new_weights_and_tag_each_token_with_its_version():
+    # the engine emits 10 + the version of its weights; responses: prompt 0 stops after 6 tokens, prompt 1
+    # never stops (cap 10); windows of 4; versions 3, 4, 5 arrive before windows 1, 2, 3
+    published = iter([3, 4, 5])
+    engine = FakeEngine(lambda prompt, rng: [], stop_token_ids=[STOP])
+    engine.respond = lambda prompt, rng: (
+        [10 + version] * (6 - (len(prompt) - 1)) + [STOP] if prompt[0] == 100 else [10 + version] * 50
+    )
+    calls = []
+    generate = engine.generate
+    engine.generate = lambda prompts, params: calls.append(params) or generate(prompts, params)
+    version = None
+
+    def newest_version():
+        nonlocal version
+        version = next(published)
+        engine.load_weights({})
+        return version
+
+    partial = PartialRollouts(engine, window_tokens=4, newest_version=newest_version)
+    first, second = partial.generate([[100], [200]], SamplingParams(10, 1.0, seed=9, first_index=5))
+    assert first.token_ids == [13] * 4 + [14, 14, STOP] and first.finish_reason == "stop"
+    assert first.policy_versions == [3] * 4 + [4] * 3
+    assert second.token_ids == [13] * 4 + [14] * 4 + [15] * 2 and second.finish_reason == "length"
+    assert second.policy_versions == [3] * 4 + [4] * 4 + [5] * 2
+    # every prompt samples from its own stream in each window; the first window with the call's seed
+    assert [c.request_indices for c in calls] == [(5, 6), (5, 6), (6,)]
+    assert calls[0].seed == 9 and len({c.seed for c in calls}) == 3
+    assert partial.reprefill_tokens == (1 + 4) * 2 + (1 + 8)  # prompts and partial responses read again

@@ -42,8 +42,8 @@ class CountingStream:
 class StandInCollector:
     """One row per step, its only token the step number; ``behaviour`` picks a failure to act out."""
 
-    def __init__(self, stream_state: dict, behaviour: str) -> None:
-        self.engine, self.behaviour = RecordingEngine(), behaviour
+    def __init__(self, stream_state: dict, behaviour: str, engine_for) -> None:
+        self.engine, self.behaviour = engine_for(RecordingEngine()), behaviour
         self.stream = CountingStream(stream_state["consumed"])
 
     def collect(self, step: int):
@@ -62,8 +62,8 @@ class StandInCollector:
         return batch, {"rollout/generated_by_step": float(step)}
 
 
-def stand_in(cfg, stream_state, verifier):
-    return StandInCollector(stream_state, verifier)  # the "verifier" slot carries the behaviour
+def stand_in(cfg, state, verifier, policy):
+    return StandInCollector(state["stream"], verifier, policy.engine_for)  # the "verifier" slot carries the behaviour
 
 
 class StartedStream:
@@ -187,11 +187,37 @@ def test_an_async_run_resumes_with_the_prompts_in_flight_issued_again(tmp_path):
     assert final["stream"]["consumed"] == 4 * 4
 
 
+def test_partial_rollouts_train_with_each_token_tagged_by_the_version_that_sampled_it(tmp_path):
+    from tests.train.test_loop import undocumented_metrics
+
+    settings = ("rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.partial_window_tokens=4")
+    fit(tiny_config("train.rollout_steps=3", *settings), tmp_path, verifier=DigitFraction(), show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["rollout/reprefill_tokens"] > 0 for r in records)  # responses longer than a window continued
+    for r in records:  # token staleness: a response may gain fresher tokens, never staler than the bound
+        assert 0 <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1
+        assert r["rollout/staleness_0_fraction"] + r["rollout/staleness_1_fraction"] == pytest.approx(1.0)
+    assert not undocumented_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_multiturn_conversations_run_in_the_producer(tmp_path):
+    from tests.train.test_multiturn import PAG_TINY
+
+    overrides = [*PAG_TINY[:-2], "rollout.max_response_tokens=12", "train.rollout_steps=2", "rollout.max_staleness=1"]
+    fit(load_config("direct_multiturn", overrides), tmp_path, verifier=DigitFraction(), show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["multiturn/turns_mean"] == 2.0 and r["rollout/staleness_max"] <= 1 for r in records)
+
+
 def test_what_the_producer_cannot_run_with_is_refused_with_the_reason():
-    with pytest.raises(ConfigError, match=r"does not run with algo\.window_tokens \(T-PPO\) yet: T-PPO's rollout pool"):
-        load_config("t_ppo", ["rollout.max_staleness=1"])
-    with pytest.raises(ConfigError, match=r"rollout\.multiturn yet"):
-        load_config("pag", ["rollout.max_staleness=2"])
+    with pytest.raises(ConfigError, match=r"partial_rollouts with algo\.window_tokens \(T-PPO\) yet: T-PPO's windows"):
+        load_config("t_ppo", ["rollout.max_staleness=1", "rollout.partial_rollouts=true"])
+    with pytest.raises(ConfigError, match=r"partial_rollouts with rollout\.multiturn yet: a conversation's turns"):
+        load_config("pag", ["rollout.max_staleness=2", "rollout.partial_rollouts=true"])
+    with pytest.raises(ConfigError, match=r"partial_rollouts .* needs rollout\.max_staleness >= 1"):
+        load_config("grpo", ["rollout.partial_rollouts=true"])
     with pytest.raises(ConfigError, match="decoupled weights tokens"):
         load_config("grpo", ["algo.rollout_correction=decoupled", "algo.rollout_correction_level=sequence"])
     with pytest.raises(ConfigError, match=r"rollout_correction_threshold=1 must be above 1"):
@@ -205,3 +231,28 @@ def test_a_run_given_its_own_engine_object_is_refused_before_any_model_loads(tmp
     cfg = tiny_config("rollout.max_staleness=1")
     with pytest.raises(ConfigError, match=r"a run given its own engine object runs synchronously"):
         fit(cfg, tmp_path, engine=RecordingEngine(), verifier=DigitFraction(), show_progress=False)
+
+
+def test_t_ppo_runs_its_pool_in_the_producer_and_a_checkpoint_holds_the_pool_of_the_batch_trained(tmp_path):
+    from tests.train.test_tppo import tppo_config
+
+    settings = ("rollout.max_staleness=1", "run.save_every=2")
+    fit(tppo_config("train.rollout_steps=2", *settings), tmp_path, verifier=DigitFraction(), show_progress=False)
+    state = json.loads((tmp_path / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["pool"]["active"], "the test needs sequences in flight at the checkpoint"
+    # one prompt is admitted per group: the pool saved is the one of the stream position saved, not the ahead batch's
+    assert state["stream"]["consumed"] == state["pool"]["groups_admitted"]
+    fit(tppo_config("train.rollout_steps=4", *settings), tmp_path, verifier=DigitFraction(), show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all("rollout/running_sequences" in r and r["rollout/staleness_max"] <= 1 for r in records)
+
+
+def test_lora_adapters_reach_the_producer_merged(tmp_path):
+    cfg = tiny_config("train.rollout_steps=3", "rollout.max_staleness=1", "model.lora_rank=4", "train.lr=1e-2")
+    fit(cfg, tmp_path, verifier=DigitFraction(), show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # the producer samples with the trainer's merged weights: its log-probs are the trainer's at that version
+    kl = [r["rollout/trainer_kl"] for r in records]
+    assert all(0 <= value < 0.05 for value in kl), kl
