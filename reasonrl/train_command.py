@@ -20,6 +20,11 @@ def main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def new_run_dir(cfg: Config, preset: str) -> Path:
+    """Where a new run of ``preset`` goes: ``run.output_dir/run.name``, by default ``<preset>-<time>``."""
+    return Path(cfg.run.output_dir) / (cfg.run.name or f"{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def _latest_run(output_dir: Path, preset: str) -> Path | None:
     """The newest run directory of ``preset`` under ``output_dir`` that has a checkpoint."""
     from reasonrl.train.checkpoint import latest_checkpoint
@@ -110,8 +115,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         preset = preset or DEFAULT_PRESET
         cfg = load_config(preset, overrides)
+        run_dir = new_run_dir(cfg, preset)
         preset = Path(preset).stem
-        run_dir = Path(cfg.run.output_dir) / (cfg.run.name or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     resolve(cfg)  # every config problem surfaces before a model loads
     if cfg.dist.backend == "ray" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError(

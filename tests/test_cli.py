@@ -88,7 +88,9 @@ def test_eval_refuses_bad_settings_before_loading_and_lists_every_dataset(capsys
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "arithmetic, gsm8k, math500, aime2024, humaneval, mbpp, functions, visual_arithmetic," in help_text
+    assert (
+        "arithmetic, gsm8k, math500, aime2024, humaneval, mbpp, functions, countdown, guess_number, visual_arithmetic,"
+    ) in help_text
     assert "--question-field" in help_text
 
 
@@ -135,7 +137,9 @@ def test_a_response_cap_of_zero_is_one_problem_not_also_fires(capsys):
 
 def test_an_unknown_preset_and_a_misspelt_reward_function_get_did_you_mean(tmp_path, capsys):
     assert main(["train", "dapoo"]) == 2
-    assert "reasonrl: error: unknown preset 'dapoo'; did you mean 'dapo'? (presets: dapo, " in capsys.readouterr().err
+    assert (
+        "reasonrl: error: unknown preset 'dapoo'; did you mean 'dapo'? (presets: countdown, dapo, "
+    ) in capsys.readouterr().err
     misspelt = "reward.functions=['tests/reward_functions.py:digit_shar']"
     assert main(["train", "grpo", "model.name_or_path=tiny-random", misspelt, f"run.output_dir={tmp_path}"]) == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith("has no 'digit_shar'; did you mean 'digit_share'?")

@@ -23,7 +23,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("train",),  # the RL run
     ("jobs", "dist"),  # the side jobs (eval, data, rm, prm, vlm, push); scale-out on Ray
     ("train_command",),  # `reasonrl train`: one process, torchrun or Ray
-    ("cli",),
+    ("cli", "api"),  # the command line; the Python API (reasonrl.train(...))
     ("__main__",),
 )
 RANK = {part: rank for rank, parts in enumerate(RANKS) for part in parts}

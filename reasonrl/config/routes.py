@@ -13,8 +13,9 @@ DEFAULT_ROUTES: dict[str, str] = {
     "preference": "bt",
     "grounding": "grounding",  # a box, scored by IoU (reasonrl.reward.visual_verifiers)
     "pointing": "pointing",  # a point, scored by point-in-box
+    "countdown": "countdown",  # an expression that reaches a target (reasonrl.reward.countdown)
 }
-VERIFIER_SOURCES = ("math", "code", "grounding", "pointing")
+VERIFIER_SOURCES = ("math", "code", "grounding", "pointing", "countdown")
 MODEL_SOURCES = ("genrm_reference", "genrm_bon", "bt")
 VERIFIABLE_TASKS = VERIFIER_SOURCES
 

@@ -136,17 +136,27 @@ class RolloutConfig:
     top_k: int | None = None
     """Sample only among the k most likely tokens; None = off."""
 
-    multiturn: Literal["none", "pag", "direct", "tool"] = "none"
+    multiturn: Literal["none", "pag", "direct", "tool", "env"] = "none"
     """Multi-turn rollouts (reasonrl/rollout/conversations.py): none (one response per prompt); pag (PAG,
     arXiv 2506.10406: answer, verify the answer, revise only after "The answer is wrong."); direct
     (PAG's Direct MultiTurn baseline: revise after every attempt, no verify turn); tool (a python tool:
-    a turn ending with a fenced python block, or the chat template's own <tool_call> where it has one,
-    gets the code's sandboxed output and the policy goes on; the reward is on the final turn).  Each
-    generated turn is capped by max_response_tokens; injected turns (templates, tool outputs) are read,
-    never trained on."""
+    a turn ending with a fenced python block, or a call in the chat template's tool format, gets the code's
+    sandboxed output and the policy goes on; the reward is on the final turn); env (rollout.environment).
+    Each generated turn is capped by max_response_tokens; injected turns are read, never trained on."""
+
+    environment: str | None = None
+    """rollout.multiturn=env: countdown (a target number, with a calculator), guess_number, python, or your
+    class as "module:Class" or "path/to/file.py:Class" (docs/environments.md)."""
+
+    max_turns: int = 4
+    """rollout.multiturn=env: generated turns per episode at most."""
+
+    environment_timeout_seconds: float = 60.0
+    """rollout.multiturn=tool|env: time the environment has to answer one turn of all episodes (at once); an
+    episode whose environment raises or runs past it ends with reward 0, never the run."""
 
     max_tool_calls: int = 2
-    """rollout.multiturn=tool: python tool calls per conversation at most."""
+    """rollout.multiturn=tool, or an environment with tools: tool calls per episode at most."""
 
     tool_timeout_seconds: float = 3.0
     """rollout.multiturn=tool: wall-clock limit of one tool call in the sandbox; a call past it returns
@@ -162,8 +172,8 @@ class RolloutConfig:
 
     max_conversation_tokens: int | None = None
     """Multi-turn: cap on a conversation's tokens after its prompt, generated and injected; null = its
-    generated turns (pag, direct: 2 · max_attempts − 1; tool: max_tool_calls + 1) of max_response_tokens
-    plus 128 per injected turn."""
+    generated turns (pag, direct: 2 · max_attempts − 1; tool: max_tool_calls + 1; env: max_turns) of
+    max_response_tokens plus 128 per injected turn."""
 
     max_staleness: int = 0
     """Asynchronous RL: 0 is the synchronous loop (generate, score, train, sync, generate again).  k ≥ 1: a
@@ -173,16 +183,13 @@ class RolloutConfig:
 
     producer_threads: int = 1
     """Asynchronous RL: torch threads of the producer process (the trainer keeps its own)."""
-
     producer_timeout_seconds: float = 1800.0
     """Asynchronous RL: the run fails, naming the producer, when no batch arrives for this long."""
 
     partial_rollouts: bool = False
-    """Asynchronous RL: generate in windows of partial_window_tokens and load the newest published weights
-    between them, so a response still generating when the trainer publishes continues under the new
-    policy (each token tagged with the version that sampled it) instead of being finished by the old one.
-    Costs a prefill of the prompt and partial response per window (rollout/reprefill_tokens)."""
-
+    """Asynchronous RL: generate in windows, loading the newest published weights between them, so a response
+    still generating when the trainer publishes continues under the new policy (each token tagged with its
+    version); each window re-reads the prompt and partial response (rollout/reprefill_tokens)."""
     partial_window_tokens: int | None = None
     """Asynchronous RL with partial_rollouts: tokens per window; null = a quarter of max_response_tokens."""
 

@@ -189,6 +189,8 @@ def _algorithm(cfg: Config) -> list[str]:
         )
     if a.policy_tokens != "window" and a.window_tokens is None:
         problems.append("algo.policy_tokens applies to truncated rollouts only: set algo.window_tokens too")
+    if r.environment is not None and r.multiturn != "env":
+        problems.append(f"rollout.environment={r.environment} needs rollout.multiturn=env")
     if r.multiturn != "none":
         clashes = {
             "algo.window_tokens (T-PPO truncated rollouts)": a.window_tokens is not None,
@@ -201,15 +203,17 @@ def _algorithm(cfg: Config) -> list[str]:
             for name, on in clashes.items()
             if on
         ]
-        if r.multiturn == "tool" and (r.max_tool_calls < 1 or r.tool_timeout_seconds <= 0):
+        python_tool = r.multiturn == "tool" or r.environment == "python"
+        if python_tool and (r.max_tool_calls < 1 or r.tool_timeout_seconds <= 0):
             problems.append(
-                "rollout.max_tool_calls must be >= 1 and rollout.tool_timeout_seconds > 0 with rollout.multiturn=tool"
+                "rollout.max_tool_calls must be >= 1 and rollout.tool_timeout_seconds > 0 with the python tool"
             )
-        if r.multiturn == "tool" and r.tool_batch_timeout_seconds < r.tool_timeout_seconds:
+        if python_tool and r.tool_batch_timeout_seconds < r.tool_timeout_seconds:
             problems.append(
                 f"rollout.tool_batch_timeout_seconds={r.tool_batch_timeout_seconds:g} must be >= "
                 f"rollout.tool_timeout_seconds={r.tool_timeout_seconds:g}: a turn's calls share it"
             )
+        problems += _environment(cfg)
         if r.max_attempts < 1 or (r.multiturn == "direct" and r.max_attempts < 2):
             problems.append(f"rollout.max_attempts={r.max_attempts} must be >= 1 (>= 2 with rollout.multiturn=direct)")
         if r.max_conversation_tokens is not None and r.max_conversation_tokens < r.max_response_tokens:
@@ -245,6 +249,38 @@ def _algorithm(cfg: Config) -> list[str]:
             )
     if cfg.critic.init == "policy" and cfg.critic.path:
         problems.append("critic.path is set but critic.init is 'policy'; set critic.init=checkpoint or reward_model")
+    return problems
+
+
+SHIPPED_ENVIRONMENTS = ("countdown", "guess_number", "python")
+
+
+def _environment(cfg: Config) -> list[str]:
+    """An environment rollout's settings (the class itself is loaded when the run starts)."""
+    r, problems = cfg.rollout, []
+    game = r.environment in ("countdown", "guess_number") and r.multiturn == "env"
+    built_in = not any(mark in cfg.data.dataset for mark in "./")  # not a file, not a hub id
+    if game and built_in and cfg.data.dataset != r.environment:
+        problems.append(
+            f"rollout.environment={r.environment} plays the rows of its own dataset: set data.dataset={r.environment} "
+            "(or a file of such rows)"
+        )
+    if r.multiturn == "env":
+        name = r.environment or ""
+        target, sep, attribute = name.rpartition(":")
+        if name not in SHIPPED_ENVIRONMENTS and not (sep and target.strip() and attribute.strip()):
+            setting = f"rollout.environment={name} must be" if name else "rollout.multiturn=env needs an environment:"
+            problems.append(
+                f"{setting} one of {', '.join(SHIPPED_ENVIRONMENTS)}, or a class of yours as 'module:Class' or "
+                "'path/to/file.py:Class'"
+            )
+        if r.max_turns < 1 or r.max_tool_calls < 0:
+            problems.append("rollout.max_turns must be >= 1 and rollout.max_tool_calls >= 0 with rollout.multiturn=env")
+    if r.environment_timeout_seconds <= r.tool_batch_timeout_seconds:
+        problems.append(
+            f"rollout.environment_timeout_seconds={r.environment_timeout_seconds:g} must be more than "
+            f"rollout.tool_batch_timeout_seconds={r.tool_batch_timeout_seconds:g}: a turn's tool calls finish within it"
+        )
     return problems
 
 

@@ -10,7 +10,7 @@ import gzip
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from importlib import resources
@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reasonrl.data.code_tasks import humaneval_example, mbpp_example
+from reasonrl.data.countdown import countdown_examples
 from reasonrl.data.examples import Example, RowError
 from reasonrl.data.functions import function_examples
+from reasonrl.data.guess_number import guess_number_examples
 from reasonrl.data.images import IMAGES_FIELD, ImageError, row_images
 from reasonrl.data.preferences import hh_prompt_example
 from reasonrl.data.visual_tasks import PROBLEMS as VISUAL_PROBLEMS
@@ -74,6 +76,9 @@ BUILTIN_DATASETS = {
         dict.fromkeys(("train", "test", "validation", "prompt"), "mbpp.jsonl.gz"), Fields(), mbpp_example
     ),
     "functions": BuiltinDataset(dict.fromkeys(("train", "test")), Fields(), generate=function_examples),
+    # the shipped environments' games (rollout.environment=countdown, guess_number)
+    "countdown": BuiltinDataset(dict.fromkeys(("train", "test")), Fields(), generate=countdown_examples),
+    "guess_number": BuiltinDataset(dict.fromkeys(("train", "test")), Fields(), generate=guess_number_examples),
     **{
         task: BuiltinDataset(dict.fromkeys(("train", "test")), Fields(), generate=partial(visual_examples, task))
         for task in VISUAL_PROBLEMS
@@ -295,7 +300,20 @@ def _from_datasets(name: str, split: str, fields: Fields) -> list[Example]:
         table = datasets.load_dataset(path, config or None, split=split)
     except Exception as exc:  # the hub raises many types: missing name, no network, bad split or config
         raise DataError(f"could not load '{name}' (split {split}) with `datasets`: {exc}") from exc
-    return [_example(f"{name}[{i}]", dict(row), fields, name, i) for i, row in enumerate(table)]
+    return examples_from_rows(name, table, fields)
+
+
+def examples_from_rows(name: str, rows: Iterable[Mapping[str, Any]], fields: Fields) -> list[Example]:
+    """The examples of rows held in memory (a `datasets` table, a list of dicts), each checked as a file's
+    row is; an error names the row as ``name[index]``."""
+    examples = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DataError(f"{name}[{index}]: expected a mapping of fields (a dict), got {type(row).__name__}")
+        examples.append(_example(f"{name}[{index}]", dict(row), fields, name, index))
+    if not examples:
+        raise DataError(f"{name} holds no examples")
+    return examples
 
 
 def load_examples(source: str, split: str = "train", fields: Fields | None = None) -> list[Example]:

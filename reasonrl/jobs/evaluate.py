@@ -32,10 +32,11 @@ from reasonrl.rollout.conversations import (
     ROLE_POLICY,
     ROLE_VERIFIER,
     Conversation,
+    Environment,
     Injection,
     PAGRule,
     Segment,
-    TurnRule,
+    Step,
     injected_ids,
     parse_verdict,
     probability_correct,
@@ -193,11 +194,11 @@ class EvalSettings:
             raise ConfigError("; ".join(problems))
 
 
-class _VerifyOnce(TurnRule):
-    """A TurnRule that ends every conversation after the turn it generates."""
+class _VerifyOnce(Environment):
+    """An environment that ends every conversation after the turn it generates."""
 
-    def after(self, conversation: Conversation) -> None:
-        return None
+    def step(self, episode: Conversation) -> Step:
+        return Step()
 
 
 VERIFY_ONCE = _VerifyOnce()

@@ -65,9 +65,9 @@ def _split_spec(spec: str) -> tuple[str, str]:
     return target.strip(), attribute.strip()
 
 
-def _import_file(path: Path):
+def _import_file(path: Path, kind: str):
     if not path.is_file():
-        raise RewardFunctionError(f"reward function file {path} does not exist")
+        raise RewardFunctionError(f"{kind} file {path} does not exist")
     name = f"reasonrl_reward_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
@@ -86,6 +86,36 @@ def _nearest(name: str, owner: Any) -> str:
     ``name``; "" when none is near."""
     guess = difflib.get_close_matches(name, [n for n in dir(owner) if not n.startswith("_")], n=1, cutoff=0.6)
     return f"; did you mean {guess[0]!r}?" if guess else ""
+
+
+def load_named(spec: str, search_path: str, kind: str) -> Callable[..., Any]:
+    """What ``spec`` names, ``module:attribute`` (a module importable from ``search_path`` too) or
+    ``path/to/file.py:attribute``, the attribute maybe dotted: a function or a class of the user's (loading it
+    runs their module; that is their choice, and nothing generated is ever loaded).  RewardFunctionError says
+    why it cannot be loaded, calling it a ``kind`` ("reward function", "environment")."""
+    target, attribute = _split_spec(spec)
+    try:
+        if target.endswith(".py"):
+            module = _import_file(Path(target), kind)
+        else:
+            if search_path not in sys.path:
+                sys.path.append(search_path)
+            module = importlib.import_module(target)
+    except RewardFunctionError:
+        raise
+    except Exception as exc:
+        raise RewardFunctionError(
+            f"{kind} {spec!r}: cannot import {target!r} ({type(exc).__name__}: {exc}); "
+            "give a module importable from the current directory or a path/to/file.py"
+        ) from None
+    named: Any = module
+    for part in attribute.split("."):
+        if not hasattr(named, part):
+            raise RewardFunctionError(f"{kind} {spec!r}: {target!r} has no {attribute!r}{_nearest(part, named)}")
+        named = getattr(named, part)
+    if not callable(named):
+        raise RewardFunctionError(f"{kind} {spec!r} is not callable")
+    return named
 
 
 @dataclass(frozen=True)
@@ -117,31 +147,7 @@ class RewardFunction:
         """The function itself (imported once per process); RewardFunctionError says why it cannot be."""
         key = (self.spec, self.search_path)
         if key not in _LOADED:
-            target, attribute = _split_spec(self.spec)
-            try:
-                if target.endswith(".py"):
-                    module = _import_file(Path(target))
-                else:
-                    if self.search_path not in sys.path:
-                        sys.path.append(self.search_path)
-                    module = importlib.import_module(target)
-            except RewardFunctionError:
-                raise
-            except Exception as exc:
-                raise RewardFunctionError(
-                    f"reward function {self.spec!r}: cannot import {target!r} ({type(exc).__name__}: {exc}); "
-                    "give a module importable from the current directory or a path/to/file.py"
-                ) from None
-            function: Any = module
-            for part in attribute.split("."):
-                if not hasattr(function, part):
-                    raise RewardFunctionError(
-                        f"reward function {self.spec!r}: {target!r} has no {attribute!r}{_nearest(part, function)}"
-                    )
-                function = getattr(function, part)
-            if not callable(function):
-                raise RewardFunctionError(f"reward function {self.spec!r} is not callable")
-            _LOADED[key] = function
+            _LOADED[key] = load_named(self.spec, self.search_path, "reward function")
         return _LOADED[key]
 
     def __call__(self, response: str, reference: str, sample: dict[str, Any]) -> RewardResult:

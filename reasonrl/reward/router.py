@@ -11,9 +11,10 @@ Each sample's ``task_type`` picks exactly one reward source:
 | `preference` | `bt`              | the Bradley-Terry reward model, σ(score)                              |
 | `grounding`  | `grounding`       | the answered box's IoU with the reference box ≥ 0.5 (visual tasks)    |
 | `pointing`   | `pointing`        | the answered point inside the reference box (visual tasks)            |
+| `countdown`  | `countdown`       | the answer's expression reaches the puzzle's target with its numbers  |
 
-``reward.routes`` overrides entries (``task_type=source``), but a verifiable task (math, code, grounding, pointing)
-can only be routed to a verifier: verifiable tasks never reach a learned judge.  Every source
+``reward.routes`` overrides entries (``task_type=source``), but a verifiable task (math, code, grounding, pointing,
+countdown) can only be routed to a verifier: verifiable tasks never reach a learned judge.  Every source
 reports a score in [0, 1] (verifiers: 1/0 or the pass fraction; GenRM: the position-debiased win
 probability, 0.5 = parity; BT: σ(score)), so one scale reaches the advantage stage; a model
 source calls a response correct when its score is above 0.5.  Verifiers run in their own
@@ -132,13 +133,15 @@ class RewardRouter:
 
 
 def program_verifiers() -> dict[str, Verifier]:
-    """The verifier of each verifier source (math, code, grounding, pointing): what scores verifiable tasks."""
+    """The verifier of each verifier source (math, code, grounding, pointing, countdown): what scores verifiable
+    tasks."""
     from reasonrl.reward.code import CodeVerifier
+    from reasonrl.reward.countdown import CountdownVerifier
     from reasonrl.reward.math import MathVerifier
     from reasonrl.reward.visual_verifiers import GroundingVerifier, PointingVerifier
 
     verifiers = {"math": MathVerifier(), "code": CodeVerifier(), "grounding": GroundingVerifier()}
-    return verifiers | {"pointing": PointingVerifier()}
+    return verifiers | {"pointing": PointingVerifier(), "countdown": CountdownVerifier()}
 
 
 def build_router(

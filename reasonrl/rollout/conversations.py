@@ -1,18 +1,22 @@
-"""Multi-turn rollouts: conversations whose generated turns alternate with injected ones.
+"""Multi-turn rollouts: episodes whose generated turns alternate with what an environment injects.
 
-``run_conversations`` generates one turn for every live conversation in one engine call (any engine:
-fast, hf, vllm), then asks the conversation's ``TurnRule`` what comes next: a user message to inject
-(a verify or revise template, a tool's output) with the role of the turn to generate after it, or
-the end.  Injected text is rendered with the tokenizer's chat template; its tokens are fed to the
-model but never trained on (``conversation_tensors`` marks them).  A conversation also ends at a
-limit of generated turns or of response tokens (generated + injected).
+``start_conversations`` asks the ``Environment`` (``rollout/episodes.py``) for each episode's first
+observation; ``run_conversations`` then generates one turn for every live conversation in one engine call
+(any engine: fast, hf, vllm) and asks the environment what comes next: a message to inject (a verify or
+revise template, a tool's output, a game's feedback) with the role of the turn to generate after it, or the
+end, and the turn's reward.  Token in, token out: a generated turn enters the conversation as the engine's
+token ids, never decoded and encoded again; injected text is rendered with the tokenizer's chat template,
+and what it spells is tokenised as plain text (``data/control_tokens.py``: it can never become a special or
+template token).  Injected tokens are fed to the model but never trained on (``conversation_tensors`` marks
+them).  A conversation also ends at a limit of generated turns or of response tokens (generated + injected).
 
-PAG's rule (arXiv 2506.10406 §3, "selective revision") is ``PAGRule``: answer, verify the answer,
-and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its Direct MultiTurn baseline
-(always revise, no verify turn).  ``ToolRule`` runs a python tool called with a fenced python block or,
-where the chat template has one, its own tool-call format (``<tool_call>{json}</tool_call>``); the calls
-of one turn of every conversation run together, and a call that cannot be read or fails is answered with
-an error message (counted in ``Conversation.tool_errors``), never an error of the run.
+PAG's rule (arXiv 2506.10406 §3, "selective revision") is the environment ``PAGRule``: answer, verify the
+answer, and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its Direct MultiTurn baseline
+(always revise, no verify turn).  ``ToolRule`` runs a python tool called with a fenced python block or the
+chat template's own tool-call format (``rollout/tool_calls.py``); the calls of one turn of every
+conversation run together, and a call that cannot be read or fails is answered with an error message
+(counted in ``Conversation.tool_errors``), never an error of the run.  The shipped game environments are in
+``rollout/environments.py``.
 """
 
 from __future__ import annotations
@@ -20,21 +24,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
 from reasonrl.data.control_tokens import control_tokens
-from reasonrl.rollout.engine_protocol import RolloutEngine, SamplingParams, extended
-
-ROLE_INJECTED = -1
-ROLE_POLICY = 0  # an attempt at the answer
-ROLE_VERIFIER = 1  # the policy judging its previous attempt
+from reasonrl.data.examples import Example
+from reasonrl.data.prompts import chat_token_ids
+from reasonrl.rollout.engine_protocol import RolloutEngine, SamplingParams
+from reasonrl.rollout.episodes import (
+    ROLE_INJECTED,
+    ROLE_POLICY,
+    ROLE_VERIFIER,
+    Conversation,
+    Environment,
+    Failure,
+    Injection,
+    Segment,
+    Step,
+    contained,
+)
+from reasonrl.rollout.tool_calls import TOOL_OUTPUT_CHARS, ToolOutput, block_ending, function_call, native_tool_format
 
 # The PAG release's prompts (quick_start/qwen1p5b_pag.sh's rollout): verify, then revise after "wrong".
 PAG_VERIFY_PROMPT = (
@@ -52,8 +68,6 @@ INJECTED_TURN_TOKENS = 128  # room left per injected turn in the default convers
 
 VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
 FENCED_CALL = ("```python\n", "```")  # a fenced python block ending the turn
-# a chat template's tool call ending the turn (the Hermes format of Qwen2.5/3, SmolLM3, Hermes models)
-NATIVE_CALL = ("<tool_call>", "</tool_call>")
 NATIVE_CALL_ERROR = 'Error: a tool call must be {"name": "python", "arguments": {"code": "<program>"}}'
 # the python tool as a function schema, what `apply_chat_template(tools=...)` renders into the prompt
 PYTHON_TOOL = {
@@ -68,7 +82,7 @@ PYTHON_TOOL = {
         },
     },
 }
-TOOL_OUTPUT_CHARS = 1000  # a tool's output is cut to this many characters before it is injected
+ENVIRONMENT_TIMEOUT_S = 60.0  # one turn's environment steps, all together (rollout.environment_timeout_seconds)
 
 
 class MultiTurnError(ValueError):
@@ -102,112 +116,40 @@ def probability_correct(tokenizer, turn: Segment) -> float:
     return 0.0
 
 
-@dataclass
-class Segment:
-    """A run of tokens of one conversation: a generated turn, or injected text."""
-
-    token_ids: list[int]
-    logprobs: list[float]  # the engine's, per token; 0 for injected tokens
-    role: int  # ROLE_POLICY / ROLE_VERIFIER for a generated turn, ROLE_INJECTED otherwise
-    text: str  # the generated turn decoded (special tokens skipped), or the injected user message
-    finish_reason: str | None = None  # a generated turn's: "stop" or "length"
-
-    @property
-    def generated(self) -> bool:
-        return self.role != ROLE_INJECTED
-
-
-@dataclass
-class Conversation:
-    """One prompt's conversation: its chat so far, the segments after the prompt, and what comes next."""
-
-    prompt_ids: list[int]  # chat-formatted, ending with the assistant header
-    messages: list[dict[str, str]]  # the chat the prompt rendered (system and user messages)
-    stream: int = 0  # sampling stream index: the same conversation samples the same turns in any batch
-    next_role: int = ROLE_POLICY
-    segments: list[Segment] = field(default_factory=list)
-    tools: list[dict] | None = None  # the tool schemas the prompt rendered (a template's tool-call format)
-    done: bool = False
-    end: str = ""  # why it ended: "rule", "turn_limit" or "token_limit"
-    tool_errors: int = 0  # its tool calls that failed (unparseable, crashed, timed out...), each told to the model
-
-    @property
-    def response_length(self) -> int:
-        """Tokens after the prompt, generated and injected."""
-        return sum(len(s.token_ids) for s in self.segments)
-
-    def turns(self, role: int | None = None) -> list[Segment]:
-        """The generated turns, in order (only those of ``role`` when given)."""
-        return [s for s in self.segments if s.generated and (role is None or s.role == role)]
-
-    def token_ids(self) -> list[int]:
-        """The prompt and every segment: what the model reads to generate the next turn."""
-        return extended(self.prompt_ids, [t for s in self.segments for t in s.token_ids])  # a prompt keeps its images
-
-
 @dataclass(frozen=True)
-class Injection:
-    """A message to append (a user message, or a tool's output), and the role of the turn generated after it."""
-
-    text: str
-    next_role: int
-    message_role: str = "user"  # the chat role it is rendered as: "user", or "tool" for a native tool call
-    tool_error: bool = False  # the message reports a tool call that failed
-
-
-class TurnRule(Protocol):
-    """Decides, after each generated turn, what a conversation does next."""
-
-    def after(self, conversation: Conversation) -> Injection | None:
-        """The message to inject after the conversation's last generated turn, or None to end it."""
-        ...
-
-    def after_each(self, conversations: Sequence[Conversation]) -> list[Injection | None]:
-        """``after`` of each conversation, in order: the driver asks once per turn, so a rule that runs
-        tools can run the turn's calls together."""
-        return [self.after(c) for c in conversations]
-
-
-@dataclass(frozen=True)
-class PAGRule(TurnRule):
-    """PAG's selective revision (§3): attempt → verify → (only after "wrong") revise → verify → ...
+class PAGRule(Environment):
+    """PAG's selective revision (§3), as an environment: attempt → verify → (only after "wrong") revise → verify → ...
 
     At most ``max_attempts`` policy turns, and no verify turn after the last one (the release's
     default).  An unparsed verdict ends the conversation in training (reward 0, no revision) and counts
-    as "wrong" at evaluation (``revise_unparsed``), as the release does."""
+    as "wrong" at evaluation (``revise_unparsed``), as the release does.  Its rewards are PAG's (eq 1),
+    from the verifier's verdict on every attempt (``train/conversation_stage.py``)."""
 
     max_attempts: int = 2
     revise_unparsed: bool = False
 
-    def after(self, conversation: Conversation) -> Injection | None:
-        last = conversation.turns()[-1]
+    def step(self, episode: Conversation) -> Step:
+        last = episode.turns()[-1]
         if last.role == ROLE_POLICY:
-            if len(conversation.turns(ROLE_POLICY)) >= self.max_attempts:
-                return None
-            return Injection(PAG_VERIFY_PROMPT, ROLE_VERIFIER)
+            if len(episode.turns(ROLE_POLICY)) >= self.max_attempts:
+                return Step()
+            return Step(Injection(PAG_VERIFY_PROMPT, ROLE_VERIFIER))
         verdict = parse_verdict(last.text)
         if verdict == VERDICT_WRONG or (verdict == VERDICT_UNPARSED and self.revise_unparsed):
-            return Injection(PAG_REVISE_PROMPT, ROLE_POLICY)
-        return None
+            return Step(Injection(PAG_REVISE_PROMPT, ROLE_POLICY))
+        return Step()
 
 
 @dataclass(frozen=True)
-class DirectRevisionRule(TurnRule):
+class DirectRevisionRule(Environment):
     """PAG's Direct MultiTurn baseline: revise after every attempt, up to ``max_attempts``, never verify."""
 
     max_attempts: int = 2
 
-    def after(self, conversation: Conversation) -> Injection | None:
-        if len(conversation.turns(ROLE_POLICY)) >= self.max_attempts:
-            return None
-        return Injection(DIRECT_REVISE_PROMPT, ROLE_POLICY)
-
-
-def native_tool_format(tokenizer) -> bool:
-    """Whether the tokenizer's chat template has a tool-call format: it renders ``tools`` and
-    ``<tool_call>`` blocks (Hermes style: Qwen2.5/3, SmolLM3, Hermes models).  SmolLM2's has none."""
-    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
-    return "tools" in template and "<tool_call>" in template
+    def step(self, episode: Conversation) -> Step:
+        if len(episode.turns(ROLE_POLICY)) >= self.max_attempts:
+            return Step()
+        return Step(Injection(DIRECT_REVISE_PROMPT, ROLE_POLICY))
 
 
 @dataclass(frozen=True)
@@ -220,95 +162,54 @@ class ToolCall:
 
 
 def python_call(text: str) -> ToolCall | None:
-    """The python tool call that ends ``text``, or None: a fenced python block, or a chat template's
-    ``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``.  A native call that is not
-    that JSON is still a call, whose output is an error message saying what was expected.  Never raises,
-    and takes time linear in the text: generated text decides nothing about how its parsing ends."""
-    fenced = _block_ending(text, *FENCED_CALL)
+    """The python tool call that ends ``text``, or None: a fenced python block, or a call of the chat
+    template's format (``tool_calls.function_call``) ``{"name": "python", "arguments": {"code": ...}}``.  A
+    native call that is not that is still a call, whose output is an error message saying what was
+    expected.  Never raises, and takes time linear in the text: generated text decides nothing about how
+    its parsing ends."""
+    fenced = block_ending(text, *FENCED_CALL)
     if fenced is not None:
         return ToolCall(fenced, native=False)
-    native = _block_ending(text, *NATIVE_CALL)
-    if native is None:
+    call = function_call(text)
+    if call is None:
         return None
-    try:
-        return ToolCall(_native_code(native.strip()), native=True)
-    except Exception:  # whatever the JSON makes the decoder raise (deep nesting: RecursionError) is a bad call
+    code = call.arguments.get("code")
+    if call.error or call.name != "python" or not isinstance(code, str):
         return ToolCall(None, native=True, error=NATIVE_CALL_ERROR)
+    return ToolCall(code, native=True)
 
 
-def _block_ending(text: str, opening: str, closing: str) -> str | None:
-    """What lies between the first ``opening`` and the ``closing`` that ends ``text`` (trailing whitespace
-    allowed), or None.  Two string searches: a lazy regex tried from every opening is quadratic."""
-    body = text.rstrip()
-    if not body.endswith(closing):
-        return None
-    body = body[: -len(closing)]
-    start = body.find(opening)
-    return None if start < 0 else body[start + len(opening) :]
-
-
-def _native_code(payload: str) -> str:
-    """The program of a native call's JSON ``payload``; raises unless it is a python call with a string
-    of code (arguments as an object or as a JSON string) that is valid unicode (no lone surrogate)."""
-    call = json.loads(payload)
-    arguments = call["arguments"]
-    arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-    code = arguments["code"]
-    if call["name"] != "python" or not isinstance(code, str):
-        raise TypeError("not a call of the python tool")
-    code.encode()
-    return code
+def tool_answer(output: ToolOutput, native: bool = True) -> Step:
+    """The step that answers a tool call with its output (cut to ``TOOL_OUTPUT_CHARS``) and lets the policy go
+    on: a native call's as a "tool" message (what the template expects), a fenced block's as a user message."""
+    text = output.text[:TOOL_OUTPUT_CHARS]
+    if native:
+        return Step(Injection(text, ROLE_POLICY, message_role="tool", tool_error=output.failed, tool_call=True))
+    return Step(Injection(f"Output:\n```\n{text}\n```", ROLE_POLICY, tool_error=output.failed, tool_call=True))
 
 
 @dataclass(frozen=True)
-class ToolOutput:
-    """What a tool call printed, or the error message in its place; ``failed`` when the call crashed, timed
-    out, flooded its output or never ran."""
-
-    text: str
-    failed: bool = False
-
-
-@dataclass(frozen=True)
-class ToolRule(TurnRule):
-    """A python tool: a turn that ends with a tool call (``python_call``) gets its output (cut to
-    ``TOOL_OUTPUT_CHARS``) as the next turn, and the policy goes on; at most ``max_tool_calls`` per
-    conversation.  A turn without a call ends it.  ``run_python`` runs the programs of one turn of every
-    conversation together (sandboxed, under one time budget: ``train/conversation_stage.sandboxed_python``).  A call
-    that cannot be read or that fails comes back as an error message (``Injection.tool_error``), never as
-    an error of the run.  A fenced block's output comes back as a user message, a native call's as a
-    "tool" message (what the template expects)."""
+class ToolRule(Environment):
+    """The python tool, as an environment: a turn that ends with a tool call (``python_call``) gets its output as
+    the next turn (``tool_answer``), and the policy goes on; at most ``max_tool_calls`` per conversation.  A
+    turn without a call ends it; the row's verifier scores that final turn.  ``run_python`` runs programs in
+    the code sandbox (``train/conversation_stage.sandboxed_python``): the driver runs the steps of one turn of
+    every conversation together, so their programs run together, under one time budget.  A call that cannot
+    be read or that fails comes back as an error message (``Injection.tool_error``), never as an error of the
+    run."""
 
     run_python: Callable[[Sequence[str]], Sequence[ToolOutput]]
     max_tool_calls: int = 2
+    tools: ClassVar[Sequence[dict]] = (PYTHON_TOOL,)
 
-    def after(self, conversation: Conversation) -> Injection | None:
-        return self.after_each([conversation])[0]
-
-    def after_each(self, conversations: Sequence[Conversation]) -> list[Injection | None]:
-        calls = [self._call(c) for c in conversations]
-        outputs = iter(self.run_python([call.code for call in calls if call is not None and call.code is not None]))
-        injections: list[Injection | None] = []
-        for call in calls:
-            if call is None:
-                injections.append(None)
-                continue
-            output = next(outputs) if call.code is not None else ToolOutput(call.error, failed=True)
-            injections.append(self._injection(call.native, output))
-        return injections
-
-    def _call(self, conversation: Conversation) -> ToolCall | None:
-        """The call that ends the conversation's last turn, or None (no call, or no calls left)."""
-        if sum(not s.generated for s in conversation.segments) >= self.max_tool_calls:
-            return None
-        return python_call(conversation.turns()[-1].text)
-
-    @staticmethod
-    def _injection(native: bool, output: ToolOutput) -> Injection:
-        text = output.text[:TOOL_OUTPUT_CHARS]
-        if native:
-            return Injection(text, ROLE_POLICY, message_role="tool", tool_error=output.failed)
-        return Injection(f"Output:\n```\n{text}\n```", ROLE_POLICY, tool_error=output.failed)
+    def step(self, episode: Conversation) -> Step:
+        if episode.tool_calls >= self.max_tool_calls:
+            return Step()
+        call = python_call(episode.turns()[-1].text)
+        if call is None:
+            return Step()
+        output = self.run_python([call.code])[0] if call.code is not None else ToolOutput(call.error, failed=True)
+        return tool_answer(output, call.native)
 
 
 def injected_ids(tokenizer, conversation: Conversation, injection: Injection) -> tuple[list[int], list[dict[str, str]]]:
@@ -348,22 +249,65 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
     return None if seed is None else seed * 1_000 + turn
 
 
+def start_conversations(
+    environment: Environment,
+    tokenizer,
+    rows: Sequence[Example],
+    *,
+    max_prompt_tokens: int,
+    timeout_s: float = ENVIRONMENT_TIMEOUT_S,
+) -> list[Conversation]:
+    """Episode i on ``rows[i]`` (its ``messages``: the chat that asks it), sampling from stream i: the
+    environment's first observation (its ``reset``, all episodes together within ``timeout_s``), rendered with
+    its tools where the chat template has a tool-call format.  An episode whose ``reset`` fails, or whose
+    observation is longer than ``max_prompt_tokens``, starts from the row's chat and ends, failed, after its
+    first turn."""
+    offered = getattr(environment, "tools", ())
+    tools = list(offered) if offered and native_tool_format(tokenizer) else None
+    encoded: dict[str, list[int]] = {}  # the G episodes of a row mostly start from the same chat
+
+    def prompt_ids(messages: Sequence[dict[str, str]]) -> list[int]:
+        key = json.dumps(list(messages), sort_keys=True)
+        if key not in encoded:
+            encoded[key] = chat_token_ids(tokenizer, list(messages), tools)
+        return encoded[key]
+
+    observations = contained([lambda row=row: environment.reset(row) for row in rows], timeout_s)
+    conversations = []
+    for stream, (row, observation) in enumerate(zip(rows, observations, strict=True)):
+        try:
+            if isinstance(observation, Failure):
+                raise ValueError(observation.error)
+            ids = prompt_ids(observation.messages)
+            if len(ids) > max_prompt_tokens:
+                raise ValueError(f"its first observation is {len(ids)} tokens > rollout.max_prompt_tokens")
+            start = Conversation(ids, list(observation.messages), stream, tools=tools, state=observation.state)
+        except Exception as exc:  # a bad observation: the episode starts from the row's chat, failed
+            ids, error = prompt_ids(row.messages), f"reset: {exc}"
+            start = Conversation(ids, list(row.messages), stream, tools=tools, error=error)
+        conversations.append(start)
+    return conversations
+
+
 def run_conversations(
     engine: RolloutEngine,
     tokenizer,
     conversations: Sequence[Conversation],
-    rule: TurnRule,
+    environment: Environment,
     params: SamplingParams,
     *,
     max_turns: int,
     max_response_tokens: int | None = None,
+    timeout_s: float = ENVIRONMENT_TIMEOUT_S,
 ) -> list[Conversation]:
     """Generate every conversation to its end, one turn of all live conversations per engine call.
 
     ``params.max_new_tokens`` caps each turn; ``max_response_tokens`` caps a conversation's tokens
     after its prompt (generated and injected; None = no cap), ``max_turns`` its generated turns.  Conversation i's
     turn t samples from stream ``conversations[i].stream`` with seed ``turn_seed(params.seed, t)``,
-    whatever else is in the call.
+    whatever else is in the call.  After each turn the environment's ``step`` of every live conversation
+    runs, all together within ``timeout_s``; at the end its ``finish`` of each (likewise).  A step or finish
+    that raises or runs out of time, and an episode whose start failed, ends the episode (``Conversation.fail``).
     """
     cap = max_response_tokens if max_response_tokens is not None else float("inf")
     for turn in range(max_turns):
@@ -383,30 +327,80 @@ def run_conversations(
             )
             completions = engine.generate([c.token_ids() for c in group], call)
             texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-            for c, completion, text in zip(group, completions, texts, strict=True):
+            for c, completion, text in zip(group, completions, texts, strict=True):  # the engine's tokens, as generated
                 c.segments.append(
                     Segment(completion.token_ids, completion.logprobs, c.next_role, text, completion.finish_reason)
                 )
-        # 2. the rule decides (for all at once: their tool calls run together); the injected turn must
-        # leave room for at least one generated token
-        for c, injection in zip(live, rule.after_each(live), strict=True):
-            if injection is None:
-                c.done, c.end = True, "rule"
-                continue
-            c.tool_errors += injection.tool_error
-            if turn + 1 >= max_turns:
-                c.done, c.end = True, "turn_limit"
-                continue
-            ids, c.messages = injected_ids(tokenizer, c, injection)
-            if c.response_length + len(ids) >= cap:
-                c.done, c.end = True, "token_limit"
-                continue
-            c.segments.append(Segment(ids, [0.0] * len(ids), ROLE_INJECTED, injection.text))
-            c.next_role = injection.next_role
+        # 2. the environment answers every turn at once (their tool calls run together); the injected turn
+        # must leave room for at least one generated token
+        for c in live:
+            if c.error:  # its start failed
+                c.fail(c.error)
+        live = [c for c in live if not c.done]
+        steps = contained([lambda c=c: checked_step(environment.step(c)) for c in live], timeout_s)
+        for c, step in zip(live, steps, strict=True):
+            take_step(tokenizer, c, step, last_turn=turn + 1 >= max_turns, cap=cap)
     for c in conversations:
         if not c.done:
             c.done, c.end = True, "turn_limit"
+    finishing = [c for c in conversations if not c.error]
+    rewards = contained([lambda c=c: reward_value(environment.finish(c)) for c in finishing], timeout_s)
+    for c, reward in zip(finishing, rewards, strict=True):
+        if isinstance(reward, Failure):
+            c.fail(f"finish: {reward.error}")
+        else:
+            c.final_reward = reward
     return list(conversations)
+
+
+def take_step(tokenizer, c: Conversation, step: Step | Failure, *, last_turn: bool, cap: float) -> None:
+    """The environment's answer to the conversation's last turn: its reward recorded, then the end (the
+    environment's, a failure, the turn cap, or an injection past the token cap) or the injected message."""
+    if isinstance(step, Failure):
+        c.fail(f"step: {step.error}")
+        return
+    c.rewards.append(step.reward or 0.0)
+    injection = step.injection
+    if injection is None:
+        c.done, c.end = True, "rule"
+        return
+    c.tool_errors += injection.tool_error
+    if last_turn:
+        c.done, c.end = True, "turn_limit"
+        return
+    try:
+        ids, messages = injected_ids(tokenizer, c, injection)
+    except MultiTurnError:  # the chat template cannot do multi-turn at all: the run's error
+        raise
+    except Exception as exc:  # what the environment injected cannot be rendered
+        c.fail(f"step: its message cannot be rendered ({type(exc).__name__}: {exc})")
+        return
+    if c.response_length + len(ids) >= cap:
+        c.done, c.end = True, "token_limit"
+        return
+    c.messages = messages
+    c.segments.append(Segment(ids, [0.0] * len(ids), ROLE_INJECTED, injection.text))
+    c.next_role, c.tool_calls = injection.next_role, c.tool_calls + injection.tool_call
+
+
+def reward_value(reward) -> float | None:
+    """An environment's reward as a float (None stays None); raises for anything but a finite number."""
+    if reward is None:
+        return None
+    if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise TypeError(f"a reward is a finite number or None, not {reward!r}"[:200])
+    return float(reward)
+
+
+def checked_step(step) -> Step:
+    """An environment's ``step`` result, checked: a Step, its reward a finite number or None, its injection an
+    Injection of text; raises otherwise (the episode then fails, not the run)."""
+    if not isinstance(step, Step):
+        raise TypeError(f"step returned {step!r}, not a Step"[:200])
+    injection = step.injection
+    if injection is not None and not (isinstance(injection, Injection) and isinstance(injection.text, str)):
+        raise TypeError(f"a Step's injection is an Injection of text, not {step.injection!r}"[:200])
+    return Step(step.injection, reward_value(step.reward))
 
 
 @dataclass

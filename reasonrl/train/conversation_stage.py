@@ -1,17 +1,23 @@
-"""The multi-turn rollout stage: conversations -> per-turn rewards -> a RolloutBatch (PAG, arXiv 2506.10406).
+"""The multi-turn rollout stage: episodes of an environment -> per-turn rewards -> a RolloutBatch.
 
-``ConversationCollector.collect`` reads top to bottom as PAG's rollout and reward (§3, eq 1):
-1. sample ``rollout_prompts`` prompts, G conversations each;
-2. generate them turn by turn (``run_conversations``: attempt, verify, revise only after "wrong");
-3. score every attempt with the task's verifier;
-4. reward every turn on its own last token: an attempt acc_t + α·(acc_t − acc_{t−1}) (the revision
-   bonus), a verify turn 1 when its verdict matches the truth of the attempt it judges;
+``ConversationCollector.collect`` reads top to bottom as PAG's rollout and reward (arXiv 2506.10406, §3, eq 1),
+and as any environment's (``rollout.multiturn=tool|env``, docs/environments.md):
+1. sample ``rollout_prompts`` prompts, G episodes each, started by the environment (``start_conversations``);
+2. generate them turn by turn (``run_conversations``: attempt, verify, revise only after "wrong"; or the
+   environment's answers: tool outputs, a game's feedback);
+3. score with the task's verifier: PAG every attempt; an environment's episode its final turn, unless the
+   environment rewards the end itself (``Environment.finish``);
+4. reward every turn on its own last token: PAG an attempt acc_t + α·(acc_t − acc_{t−1}) (the revision
+   bonus), a verify turn 1 when its verdict matches the truth of the attempt it judges; an environment's
+   episode each turn's own reward and the end's (0 everywhere for an episode the environment failed);
 5. stack the conversations: injected tokens are in no loss and cut the GAE chain
    (``algo.gae_mask_mode=reset``), and RoleAdvNorm whitens each role apart (``advantage_norm=role_whiten``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 
 import torch
@@ -20,12 +26,13 @@ from reasonrl.algo.pag import pag_attempt_rewards, pag_verify_rewards
 from reasonrl.batch import RolloutBatch, TurnLabels, pad_rows
 from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
+from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout.conversations import (
     INJECTED_TURN_TOKENS,
-    PYTHON_TOOL,
     ROLE_POLICY,
     Conversation,
     DirectRevisionRule,
+    Environment,
     PAGRule,
     ToolOutput,
     ToolRule,
@@ -33,7 +40,10 @@ from reasonrl.rollout.conversations import (
     native_tool_format,
     parse_verdict,
     run_conversations,
+    start_conversations,
 )
+from reasonrl.rollout.environments import Countdown, environment_class
+from reasonrl.rollout.episodes import batch_started
 from reasonrl.timing import timed
 from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, hash_seed
 from reasonrl.train.rollout_stats import finished_stats
@@ -44,15 +54,18 @@ TOOL_CHECK = "assert 1 == 1"  # the sandbox runs a program against tests; a tool
 def sandboxed_python(timeout_s: float, budget_s: float, workers: int | None = None):
     """The python tool: run one turn's programs together in the code sandbox (its isolation and limits; at
     most ``workers`` sandboxes at once, default one per CPU core), each under ``timeout_s`` and all within
-    ``budget_s``; what each printed, or an error message (a crash, a timeout, a flood of output, no budget
-    left) marked failed; never raises."""
+    ``budget_s`` (the programs of one call, and of every call made for the same turn by the other episodes'
+    steps: counted from when the turn's steps began, ``batch_started``); what each printed, or an error message
+    (a crash, a timeout, a flood of output, no budget left) marked failed; never raises."""
     from reasonrl.reward.sandbox import CodeJob, SandboxLimits, SandboxPool
 
     pool = SandboxPool(workers, SandboxLimits(timeout_s=timeout_s))
     unbuffered = "import sys as _sys\n_sys.stdout.reconfigure(line_buffering=True)\n"
 
     def run_python(programs: Sequence[str]) -> list[ToolOutput]:
-        verdicts = pool.run_many([CodeJob(unbuffered + code, TOOL_CHECK) for code in programs], budget_s)
+        started = batch_started() or time.monotonic()
+        seconds_left = max(0.0, budget_s - (time.monotonic() - started))
+        verdicts = pool.run_many([CodeJob(unbuffered + code, TOOL_CHECK) for code in programs], seconds_left)
         return [tool_output(v) for v in verdicts]
 
     return run_python
@@ -65,27 +78,44 @@ def tool_output(verdict) -> ToolOutput:
     return ToolOutput(f"{verdict.output}\nError: {verdict.detail or verdict.status}".lstrip("\n"), failed=True)
 
 
-def turn_rule(rollout, evaluation: bool = False):
-    """The TurnRule of ``rollout.multiturn`` (a RolloutConfig)."""
+def environment_name(rollout) -> str | None:
+    """The environment of an environment rollout: ``python`` for ``rollout.multiturn=tool``, else
+    ``rollout.environment`` (None for pag, direct and single-turn rollouts)."""
+    return "python" if rollout.multiturn == "tool" else rollout.environment
+
+
+def build_environment(rollout, evaluation: bool = False) -> Environment:
+    """The environment of ``rollout.multiturn`` (a RolloutConfig): PAG's or its baseline's rule, or the
+    environment ``rollout.environment`` names (a shipped one with its settings, or a user's class)."""
     if rollout.multiturn == "pag":
         return PAGRule(rollout.max_attempts, revise_unparsed=evaluation)
     if rollout.multiturn == "direct":
         return DirectRevisionRule(rollout.max_attempts)
-    if rollout.multiturn == "tool":
+    name = environment_name(rollout)
+    if name == "python":
         tool = sandboxed_python(rollout.tool_timeout_seconds, rollout.tool_batch_timeout_seconds)
         return ToolRule(tool, rollout.max_tool_calls)
-    raise ValueError(f"no multi-turn rule for rollout.multiturn={rollout.multiturn!r}")
+    if name == "countdown":
+        return Countdown(rollout.max_tool_calls)
+    if name is None:
+        raise ValueError(f"no multi-turn environment for rollout.multiturn={rollout.multiturn!r}")
+    return environment_class(name)()
 
 
 def prompt_tools(rollout, tokenizer) -> list[dict] | None:
-    """The function schemas every prompt advertises: the python tool, for a tool rollout whose chat
-    template has a tool-call format (else None: the system prompt asks for fenced python blocks)."""
-    return [PYTHON_TOOL] if rollout.multiturn == "tool" and native_tool_format(tokenizer) else None
+    """The function schemas every prompt advertises: the environment's tools, where the chat template has a
+    tool-call format (else None: the system prompt says how to call them, a fenced python block say)."""
+    name = environment_name(rollout)
+    tools = getattr(environment_class(name), "tools", ()) if name is not None else ()
+    return list(tools) if tools and native_tool_format(tokenizer) else None
 
 
 def generated_turns(rollout) -> int:
-    """Generated turns per conversation at most: attempts and verify turns, or answers around tool calls."""
-    return rollout.max_tool_calls + 1 if rollout.multiturn == "tool" else 2 * rollout.max_attempts - 1
+    """Generated turns per conversation at most: attempts and verify turns, answers around python tool calls,
+    or an environment's ``rollout.max_turns``."""
+    if rollout.multiturn == "tool":
+        return rollout.max_tool_calls + 1
+    return rollout.max_turns if rollout.multiturn == "env" else 2 * rollout.max_attempts - 1
 
 
 def conversation_token_cap(rollout) -> int:
@@ -103,8 +133,9 @@ class ConversationCollector:
     def __init__(self, synchronous: RolloutCollector) -> None:
         self.synchronous, self.alpha = synchronous, synchronous.settings.algo.revision_bonus
         rollout = synchronous.settings.rollout
-        self.protocol, self.rule = rollout.multiturn, turn_rule(rollout)
+        self.protocol, self.environment = rollout.multiturn, build_environment(rollout)
         self.max_turns, self.token_cap = generated_turns(rollout), conversation_token_cap(rollout)
+        self.timeout_s = rollout.environment_timeout_seconds
 
     @property
     def stream(self) -> TrainingStream:
@@ -113,23 +144,32 @@ class ConversationCollector:
 
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
         c, generated = self.synchronous, Generated()
-        # 1. prompts, G conversations each (stream = row: a conversation samples the same in any batch)
+        # 1. prompts, G episodes each (stream = row: an episode samples the same in any batch)
         examples = self.prompts(step)
         rows = [e for e in examples for _ in range(c.group_size)]
-        conversations = [
-            Conversation(c.encoder(e), c.encoder.messages(e), stream=i, tools=c.encoder.tools)
-            for i, e in enumerate(rows)
-        ]
+        chats = [dataclasses.replace(e, messages=tuple(c.encoder.messages(e))) for e in rows]
+        conversations = start_conversations(
+            self.environment,
+            c.tokenizer,
+            chats,
+            max_prompt_tokens=c.encoder.max_prompt_tokens,
+            timeout_s=self.timeout_s,
+        )
         # 2. generate turn by turn
         params = c.sampling_params(hash_seed(c.settings.seed, step if seed_step is None else seed_step, 1))
         with timed(generated.timing, "perf/generate_seconds"):
             run_conversations(
-                c.engine, c.tokenizer, conversations, self.rule, params,
-                max_turns=self.max_turns, max_response_tokens=self.token_cap,
+                c.engine, c.tokenizer, conversations, self.environment, params,
+                max_turns=self.max_turns, max_response_tokens=self.token_cap, timeout_s=self.timeout_s,
             )  # fmt: skip
         generated.calls.append([len(t.token_ids) for x in conversations for t in x.turns()])
-        # 3. the verifier reads every attempt (pag, direct) or the final answer (tool)
-        judged = [x.turns()[-1:] if self.protocol == "tool" else x.turns(ROLE_POLICY) for x in conversations]
+        # 3. the verifier reads every attempt (pag, direct), or the final turn of an environment's episode that
+        # the environment does not reward at its end
+        pag = self.protocol in ("pag", "direct")
+        judged = [
+            x.turns(ROLE_POLICY) if pag else x.turns()[-1:] if x.final_reward is None and not x.error else []
+            for x in conversations
+        ]
         flat = [(row, a) for row, turns in enumerate(judged) for a in turns]
         with timed(generated.timing, "perf/score_seconds"):
             results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
@@ -137,11 +177,13 @@ class ConversationCollector:
         generated.check_scoring(step, c.settings.reward.max_error_fraction)
         # 4. per-turn rewards on each turn's last token
         tensors = conversation_tensors(conversations, c.tokenizer.pad_token_id)
-        if self.protocol == "tool":
-            turn_rewards, stats = self.final_answer_rewards(conversations, tensors.turn_ends, results)
-        else:
+        last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}  # later attempts overwrite
+        if pag:
             turn_rewards, stats = self.turn_rewards(conversations, tensors.turn_ends, [r.correct for r in results])
-        batch = self.batch(conversations, tensors, turn_rewards, results, flat)
+            correct = [last_result[row].correct for row in range(len(conversations))]
+        else:
+            turn_rewards, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, last_result)
+        batch = self.batch(conversations, tensors, turn_rewards, correct)
         return batch, {
             **stats,
             **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), results),
@@ -161,22 +203,40 @@ class ConversationCollector:
             f"nearly every prompt is longer than rollout.max_prompt_tokens={c.encoder.max_prompt_tokens}; raise it"
         )
 
-    def final_answer_rewards(self, conversations, turn_ends, results) -> tuple[torch.Tensor, dict[str, float]]:
-        """[B, T]: the final turn's verifier score, mapped to [reward.incorrect_score, reward.correct_score],
-        on its last token; the turns before (tool calls) get 0."""
+    def episode_rewards(
+        self, conversations: Sequence[Conversation], turn_ends, scored: dict[int, RewardResult]
+    ) -> tuple[torch.Tensor, list[bool], dict[str, float]]:
+        """[B, T] rewards of an environment's episodes, each on its turn's last token: the turn's own reward
+        (``Step.reward``), and on the final turn the end's: the environment's (``finish``), else the verifier's
+        score of that turn (``scored`` by row) mapped to [reward.incorrect_score, reward.correct_score].  An
+        episode the environment failed gets 0 everywhere.  Also each row's ``correct``: the verifier's verdict,
+        else whether the episode's return is positive; and the episodes' metrics."""
         reward = self.synchronous.settings.reward
         width = max(1, max(x.response_length for x in conversations))
         rewards = torch.zeros(len(conversations), width)
-        for row, result in enumerate(results):
-            rewards[row, turn_ends[row][-1]] = reward.incorrect_score + (
-                reward.correct_score - reward.incorrect_score
-            ) * float(result.score)
-        calls = torch.tensor([float(sum(not s.generated for s in x.segments)) for x in conversations])
-        return rewards, {
-            "multiturn/turns_mean": float(calls.mean()) + 1.0,
-            "multiturn/tool_calls_mean": float(calls.mean()),
-            "multiturn/tool_errors_mean": sum(x.tool_errors for x in conversations) / len(conversations),
+        correct = []
+        for row, x in enumerate(conversations):
+            if x.error:
+                correct.append(False)
+                continue
+            for end, turn_reward in zip(turn_ends[row], x.rewards, strict=True):
+                rewards[row, end] += turn_reward
+            result = scored.get(row)
+            if result is None:
+                rewards[row, turn_ends[row][-1]] += x.final_reward
+                correct.append(bool(rewards[row].sum() > 0))
+            else:
+                span = reward.correct_score - reward.incorrect_score
+                rewards[row, turn_ends[row][-1]] += reward.incorrect_score + span * float(result.score)
+                correct.append(result.correct)
+        count = len(conversations)
+        stats = {
+            "multiturn/turns_mean": sum(len(x.turns()) for x in conversations) / count,
+            "multiturn/tool_calls_mean": sum(x.tool_calls for x in conversations) / count,
+            "multiturn/tool_errors_mean": sum(x.tool_errors for x in conversations) / count,
+            "multiturn/environment_error_fraction": sum(bool(x.error) for x in conversations) / count,
         }
+        return rewards, correct, stats
 
     def turn_rewards(self, conversations, turn_ends, correct: list[bool]) -> tuple[torch.Tensor, dict[str, float]]:
         """[B, T] rewards at each generated turn's last token (PAG eq 1), and PAG's rollout metrics."""
@@ -219,12 +279,10 @@ class ConversationCollector:
             stats["multiturn/verdict_unparsed_fraction"] = (verdicts[verify_mask] < 0).float().mean().item()
         return rewards, stats
 
-    def batch(self, conversations, tensors, turn_rewards, results, flat) -> RolloutBatch:
-        """The conversations as a RolloutBatch: the final attempt's verdict is the row's ``correct``, the
-        sum of its turn rewards its ``rewards``."""
+    def batch(self, conversations, tensors, turn_rewards, correct: list[bool]) -> RolloutBatch:
+        """The conversations as a RolloutBatch: ``correct`` per row, the sum of its turn rewards its ``rewards``."""
         prompts = [x.prompt_ids for x in conversations]
         width = max(len(p) for p in prompts)
-        last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}  # later attempts overwrite
         group = torch.arange(len(conversations)) // self.synchronous.group_size
         truncated = torch.tensor(
             [x.end == "token_limit" or x.turns()[-1].finish_reason == "length" for x in conversations]
@@ -238,7 +296,7 @@ class ConversationCollector:
             value_loss_mask=tensors.response_mask.clone(),
             rollout_logprobs=tensors.rollout_logprobs,
             rewards=turn_rewards.sum(1),
-            correct=torch.tensor([last_result[row].correct for row in range(len(conversations))]),
+            correct=torch.tensor(correct),
             truncated=truncated,
             group_ids=group,
             turns=TurnLabels(turn_rewards, tensors.role_ids, tensors.turn_ids),

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,9 @@ from reasonrl.train.policy import TokenLogprobs, head_tokens
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout_stage import hash_seed
 from reasonrl.train.rollout_stats import ground_truth_stats
-from reasonrl.train.rundir import RunRecord, claim, custom_objects
+from reasonrl.train.rundir import RunRecord, claim, custom_objects, script_functions
 from reasonrl.train.setup import Run, data_spec, setup
-from reasonrl.train.trackers import open_trackers
+from reasonrl.train.trackers import Tracker, open_trackers
 from reasonrl.train.value_pretrain import pretrain_critic
 
 log = logging.getLogger(__name__)
@@ -302,15 +302,18 @@ def fit(
     verifier: Verifier | None = None,
     show_progress: bool | None = None,
     workers: RemoteWorkers | None = None,
+    trackers: Sequence[Tracker] = (),
 ) -> dict[str, Any]:
     """Train according to ``cfg`` in ``run_dir``; returns the summary (also written to summary.json).
     ``show_progress``: as ``reasonrl.timing.Progress``'s ``show`` (None: a bar where stderr is a terminal).
+    ``trackers``: where each step's metrics also go, besides those of ``run.loggers`` (the Python API's
+    callbacks); on rank 0 only, as every tracker.
 
     A directory that holds a run continues it (``reasonrl.train.rundir``: same settings but for
     ``RESUMABLE_KEYS``; one live run at a time).  Ctrl-C raises ``TrainingInterrupted`` and a full
     disk ``DiskFullError``, each with the line that says how to resume.
     """
-    custom = custom_objects(engine=engine, verifier=verifier)
+    custom = [*custom_objects(engine=engine, verifier=verifier), *script_functions(cfg)]
     backend = training_backend(join_data_parallel(cfg))  # chosen once: one process, or an FSDP2 rank
     parallel = backend.parallel
     run_dir = parallel.broadcast(run_dir)  # rank 0's (a timestamped name can differ between ranks)
@@ -318,7 +321,7 @@ def fit(
         record = parallel.broadcast(None)
         if isinstance(record, Exception):
             raise record
-        return _train(cfg, run_dir, record, engine, verifier, False, backend, workers)
+        return _train(cfg, run_dir, record, engine, verifier, False, backend, workers, ())
     with contextlib.ExitStack() as held:
         try:
             backend.check_resumable(run_dir)  # as many processes as wrote the latest checkpoint
@@ -327,7 +330,7 @@ def fit(
             parallel.broadcast(exc)
             raise
         parallel.broadcast(record)
-        return _train(cfg, run_dir, record, engine, verifier, show_progress, backend, workers)
+        return _train(cfg, run_dir, record, engine, verifier, show_progress, backend, workers, trackers)
 
 
 def _train(
@@ -339,6 +342,7 @@ def _train(
     show_progress: bool | None,
     backend: TrainingBackend,
     workers: RemoteWorkers | None,
+    trackers: Sequence[Tracker],
 ) -> dict[str, Any]:
     started = time.perf_counter()
     preset, overrides = record.preset, record.overrides
@@ -348,7 +352,7 @@ def _train(
         state = restore(run)
         start_step = state.get("step", 0)
         if main:
-            run.trackers = open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg))
+            run.trackers = [*open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg)), *trackers]
         writer = MetricsWriter(run_dir, start_step, trackers=run.trackers) if main else None
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")

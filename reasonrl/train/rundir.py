@@ -104,7 +104,9 @@ class RunRecord:
     def resume_command(self, run_dir: Path) -> str:
         """How a user continues this run."""
         if self.custom:
-            return f"fit(cfg, {str(run_dir)!r}, ...) again with the same {' and '.join(self.custom)}"
+            scripted = all(entry.startswith(SCRIPT_FUNCTION) for entry in self.custom)  # the Python API's run
+            call = f"reasonrl.train(..., run_dir={str(run_dir)!r})" if scripted else f"fit(cfg, {str(run_dir)!r}, ...)"
+            return f"{call} again with the same {' and '.join(self.custom)}"
         ranks = int(os.environ.get("WORLD_SIZE", "1"))
         if ranks > 1:
             return f"torchrun --standalone --nproc-per-node {ranks} -m reasonrl train --resume {run_dir}"
@@ -114,6 +116,16 @@ class RunRecord:
 def custom_objects(**objects: object) -> list[str]:
     """How ``run.json`` names the objects given to ``fit()`` (None = not given)."""
     return [f"{name} {type(o).__module__}.{type(o).__qualname__}" for name, o in objects.items() if o is not None]
+
+
+SCRIPT_MODULE = "__main__"
+SCRIPT_FUNCTION = f"reward function {SCRIPT_MODULE}:"
+
+
+def script_functions(cfg: Config) -> list[str]:
+    """How ``run.json`` names the reward functions of ``cfg`` that live in the script which runs it
+    (``__main__:name``, as the Python API names a function defined there): no command line can rebuild them."""
+    return [f"reward function {spec}" for spec in cfg.reward.functions if spec.startswith(f"{SCRIPT_MODULE}:")]
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -153,9 +165,14 @@ def recorded_config(run_dir: Path) -> Config | None:
     return load_config(path) if path.is_file() else None
 
 
+def override(key: str, value: Any) -> str:
+    """A setting as the command line writes it: ``key=value``."""
+    return f"{key}={_text(value)}"
+
+
 def merged_overrides(overrides: Sequence[str], changes: dict[str, tuple[Any, Any]]) -> list[str]:
     """``overrides`` with every changed key set to its new value (replacing an earlier entry of that key)."""
-    updated = {key: f"{key}={_text(new)}" for key, (_, new) in changes.items()}
+    updated = {key: override(key, new) for key, (_, new) in changes.items()}
     kept = [item for item in overrides if item.partition("=")[0].strip() not in updated]
     return [*kept, *updated.values()]
 
@@ -252,7 +269,7 @@ def finished_steps(run_dir: Path) -> int:
     return 0
 
 
-def _has_progress(run_dir: Path) -> bool:
+def has_progress(run_dir: Path) -> bool:
     """Whether a run kept anything worth resuming from: a finished step, a checkpoint or a pretrained critic."""
     return last_metrics_step(run_dir) > 0 or checkpoint_step(run_dir) > 0 or (run_dir / "critic_pretrained").exists()
 
@@ -340,7 +357,7 @@ def claim(
     try:
         yield record
     except BaseException as exc:
-        removed = created and not _has_progress(run_dir)
+        removed = created and not has_progress(run_dir)
         if removed:
             shutil.rmtree(run_dir, ignore_errors=True)
         stopped = _stopped(exc, run_dir, record, removed)

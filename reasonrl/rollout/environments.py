@@ -1,0 +1,124 @@
+"""The shipped game environments, and the environment a run names (``rollout.environment``).
+
+- ``countdown``: reach the target number (``data/countdown.py``) with a calculator tool called in the chat
+  template's own format (``rollout/tool_calls.py``); the calculator parses the expression and evaluates
+  numbers, + - * / and parentheses only, never running the text.  The environment rewards the end: 1 when
+  the final turn's ``<answer>`` uses the given numbers (each at most once) and equals the target, by its
+  own check, else 0.
+- ``guess_number``: guess the secret number of the row (``data/guess_number.py``); after each wrong guess the
+  environment says "higher" or "lower".  The turn that guesses it is rewarded 1 and ends the game.
+- ``python``: the python tool (``rollout/conversations.ToolRule``; the same as ``rollout.multiturn=tool``).
+
+A user's environment is a class named ``module:Class`` or ``path/to/file.py:Class``, loaded like
+``reward.functions`` (``reward/custom.load_named``: loading it is the user's choice; nothing generated is
+ever loaded or run) and built with no arguments; docs/environments.md says what it implements.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from reasonrl.data.countdown import ExpressionError, Puzzle, calculate
+from reasonrl.data.examples import Example
+from reasonrl.data.guess_number import HIGHEST, LOWEST
+from reasonrl.reward.custom import RewardFunctionError, load_named
+from reasonrl.rollout.conversations import ToolRule, tool_answer
+from reasonrl.rollout.episodes import ROLE_POLICY, Conversation, Environment, Injection, Observation, Step
+from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput, call_tool, function_call
+
+WHOLE_NUMBER = re.compile(r"\d+")
+PROTOCOL = ("reset", "step", "finish")  # what an environment class must have (an Environment subclass has all)
+
+
+class EnvironmentLoadError(ValueError):
+    """An environment that cannot be named, imported or used, with what to do about it."""
+
+
+def calculator(expression: str) -> ToolOutput:
+    """The calculator tool: the exact value of an arithmetic expression, or why it is not one."""
+    try:
+        return ToolOutput(calculate(expression))
+    except ExpressionError as exc:
+        return ToolOutput(f"Error: {exc}", failed=True)
+
+
+CALCULATOR = FunctionTool(
+    "calculator",
+    "Evaluate an arithmetic expression exactly: numbers, + - * / and parentheses.",
+    {"expression": {"type": "string", "description": "The expression, for example (3 + 5) * 2"}},
+    calculator,
+)
+
+
+@dataclass(frozen=True)
+class Countdown(Environment):
+    """Countdown with a calculator: a turn that ends with a calculator call gets the result and the policy goes
+    on, at most ``max_tool_calls`` calls; a turn without one is the final answer, rewarded by ``finish``."""
+
+    max_tool_calls: int = 2
+    tools: ClassVar = (CALCULATOR.schema,)
+
+    def reset(self, row: Example) -> Observation:
+        return Observation(row.messages, state=Puzzle.from_reference(row.answer))
+
+    def step(self, episode: Conversation) -> Step:
+        if episode.tool_calls >= self.max_tool_calls:
+            return Step()
+        call = function_call(episode.turns()[-1].text)
+        return Step() if call is None else tool_answer(call_tool({CALCULATOR.name: CALCULATOR}, call))
+
+    def finish(self, episode: Conversation) -> float:
+        return float(episode.state.solved_by(episode.turns()[-1].text))
+
+
+def last_whole_number(text: str) -> int | None:
+    """The last whole number written in ``text`` (at most 9 digits), or None."""
+    numbers = [match.group() for match in WHOLE_NUMBER.finditer(text)]
+    return int(numbers[-1]) if numbers and len(numbers[-1]) <= 9 else None
+
+
+@dataclass(frozen=True)
+class GuessNumber(Environment):
+    """Guess the number: each turn's last whole number is a guess; a right one is rewarded 1 and ends the game,
+    a wrong one is answered "higher" or "lower" (a turn with no number is asked for one)."""
+
+    def reset(self, row: Example) -> Observation:
+        return Observation(row.messages, state=int(row.answer))
+
+    def step(self, episode: Conversation) -> Step:
+        guess, secret = last_whole_number(episode.turns()[-1].text), episode.state
+        if guess == secret:
+            return Step(reward=1.0)
+        if guess is None:
+            return Step(Injection(f"Reply with one whole number between {LOWEST} and {HIGHEST}.", ROLE_POLICY))
+        return Step(Injection(f"{guess} is too {'low' if guess < secret else 'high'}. Guess again.", ROLE_POLICY))
+
+    def finish(self, episode: Conversation) -> float:
+        return 0.0  # the reward came with the right guess
+
+
+SHIPPED: dict[str, type] = {"python": ToolRule, "countdown": Countdown, "guess_number": GuessNumber}
+
+
+def environment_class(name: str) -> type:
+    """The class of ``rollout.environment=name``: a shipped one, or the user's ``module:Class`` or
+    ``path/to/file.py:Class`` (raises EnvironmentLoadError saying why it cannot be used)."""
+    if name in SHIPPED:
+        return SHIPPED[name]
+    try:
+        named = load_named(name, os.getcwd(), "environment")
+    except RewardFunctionError as exc:
+        raise EnvironmentLoadError(str(exc)) from None
+    missing = [method for method in PROTOCOL if not callable(getattr(named, method, None))]
+    if not isinstance(named, type) or missing:
+        raise EnvironmentLoadError(
+            f"environment {name!r} is not a class with reset, step and finish (missing: {', '.join(missing)}); "
+            "subclass reasonrl.rollout.episodes.Environment (docs/environments.md)"
+        )
+    tools = getattr(named, "tools", ())
+    if not isinstance(tools, list | tuple) or not all(isinstance(tool, dict) for tool in tools):
+        raise EnvironmentLoadError(f"environment {name!r}: tools must be a class attribute, a list of function schemas")
+    return named

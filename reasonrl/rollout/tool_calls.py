@@ -1,0 +1,167 @@
+"""Tool calls in the chat template's own format, read from a policy turn, and the tools that answer them.
+
+Two formats, both always read (the one the model's template renders is the one it is trained to write):
+- Hermes (Qwen2.5/3, SmolLM3, Hermes models): the turn ends with
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+- Llama 3 (3.1-3.3 JSON tool calling): the whole turn is one JSON object ``{"name": ..., "parameters": {...}}``
+  (the ``<|python_tag|>`` the model may emit first is a special token, not in the decoded text).
+
+One call per turn.  A call's name and arguments come from generated text: untrusted data.  They are parsed as
+JSON (never evaluated), checked against the tool's parameter schema (the required names, no others, each of
+its JSON type), and only then passed to the tool's function, which is the environment's own code.  A call that
+cannot be read, names no tool or has bad arguments is answered with an error message, never an error of the
+run.  Parsing takes time linear in the text and never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+HERMES_CALL = ("<tool_call>", "</tool_call>")
+LLAMA_CALL = re.compile(r'\s*\{\s*"name"\s*:')  # a turn that opens a JSON object with a name: a Llama 3 call
+CALL_FORMAT_ERROR = (
+    'Error: a tool call is one JSON object {"name": <tool>, "arguments": {<name>: <value>, ...}}, '
+    "in <tool_call></tool_call> at the end of the turn"
+)
+TOOL_OUTPUT_CHARS = 1000  # a tool's output is cut to this many characters before it is injected
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def native_tool_format(tokenizer) -> Literal["hermes", "llama3"] | None:
+    """The tool-call format of the tokenizer's chat template, or None where it has none: ``hermes`` where it
+    renders ``tools`` and ``<tool_call>`` blocks (Qwen2.5/3, SmolLM3, Hermes models), ``llama3`` where it
+    renders ``tools`` and tool results as ``ipython`` turns (Llama 3.1-3.3).  SmolLM2's has none."""
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    if "tools" not in template:
+        return None
+    if "<tool_call>" in template:
+        return "hermes"
+    return "llama3" if "ipython" in template else None
+
+
+def block_ending(text: str, opening: str, closing: str) -> str | None:
+    """What lies between the first ``opening`` and the ``closing`` that ends ``text`` (trailing whitespace
+    allowed), or None.  Two string searches: a lazy regex tried from every opening is quadratic."""
+    body = text.rstrip()
+    if not body.endswith(closing):
+        return None
+    body = body[: -len(closing)]
+    start = body.find(opening)
+    return None if start < 0 else body[start + len(opening) :]
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """A function call that ends a policy turn: the tool's name and its arguments (untrusted JSON values), or
+    why the call cannot be read (``error``, the message the model gets)."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str = ""
+
+
+def function_call(text: str) -> FunctionCall | None:
+    """The function call that ends ``text`` in the Hermes or the Llama 3 format, or None (no call: the turn is
+    an answer).  Text that is a call but not its JSON (malformed, too deep, a number past any float, a lone
+    surrogate, a wrong shape) is a call whose ``error`` says what a call looks like."""
+    hermes = block_ending(text, *HERMES_CALL)
+    if hermes is not None:
+        payload = hermes
+    elif LLAMA_CALL.match(text):
+        payload = text
+    else:
+        return None
+    try:
+        name, arguments = _name_and_arguments(payload.strip())
+    except Exception:  # whatever the JSON makes the decoder raise (deep nesting: RecursionError) is a bad call
+        return FunctionCall("", {}, CALL_FORMAT_ERROR)
+    return FunctionCall(name, arguments)
+
+
+def _name_and_arguments(payload: str) -> tuple[str, dict[str, Any]]:
+    """A call's name and arguments (an object, or an object as a JSON string; Llama's "parameters" too);
+    raises unless both are there, of their types, and every string in them is valid unicode."""
+    call = json.loads(payload)
+    arguments = call.get("arguments", call.get("parameters", {}))
+    arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    name = call["name"]
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        raise TypeError("a call is a name and an object of arguments")
+    json.dumps([name, arguments], ensure_ascii=False).encode()  # a lone surrogate cannot be encoded
+    return name, arguments
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a tool call printed, or the error message in its place; ``failed`` when the call crashed, timed
+    out, flooded its output, could not be read or never ran."""
+
+    text: str
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A tool an environment offers: its schema, rendered into the prompt by the chat template's ``tools=``, and
+    its function (the environment's code, trusted), called with checked arguments as keywords."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Mapping[str, str]]  # argument -> its JSON schema ({"type": ..., "description": ...})
+    function: Callable[..., ToolOutput]
+
+    @property
+    def schema(self) -> dict:
+        """The function schema ``apply_chat_template(tools=...)`` renders (every argument required)."""
+        properties = {name: dict(spec) for name, spec in self.parameters.items()}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {"type": "object", "properties": properties, "required": list(properties)},
+            },
+        }
+
+    def argument_error(self, arguments: Mapping[str, Any]) -> str:
+        """Why ``arguments`` do not fit the schema ("" when they do): a missing or unknown name, a wrong type."""
+        missing = [name for name in self.parameters if name not in arguments]
+        unknown = [name for name in arguments if name not in self.parameters]
+        if missing or unknown:
+            expected = ", ".join(self.parameters) or "none"
+            return f"Error: {self.name} takes the arguments {expected}; got {', '.join(map(repr, arguments)) or 'none'}"
+        for name, value in arguments.items():
+            kind = self.parameters[name]["type"]
+            boolean = isinstance(value, bool) and kind in ("integer", "number")  # JSON's true is no number
+            infinite = isinstance(value, float) and not math.isfinite(value)
+            if boolean or infinite or not isinstance(value, JSON_TYPES[kind]):
+                return f"Error: the argument {name} of {self.name} is a {kind}"
+        return ""
+
+
+def call_tool(tools: Mapping[str, FunctionTool], call: FunctionCall) -> ToolOutput:
+    """Answer ``call`` with the tool it names: the tool's output, or an error message (the call unreadable, no
+    such tool, arguments that do not fit, the function raising); never raises."""
+    if call.error:
+        return ToolOutput(call.error, failed=True)
+    tool = tools.get(call.name)
+    if tool is None:
+        return ToolOutput(f"Error: there is no tool {call.name[:100]!r}; the tools are {', '.join(tools)}", failed=True)
+    if error := tool.argument_error(call.arguments):
+        return ToolOutput(error, failed=True)
+    try:
+        return tool.function(**call.arguments)
+    except Exception as exc:  # the environment's function failing on odd input is the call's error, not the run's
+        return ToolOutput(f"Error: {type(exc).__name__}: {exc}", failed=True)
