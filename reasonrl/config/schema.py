@@ -188,8 +188,7 @@ class RolloutConfig:
 
     partial_rollouts: bool = False
     """Asynchronous RL: generate in windows, loading the newest published weights between them, so a response
-    still generating when the trainer publishes continues under the new policy (each token tagged with its
-    version); each window re-reads the prompt and partial response (rollout/reprefill_tokens)."""
+    still generating continues under the new policy (docs/async.md; costs rollout/reprefill_tokens)."""
     partial_window_tokens: int | None = None
     """Asynchronous RL with partial_rollouts: tokens per window; null = a quarter of max_response_tokens."""
 
@@ -312,8 +311,7 @@ class DataConfig:
     message keeps it); None = none."""
 
     arithmetic_digits: int = 2
-    """Arithmetic task difficulty: digits per operand (2 = two-digit sums, where the base model
-    scores 10–60%)."""
+    """Arithmetic task difficulty: digits per operand (2 = two-digit sums; the base model scores 10–60%)."""
 
     arithmetic_operations: str = "+"
     """Arithmetic task: the operators problems are drawn from, any of '+-*'."""
