@@ -19,6 +19,13 @@ def mean_se(values: list[float | None]) -> dict[str, Any]:
     return {"mean": mean, "se": se, "n": len(values), "values": values}
 
 
+def cpu_model() -> str:
+    """This machine's CPU model, as /proc/cpuinfo names it ("unknown" where it cannot be read)."""
+    path = Path("/proc/cpuinfo")
+    lines = path.read_text().splitlines() if path.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+
+
 def child_env() -> dict[str, str]:
     """This environment with the repository on PYTHONPATH: what a `python -m reasonrl` child runs in."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))

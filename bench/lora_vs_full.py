@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
+from common import cpu_model
+
 PHASES = {"generate": "perf/generate_seconds", "logprob": "perf/logprob_seconds", "update": "perf/update_seconds"}
 
 
@@ -125,7 +128,7 @@ def main() -> None:
         "steps": args.steps,
         "lora_rank": args.rank,
         "threads_per_arm": args.threads,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "arms": arms,
@@ -148,16 +151,6 @@ def _ratios(arm: dict, full: dict) -> dict[str, float]:
         "trainable_parameters": arm["trainable_parameters"] / full["trainable_parameters"],
         "checkpoint_size": arm["checkpoint_gb"] / full["checkpoint_gb"],
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
+from common import cpu_model
+
 OVERRIDES = [
     "rollout.rollout_prompts=4",
     "rollout.samples_per_prompt=4",
@@ -346,11 +349,6 @@ def timing(records: list[dict], steps: int) -> dict:
 # --- the driver ----------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
-
-
 def launch(run: str, run_dir: Path, args: argparse.Namespace, overrides: list[str], log: Path) -> None:
     """One training run of this script's worker (``run`` is a key of ``runs(args)``)."""
     nproc, threads = runs(args)[run]
@@ -414,7 +412,7 @@ def main() -> None:
         "preset": args.preset,
         "overrides": overrides,
         "steps": args.steps,
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "timing": {
             run: timing(metrics[run], args.steps) | load[run] | {"torch_threads": threads[run]} for run in metrics
         },

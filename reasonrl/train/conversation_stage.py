@@ -145,8 +145,29 @@ class ConversationCollector:
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
         c, generated = self.synchronous, Generated()
         # 1. prompts, G episodes each (stream = row: an episode samples the same in any batch)
-        examples = self.prompts(step)
-        rows = [e for e in examples for _ in range(c.group_size)]
+        rows = [e for e in self.prompts(step) for _ in range(c.group_size)]
+        params = c.sampling_params(hash_seed(c.settings.seed, step if seed_step is None else seed_step, 1))
+        conversations, flat, results = self.play(rows, params, generated)
+        generated.check_scoring(step, c.settings.reward.max_error_fraction)
+        # 4. per-turn rewards on each turn's last token
+        tensors = conversation_tensors(conversations, c.tokenizer.pad_token_id)
+        last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}  # later attempts overwrite
+        if self.protocol in ("pag", "direct"):
+            turn_rewards, stats = self.turn_rewards(conversations, tensors.turn_ends, [r.correct for r in results])
+            correct = [last_result[row].correct for row in range(len(conversations))]
+        else:
+            turn_rewards, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, last_result)
+        batch = self.batch(conversations, tensors, turn_rewards, correct)
+        return batch, {
+            **stats,
+            **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), results),
+            **generated.stats(),
+        }
+
+    def play(self, rows: Sequence, params, generated: Generated) -> tuple[list[Conversation], list, list[RewardResult]]:
+        """Episode i on ``rows[i]``, generated and scored: the conversations, the (row, turn) pairs the verifier
+        read and its results (step 1's episodes started, steps 2 and 3 of ``collect``)."""
+        c = self.synchronous
         chats = [dataclasses.replace(e, messages=tuple(c.encoder.messages(e))) for e in rows]
         conversations = start_conversations(
             self.environment,
@@ -156,7 +177,6 @@ class ConversationCollector:
             timeout_s=self.timeout_s,
         )
         # 2. generate turn by turn
-        params = c.sampling_params(hash_seed(c.settings.seed, step if seed_step is None else seed_step, 1))
         with timed(generated.timing, "perf/generate_seconds"):
             run_conversations(
                 c.engine, c.tokenizer, conversations, self.environment, params,
@@ -174,20 +194,22 @@ class ConversationCollector:
         with timed(generated.timing, "perf/score_seconds"):
             results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
         generated.results += results
-        generated.check_scoring(step, c.settings.reward.max_error_fraction)
-        # 4. per-turn rewards on each turn's last token
-        tensors = conversation_tensors(conversations, c.tokenizer.pad_token_id)
-        last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}  # later attempts overwrite
-        if pag:
-            turn_rewards, stats = self.turn_rewards(conversations, tensors.turn_ends, [r.correct for r in results])
-            correct = [last_result[row].correct for row in range(len(conversations))]
-        else:
-            turn_rewards, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, last_result)
-        batch = self.batch(conversations, tensors, turn_rewards, correct)
-        return batch, {
-            **stats,
-            **finished_stats(batch, torch.ones(len(batch), dtype=torch.bool), results),
-            **generated.stats(),
+        return conversations, flat, results
+
+    def evaluate(self, examples: Sequence, params) -> dict[str, float]:
+        """Held-out episodes of an environment (``rollout.multiturn=tool|env``), one per example, sampled with
+        ``params`` (greedy): ``eval/accuracy`` the fraction the environment or the verifier counts as solved
+        (as ``reward/accuracy`` in training), generated tokens per episode, and the episodes' turns,
+        tool calls and failures (``eval/turns_mean``...)."""
+        conversations, flat, results = self.play(examples, params, Generated())
+        tensors = conversation_tensors(conversations, self.synchronous.tokenizer.pad_token_id)
+        last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}
+        _, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, last_result)
+        count = max(1, len(conversations))
+        return {
+            "eval/accuracy": sum(correct) / count,
+            "eval/response_length": sum(len(t.token_ids) for x in conversations for t in x.turns()) / count,
+            **{key.replace("multiturn/", "eval/"): value for key, value in stats.items()},
         }
 
     def prompts(self, step: int) -> list:

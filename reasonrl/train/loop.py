@@ -32,6 +32,7 @@ from reasonrl.timing import timed
 from reasonrl.train.advantage_stage import assign_advantages
 from reasonrl.train.backend import TrainingBackend, training_backend
 from reasonrl.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
+from reasonrl.train.conversation_stage import ConversationCollector
 from reasonrl.train.interrupt import UPDATE_PHASE, CtrlC
 from reasonrl.train.metrics import (
     MetricsWriter,
@@ -75,10 +76,15 @@ def restore(run: Run) -> dict[str, Any]:
 
 
 def evaluate(run: Run) -> dict[str, float]:
-    """Greedy accuracy on the held-out prompts."""
+    """Greedy accuracy on the held-out prompts: one answer each, or one episode each of the run's environment
+    (``rollout.multiturn=tool|env``: the same turns, tools and reward as in training)."""
     examples = eval_examples(data_spec(run.cfg), run.cfg.data.eval_prompts)
     params = SamplingParams(max_new_tokens=run.cfg.rollout.max_response_tokens, temperature=0.0)
     timing: dict[str, float] = {}
+    if run.cfg.rollout.multiturn in ("tool", "env"):
+        with timed(timing, "perf/eval_seconds"):
+            episodes = ConversationCollector(run.collector).evaluate(examples, params)
+        return {**episodes, **timing}
     with timed(timing, "perf/eval_seconds"):
         scored = sample_and_score(run.engine, run.tokenizer, run.pool, run.encoder, examples, params)
     lengths = [len(c.token_ids) for c in scored.completions]

@@ -48,13 +48,18 @@ def countdown_player(text, rng):
 
 
 def test_countdown_trains_two_steps_from_its_preset(tmp_path):
-    cfg = load_config("countdown", [*TWO_STEPS, "rollout.max_response_tokens=160"])  # a call is ~90 byte tokens
+    # a call is ~90 byte tokens; 4 held-out puzzles, so the greedy player (one RNG per call) solves some
+    cfg = load_config("countdown", [*TWO_STEPS, "rollout.max_response_tokens=160", "data.eval_prompts=4"])
     fit(cfg, tmp_path, engine=scripted(countdown_player), show_progress=False)
     for m in steps(tmp_path):
         assert m["multiturn/tool_calls_mean"] == 1.0 and m["multiturn/turns_mean"] == 2.0
         assert m["multiturn/tool_errors_mean"] == 0.0 and m["multiturn/environment_error_fraction"] == 0.0
         assert m["reward/mean"] == m["reward/accuracy"]  # the environment's 1 for a solved puzzle, else 0
     assert len(steps(tmp_path)) == 2 and 0 < sum(m["reward/accuracy"] for m in steps(tmp_path)) < 2
+    # the held-out evaluation plays the same episodes (greedy): a calculator call, then the answer
+    before = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert before["step"] == 0 and before["eval/tool_calls_mean"] == 1.0 and before["eval/turns_mean"] == 2.0
+    assert 0 < before["eval/accuracy"] < 1 and before["eval/environment_error_fraction"] == 0.0
     assert not undocumented_metrics(tmp_path / "metrics.jsonl")
 
 
