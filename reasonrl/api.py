@@ -13,6 +13,9 @@ through the same ``fit``, and every Python object given becomes settings a run d
 - ``reward_funcs``: a function is ``reward.functions``' ``module:function`` (``__main__:function`` for one
   of the running script), which the scoring workers (other processes) import by name, as they do the
   command line's;
+- ``environment``: a class (an ``Environment``, or a TRL ``environment_factory`` class) is
+  ``rollout.environment``'s ``module:Class``, named as a reward function is; a name is kept; either way with
+  ``rollout.multiturn=env``;
 - ``callbacks``: each gets every record of ``metrics.jsonl`` as it is written.
 
 A directory that holds a run continues it, as ``fit`` does: the inputs given again must be the ones it
@@ -54,6 +57,7 @@ ARGUMENT_SETTINGS = {
     "dataset": "data.dataset",
     "eval_dataset": "data.eval_dataset",
     "reward_funcs": "reward.functions",
+    "environment": "rollout.environment",
 }
 """The setting each argument gives (one or the other, never both)."""
 
@@ -78,6 +82,7 @@ def train(
     dataset: Any = None,
     eval_dataset: Any = None,
     reward_funcs: Any = None,
+    environment: Any = None,
     run_dir: str | os.PathLike | None = None,
     callbacks: MetricsCallback | Iterable[MetricsCallback] = (),
     settings: Mapping[str, Any] | None = None,
@@ -100,10 +105,16 @@ def train(
             'point with `if __name__ == "__main__":`, as any multiprocessing code'
         )
     chosen = {**(settings or {}), **dotted_settings}
-    given = {"model": model, "dataset": dataset, "eval_dataset": eval_dataset, "reward_funcs": reward_funcs}
+    given = {
+        "model": model,
+        "dataset": dataset,
+        "eval_dataset": eval_dataset,
+        "reward_funcs": reward_funcs,
+        "environment": environment,
+    }
     cfg = _settings_alone(preset, chosen, given)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg, preset)
-    named = {**_model_name(model, tokenizer), **_reward_names(reward_funcs)}
+    named = {**_model_name(model, tokenizer), **_reward_names(reward_funcs), **_environment_name(environment)}
     fields = data_spec(cfg).fields
     rows = {name: _jsonl(name, value, fields) for name, value in given.items() if name in DATASET_FILES}
     callbacks = [callbacks] if callable(callbacks) else list(callbacks)
@@ -131,6 +142,8 @@ def _settings_alone(preset: str, chosen: Mapping[str, Any], given: Mapping[str, 
     twice = [f"{arg}= and {key}" for arg, key in ARGUMENT_SETTINGS.items() if key in chosen and given[arg] is not None]
     if twice:
         raise ConfigError(f"{'; '.join(twice)} name the same thing; give each once")
+    if given["environment"] is not None and "rollout.multiturn" in chosen:
+        raise ConfigError("environment= sets rollout.multiturn=env; leave rollout.multiturn out")
     cfg = load_config(preset, chosen)
     if cfg.dist.backend == "ray":
         raise ConfigError(
@@ -142,8 +155,7 @@ def _settings_alone(preset: str, chosen: Mapping[str, Any], given: Mapping[str, 
 
 # --- the inputs as settings ----------------------------------------------------------------------
 # Each Python object a run takes becomes settings here: named where another process can import it, written
-# into the run directory where it must outlive this process.  An environment class joins them here as
-# ``rollout.environment``, named by ``importable_name`` as a reward function is.
+# into the run directory where it must outlive this process.
 
 
 def _model_name(model: Any, tokenizer: Any) -> dict[str, str]:
@@ -171,6 +183,20 @@ def _reward_names(reward_funcs: Any) -> dict[str, list[str]]:
         return {}
     functions = [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str) else list(reward_funcs)
     return {"reward.functions": [f if isinstance(f, str) else importable_name(f, "reward function") for f in functions]}
+
+
+def _environment_name(environment: Any) -> dict[str, str]:
+    """``rollout.environment`` of the environment given (a name kept, a class named), with ``rollout.multiturn=env``;
+    the class itself is loaded and checked by name when the run starts, as the command line's."""
+    if environment is None:
+        return {}
+    if not isinstance(environment, str | type):
+        raise ConfigError(
+            "environment= takes an environment class (an Environment subclass or a TRL environment_factory class) "
+            f"or its name ('countdown', 'module:Class', 'file.py:Class'), not a {type(environment).__name__}"
+        )
+    name = environment if isinstance(environment, str) else importable_name(environment, "environment")
+    return {"rollout.environment": name, "rollout.multiturn": "env"}
 
 
 def importable_name(obj: Any, kind: str) -> str:

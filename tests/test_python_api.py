@@ -174,6 +174,40 @@ def test_calling_again_with_more_steps_continues_the_run_of_a_model_object(tmp_p
         reasonrl.train("grpo", **{**run, "model": "tiny-random", "dataset": ROWS[1:]}, settings=SMALL)
 
 
+def test_an_environment_class_becomes_the_runs_environment_by_its_name(tmp_path):
+    from tests.rollout.test_trl_environments import Vault
+
+    result = reasonrl.train(
+        "grpo", model="tiny-random", dataset=ROWS, environment=Vault, run_dir=tmp_path / "run", progress=False,
+        settings={**SMALL, "train.rollout_steps": 1, "rollout.max_turns": 2},
+    )  # fmt: skip
+    config = (result.run_dir / "config.yaml").read_text()
+    assert "environment: tests.rollout.test_trl_environments:Vault" in config and "multiturn: env" in config
+    (record,) = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["step"] == 1]
+    assert record["multiturn/environment_error_fraction"] == 0.0  # each episode played a Vault of its own
+
+
+def test_an_environment_that_cannot_be_named_or_set_twice_is_refused_with_what_to_do(tmp_path):
+    class Local:
+        def reset(self, **kwargs):
+            return None
+
+    refusals = {
+        "is a lambda or is defined inside a function": {"environment": Local},
+        "environment= takes an environment class": {"environment": Local()},
+        "environment= and rollout.environment name the same thing": {
+            "environment": "countdown", "rollout.environment": "countdown"
+        },
+        "environment= sets rollout.multiturn=env; leave rollout.multiturn out": {
+            "environment": "countdown", "rollout.multiturn": "pag"
+        },
+    }  # fmt: skip
+    for message, arguments in refusals.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            reasonrl.train("grpo", dataset=ROWS, run_dir=tmp_path / "run", **arguments)
+    assert not (tmp_path / "run").exists()
+
+
 def python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
@@ -189,9 +223,8 @@ def test_the_docs_examples_run_as_scripts(index, tmp_path, capsys):
     assert done.returncode == 0, done.stderr[-4000:]
     runs = [path.parents[1] for path in (tmp_path / "runs").glob("*/final/model.safetensors")]
     assert runs, done.stderr[-4000:]
-    for run_dir in runs:  # its reward functions live in the script: the script resumes it, not the command line
+    for run_dir in runs:  # its reward functions or environment live in the script: the script resumes it
         assert main(["train", "--resume", str(run_dir)]) == 2
-        assert (
-            f"resume it by calling reasonrl.train(..., run_dir={str(run_dir)!r}) again with the same reward "
-            "function __main__:" in capsys.readouterr().err
-        )
+        said = capsys.readouterr().err
+        assert f"resume it by calling reasonrl.train(..., run_dir={str(run_dir)!r}) again with the same " in said
+        assert re.search(r"again with the same (reward function|environment) __main__:", said)

@@ -145,8 +145,8 @@ class RolloutConfig:
     Each generated turn is capped by max_response_tokens; injected turns are read, never trained on."""
 
     environment: str | None = None
-    """rollout.multiturn=env: countdown (a target number, with a calculator), guess_number, python, or your
-    class as "module:Class" or "path/to/file.py:Class" (docs/environments.md)."""
+    """rollout.multiturn=env: countdown (a calculator game), guess_number, python, an OpenEnv server "openenv:URL",
+    or your class (Environment, TRL environment_factory) "module:Class" or "file.py:Class" (docs/environments.md)"""
 
     max_turns: int = 4
     """rollout.multiturn=env: generated turns per episode at most."""

@@ -271,8 +271,8 @@ def _environment(cfg: Config) -> list[str]:
         if name not in SHIPPED_ENVIRONMENTS and not (sep and target.strip() and attribute.strip()):
             setting = f"rollout.environment={name} must be" if name else "rollout.multiturn=env needs an environment:"
             problems.append(
-                f"{setting} one of {', '.join(SHIPPED_ENVIRONMENTS)}, or a class of yours as 'module:Class' or "
-                "'path/to/file.py:Class'"
+                f"{setting} one of {', '.join(SHIPPED_ENVIRONMENTS)}, a class of yours as 'module:Class' or "
+                "'path/to/file.py:Class', or an OpenEnv server as 'openenv:<url>'"
             )
         if r.max_turns < 1 or r.max_tool_calls < 0:
             problems.append("rollout.max_turns must be >= 1 and rollout.max_tool_calls >= 0 with rollout.multiturn=env")

@@ -11,7 +11,9 @@
 
 A user's environment is a class named ``module:Class`` or ``path/to/file.py:Class``, loaded like
 ``reward.functions`` (``reward/custom.load_named``: loading it is the user's choice; nothing generated is
-ever loaded or run) and built with no arguments; docs/environments.md says what it implements.
+ever loaded or run) and built with no arguments; docs/environments.md says what it implements.  A TRL
+``environment_factory`` class (``reset`` and tool methods, no ``step`` or ``finish``) is played through
+``rollout/trl_environments.TRLEnvironment``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from reasonrl.data.guess_number import HIGHEST, LOWEST
 from reasonrl.reward.custom import RewardFunctionError, load_named
 from reasonrl.rollout.conversations import ToolRule, tool_answer
 from reasonrl.rollout.episodes import ROLE_POLICY, Conversation, Environment, Injection, Observation, Step
+from reasonrl.rollout.openenv_environments import OPENENV_PREFIX, OpenEnvEnvironment
 from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput, call_tool, function_call
+from reasonrl.rollout.trl_environments import TRLEnvironmentError, is_trl_environment, trl_environment
 
 WHOLE_NUMBER = re.compile(r"\d+")
 PROTOCOL = ("reset", "step", "finish")  # what an environment class must have (an Environment subclass has all)
@@ -104,19 +108,27 @@ SHIPPED: dict[str, type] = {"python": ToolRule, "countdown": Countdown, "guess_n
 
 
 def environment_class(name: str) -> type:
-    """The class of ``rollout.environment=name``: a shipped one, or the user's ``module:Class`` or
-    ``path/to/file.py:Class`` (raises EnvironmentLoadError saying why it cannot be used)."""
+    """The class of ``rollout.environment=name``: a shipped one, an OpenEnv server's (``openenv:<url>``), or the
+    user's ``module:Class`` or ``path/to/file.py:Class`` (raises EnvironmentLoadError saying why it cannot be used)."""
     if name in SHIPPED:
         return SHIPPED[name]
+    if name.startswith(OPENENV_PREFIX):
+        return OpenEnvEnvironment
     try:
         named = load_named(name, os.getcwd(), "environment")
     except RewardFunctionError as exc:
         raise EnvironmentLoadError(str(exc)) from None
+    if is_trl_environment(named):
+        try:
+            return trl_environment(named)
+        except TRLEnvironmentError as exc:
+            raise EnvironmentLoadError(f"environment {name!r}: {exc}") from None
     missing = [method for method in PROTOCOL if not callable(getattr(named, method, None))]
     if not isinstance(named, type) or missing:
         raise EnvironmentLoadError(
             f"environment {name!r} is not a class with reset, step and finish (missing: {', '.join(missing)}); "
-            "subclass reasonrl.rollout.episodes.Environment (docs/environments.md)"
+            "subclass reasonrl.rollout.episodes.Environment, or give a TRL environment_factory class (reset and "
+            "tool methods, no step or finish) (docs/environments.md)"
         )
     tools = getattr(named, "tools", ())
     if not isinstance(tools, list | tuple) or not all(isinstance(tool, dict) for tool in tools):

@@ -20,10 +20,10 @@ budget: ``step`` and ``finish`` may be called from several threads at once, each
 ``reset``, ``step`` or ``finish`` that raises or does not return within the budget ends its episode with a
 logged error (``Conversation.error``) and zero reward; the run goes on.
 
-A TRL ``environment_factory`` class fits this protocol through an adapter (no change to it): ``reset`` makes
-an instance for the episode (its state) and appends what the instance's ``reset`` returns to the chat,
-``tools`` are its public methods' schemas, ``step`` calls the method a tool call names, ``finish`` returns
-its ``get_reward()``.
+A TRL ``environment_factory`` class fits this protocol through an adapter (``rollout/trl_environments.py``; no
+change to it): ``reset`` makes an instance for the episode (its state) and appends what the instance's
+``reset`` returns to the chat, ``tools`` are its public methods' schemas, ``step`` calls the method a tool call
+names, ``finish`` returns its ``get_reward()``.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ Two formats, both always read (the one the model's template renders is the one i
   (the ``<|python_tag|>`` the model may emit first is a special token, not in the decoded text).
 
 One call per turn.  A call's name and arguments come from generated text: untrusted data.  They are parsed as
-JSON (never evaluated), checked against the tool's parameter schema (the required names, no others, each of
-its JSON type), and only then passed to the tool's function, which is the environment's own code.  A call that
-cannot be read, names no tool or has bad arguments is answered with an error message, never an error of the
-run.  Parsing takes time linear in the text and never raises.
+JSON (never evaluated), checked against the tool's parameter schema (the required names, no others, each
+value fitting its schema: ``fits_schema``), and only then passed to the tool's function, which is the
+environment's own code.  A call that cannot be read, names no tool or has bad arguments is answered with an
+error message, never an error of the run.  Parsing takes time linear in the text and never raises.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "boolean": (bool,),
     "array": (list,),
     "object": (dict,),
+    "null": (type(None),),
 }
 
 
@@ -119,36 +120,80 @@ class FunctionTool:
 
     name: str
     description: str
-    parameters: Mapping[str, Mapping[str, str]]  # argument -> its JSON schema ({"type": ..., "description": ...})
+    parameters: Mapping[str, Mapping[str, Any]]  # argument -> its JSON schema ({"type": ..., "description": ...})
     function: Callable[..., ToolOutput]
+    required: tuple[str, ...] | None = None  # the arguments a call must give; None: all of them
+
+    @classmethod
+    def from_schema(cls, schema: Mapping[str, Any], function: Callable[..., ToolOutput]) -> FunctionTool:
+        """The tool a function schema describes (``{"type": "function", "function": {...}}``, as transformers'
+        ``get_json_schema`` writes it), answered by ``function``."""
+        spec = schema["function"]
+        parameters = spec.get("parameters") or {}
+        properties, required = parameters.get("properties") or {}, tuple(parameters.get("required") or ())
+        return cls(spec["name"], spec.get("description", ""), properties, function, required)
 
     @property
     def schema(self) -> dict:
-        """The function schema ``apply_chat_template(tools=...)`` renders (every argument required)."""
+        """The function schema ``apply_chat_template(tools=...)`` renders."""
         properties = {name: dict(spec) for name, spec in self.parameters.items()}
+        required = list(properties if self.required is None else self.required)
         return {
             "type": "function",
             "function": {
                 "name": self.name,
                 "description": self.description,
-                "parameters": {"type": "object", "properties": properties, "required": list(properties)},
+                "parameters": {"type": "object", "properties": properties, "required": required},
             },
         }
 
     def argument_error(self, arguments: Mapping[str, Any]) -> str:
         """Why ``arguments`` do not fit the schema ("" when they do): a missing or unknown name, a wrong type."""
-        missing = [name for name in self.parameters if name not in arguments]
+        required = self.parameters if self.required is None else self.required
+        missing = [name for name in required if name not in arguments]
         unknown = [name for name in arguments if name not in self.parameters]
         if missing or unknown:
             expected = ", ".join(self.parameters) or "none"
             return f"Error: {self.name} takes the arguments {expected}; got {', '.join(map(repr, arguments)) or 'none'}"
         for name, value in arguments.items():
-            kind = self.parameters[name]["type"]
-            boolean = isinstance(value, bool) and kind in ("integer", "number")  # JSON's true is no number
-            infinite = isinstance(value, float) and not math.isfinite(value)
-            if boolean or infinite or not isinstance(value, JSON_TYPES[kind]):
-                return f"Error: the argument {name} of {self.name} is a {kind}"
+            spec = self.parameters[name]
+            if not fits_schema(value, spec):
+                kind = spec.get("type")
+                if isinstance(kind, str) and spec.keys() <= {"type", "description"}:
+                    return f"Error: the argument {name} of {self.name} is a {kind}"
+                shape = json.dumps({key: rule for key, rule in spec.items() if key != "description"})
+                return f"Error: the argument {name} of {self.name} must fit the schema {shape}"
         return ""
+
+
+def fits_schema(value: Any, spec: Mapping[str, Any]) -> bool:
+    """Whether a JSON value fits a parameter's schema, in the terms ``get_json_schema`` writes: its ``type`` (a
+    name or a list of names), ``nullable``, ``enum``, ``anyOf``, an array's ``items`` / ``prefixItems``, an
+    object's ``additionalProperties``.  A type it does not know (an image) fits nothing."""
+    if value is None and spec.get("nullable"):
+        return True
+    if "anyOf" in spec and not any(fits_schema(value, option) for option in spec["anyOf"]):
+        return False
+    if "enum" in spec and not any(value == v and type(value) is type(v) for v in spec["enum"]):
+        return False
+    kinds = [spec["type"]] if isinstance(spec.get("type"), str) else spec.get("type", [])
+    if kinds and not any(is_json_type(value, kind) for kind in kinds):
+        return False
+    if isinstance(value, list):
+        fixed = spec.get("prefixItems")
+        if fixed is not None and (len(value) != len(fixed) or not all(map(fits_schema, value, fixed))):
+            return False
+        return all(fits_schema(item, spec["items"]) for item in value) if "items" in spec else True
+    if isinstance(value, dict) and "additionalProperties" in spec:
+        return all(fits_schema(item, spec["additionalProperties"]) for item in value.values())
+    return True
+
+
+def is_json_type(value: Any, kind: str) -> bool:
+    """Whether a JSON value is of the JSON type ``kind`` (true is no number; infinities are no JSON)."""
+    boolean = isinstance(value, bool) and kind in ("integer", "number")
+    infinite = isinstance(value, float) and not math.isfinite(value)
+    return not boolean and not infinite and isinstance(value, JSON_TYPES.get(kind, ()))
 
 
 def call_tool(tools: Mapping[str, FunctionTool], call: FunctionCall) -> ToolOutput:

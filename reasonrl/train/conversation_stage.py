@@ -44,6 +44,8 @@ from reasonrl.rollout.conversations import (
 )
 from reasonrl.rollout.environments import Countdown, environment_class
 from reasonrl.rollout.episodes import batch_started
+from reasonrl.rollout.openenv_environments import OPENENV_PREFIX, OpenEnvEnvironment
+from reasonrl.rollout.trl_environments import TRLEnvironment
 from reasonrl.timing import timed
 from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, hash_seed
 from reasonrl.train.rollout_stats import finished_stats
@@ -86,7 +88,8 @@ def environment_name(rollout) -> str | None:
 
 def build_environment(rollout, evaluation: bool = False) -> Environment:
     """The environment of ``rollout.multiturn`` (a RolloutConfig): PAG's or its baseline's rule, or the
-    environment ``rollout.environment`` names (a shipped one with its settings, or a user's class)."""
+    environment ``rollout.environment`` names (a shipped one with its settings, or a user's class; a TRL class
+    with ``rollout.max_tool_calls``)."""
     if rollout.multiturn == "pag":
         return PAGRule(rollout.max_attempts, revise_unparsed=evaluation)
     if rollout.multiturn == "direct":
@@ -99,7 +102,12 @@ def build_environment(rollout, evaluation: bool = False) -> Environment:
         return Countdown(rollout.max_tool_calls)
     if name is None:
         raise ValueError(f"no multi-turn environment for rollout.multiturn={rollout.multiturn!r}")
-    return environment_class(name)()
+    if name.startswith(OPENENV_PREFIX):
+        return OpenEnvEnvironment.connect(name, rollout.environment_timeout_seconds)
+    environment = environment_class(name)
+    if issubclass(environment, TRLEnvironment):
+        return environment(rollout.max_tool_calls, rollout.environment_timeout_seconds)
+    return environment()
 
 
 def prompt_tools(rollout, tokenizer) -> list[dict] | None:
@@ -201,6 +209,8 @@ class ConversationCollector:
         ``params`` (greedy): ``eval/accuracy`` the fraction the environment or the verifier counts as solved
         (as ``reward/accuracy`` in training), generated tokens per episode, and the episodes' turns,
         tool calls and failures (``eval/turns_mean``...)."""
+        if not examples:  # a dataset with no held-out row scores as the single-turn evaluation does
+            return {"eval/accuracy": 0.0, "eval/response_length": 0.0}
         conversations, flat, results = self.play(examples, params, Generated())
         tensors = conversation_tensors(conversations, self.synchronous.tokenizer.pad_token_id)
         last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}

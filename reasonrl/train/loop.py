@@ -32,7 +32,6 @@ from reasonrl.timing import timed
 from reasonrl.train.advantage_stage import assign_advantages
 from reasonrl.train.backend import TrainingBackend, training_backend
 from reasonrl.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
-from reasonrl.train.conversation_stage import ConversationCollector
 from reasonrl.train.interrupt import UPDATE_PHASE, CtrlC
 from reasonrl.train.metrics import (
     MetricsWriter,
@@ -81,9 +80,9 @@ def evaluate(run: Run) -> dict[str, float]:
     examples = eval_examples(data_spec(run.cfg), run.cfg.data.eval_prompts)
     params = SamplingParams(max_new_tokens=run.cfg.rollout.max_response_tokens, temperature=0.0)
     timing: dict[str, float] = {}
-    if run.cfg.rollout.multiturn in ("tool", "env"):
+    if run.held_out_episodes is not None:
         with timed(timing, "perf/eval_seconds"):
-            episodes = ConversationCollector(run.collector).evaluate(examples, params)
+            episodes = run.held_out_episodes.evaluate(examples, params)
         return {**episodes, **timing}
     with timed(timing, "perf/eval_seconds"):
         scored = sample_and_score(run.engine, run.tokenizer, run.pool, run.encoder, examples, params)

@@ -104,7 +104,7 @@ class RunRecord:
     def resume_command(self, run_dir: Path) -> str:
         """How a user continues this run."""
         if self.custom:
-            scripted = all(entry.startswith(SCRIPT_FUNCTION) for entry in self.custom)  # the Python API's run
+            scripted = all(f" {SCRIPT_MODULE}:" in entry for entry in self.custom)  # the Python API's run
             call = f"reasonrl.train(..., run_dir={str(run_dir)!r})" if scripted else f"fit(cfg, {str(run_dir)!r}, ...)"
             return f"{call} again with the same {' and '.join(self.custom)}"
         ranks = int(os.environ.get("WORLD_SIZE", "1"))
@@ -119,13 +119,14 @@ def custom_objects(**objects: object) -> list[str]:
 
 
 SCRIPT_MODULE = "__main__"
-SCRIPT_FUNCTION = f"reward function {SCRIPT_MODULE}:"
 
 
 def script_functions(cfg: Config) -> list[str]:
-    """How ``run.json`` names the reward functions of ``cfg`` that live in the script which runs it
-    (``__main__:name``, as the Python API names a function defined there): no command line can rebuild them."""
-    return [f"reward function {spec}" for spec in cfg.reward.functions if spec.startswith(f"{SCRIPT_MODULE}:")]
+    """How ``run.json`` names the reward functions and the environment of ``cfg`` that live in the script which
+    runs it (``__main__:name``, as the Python API names an object defined there): no command line can rebuild
+    them."""
+    named = [*(("reward function", spec) for spec in cfg.reward.functions), ("environment", cfg.rollout.environment)]
+    return [f"{kind} {spec}" for kind, spec in named if spec and spec.startswith(f"{SCRIPT_MODULE}:")]
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -84,6 +84,9 @@ class Run:
     """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
     offline: OfflineData | None = None
     """The offline dataset of algo.offline (dpo, dqo); None = online RL."""
+    held_out_episodes: ConversationCollector | None = None
+    """What the held-out evaluation plays in an environment run (rollout.multiturn tool or env): the training
+    rollouts' environment, built once with the run; None: evaluation answers each prompt in one turn."""
     producer: AsyncRollouts | None = None
     """The rollout producer process of an asynchronous run (rollout.max_staleness ≥ 1), stopped by ``close``."""
     trackers: list[Tracker] = field(default_factory=list)
@@ -333,6 +336,7 @@ def setup(
             rollout_pool=rollout_pool,
         )
         engine = PublishingEngine(engine, producer)
+    rollout = producer or training_rollouts(cfg, collector, rollout_pool)
     return Run(
         cfg=cfg,
         plan=plan,
@@ -347,7 +351,8 @@ def setup(
         stream=stream,
         encoder=encoder,
         collector=collector,
-        rollout=producer or training_rollouts(cfg, collector, rollout_pool),
+        rollout=rollout,
+        held_out_episodes=evaluation_episodes(cfg, rollout, collector),
         producer=producer,
         rollout_pool=rollout_pool,
         updater=updater,
@@ -364,6 +369,15 @@ def prompt_encoder(cfg: Config, tokenizer, processor=None) -> PromptEncoder:
     return PromptEncoder(
         tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt, tools, processor
     )
+
+
+def evaluation_episodes(cfg: Config, rollout, collector: RolloutCollector) -> ConversationCollector | None:
+    """The held-out episodes of an environment run (rollout.multiturn tool or env): the training rollouts where
+    they are conversations, else conversations of their own (an asynchronous run's producer plays its own
+    elsewhere); None for a run whose evaluation answers in one turn."""
+    if cfg.rollout.multiturn not in ("tool", "env"):
+        return None
+    return rollout if isinstance(rollout, ConversationCollector) else ConversationCollector(collector)
 
 
 def producer_collector(

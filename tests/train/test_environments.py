@@ -104,6 +104,53 @@ def test_a_users_environment_that_fails_costs_its_episodes_and_the_run_goes_on(t
     assert "the scorer of this game crashed" in caplog.text
 
 
+class Abacus:
+    """A TRL ``environment_factory`` class, written as TRL's docs write one: no reasonrl in it."""
+
+    def reset(self, **kwargs) -> None:
+        self.total = 0
+
+    def add(self, value: int) -> int:
+        """
+        Add a value to the abacus.
+
+        Args:
+            value: The value to add.
+
+        Returns:
+            The new total.
+        """
+        self.total += value
+        return self.total
+
+    def get_reward(self) -> float:
+        return self.total / 4
+
+
+def abacus_player(text, rng):
+    """Adds 1 or 2 (seeded), then answers once the total is in the chat."""
+    if "<|im_start|>tool" not in text:
+        return f'<tool_call>{{"name": "add", "arguments": {{"value": {rng.choice([1, 2])}}}}}</tool_call>'
+    return "Done."
+
+
+def test_a_trl_environment_class_trains_two_steps_rewarded_by_its_get_reward(tmp_path):
+    environment = "rollout.environment=tests.train.test_environments:Abacus"
+    calls = "rollout.max_response_tokens=96"  # a call is ~70 byte tokens
+    cfg = load_config("grpo", [*TWO_STEPS, "rollout.multiturn=env", environment, calls])
+    fit(cfg, tmp_path, engine=scripted(abacus_player), show_progress=False)
+    logged = steps(tmp_path)
+    assert len(logged) == 2
+    for m in logged:
+        assert m["multiturn/tool_calls_mean"] == 1.0 and m["multiturn/turns_mean"] == 2.0
+        assert m["multiturn/tool_errors_mean"] == 0.0 and m["multiturn/environment_error_fraction"] == 0.0
+        assert 0.25 <= m["reward/mean"] <= 0.5  # get_reward: the total / 4, the total 1 or 2
+    assert {m["reward/mean"] for m in logged} != {0.25}  # both totals were drawn
+    before = read_metrics(tmp_path / "metrics.jsonl")[0]  # the held-out episodes play it too
+    assert before["eval/tool_calls_mean"] == 1.0 and before["eval/accuracy"] == 1.0  # get_reward > 0: solved
+    assert not undocumented_metrics(tmp_path / "metrics.jsonl")
+
+
 def pag_or_tool_player(kind):
     """Replies drawn by the engine's seeded RNG: attempts, verdicts and revisions (pag); python calls that
     print, that raise, or none, and answers after them (tool)."""
@@ -193,3 +240,11 @@ def test_environment_settings_are_refused_with_the_setting_to_change(overrides, 
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("grpo", overrides)
+
+
+def test_an_environment_run_with_no_held_out_row_evaluates_as_a_single_turn_run_does():
+    from reasonrl.rollout import SamplingParams
+    from reasonrl.train.conversation_stage import ConversationCollector
+
+    scored = ConversationCollector.evaluate(None, [], SamplingParams(max_new_tokens=8, temperature=0.0))
+    assert scored == {"eval/accuracy": 0.0, "eval/response_length": 0.0}  # no row to play: nothing to crash on

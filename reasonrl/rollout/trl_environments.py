@@ -1,0 +1,173 @@
+"""TRL's ``environment_factory`` classes as environments, unchanged (``rollout.environment=module:Class``).
+
+TRL's contract (``GRPOTrainer(environment_factory=Class)``): a class built with no arguments, one instance per
+episode, with a ``reset(**row)`` that may return a string, public methods the model calls as tools, and an
+optional ``get_reward()``.  ``TRLEnvironment`` plays it through the ``Environment`` protocol:
+
+- ``tools``: each public method's function schema, written by transformers' ``get_json_schema`` as TRL has it
+  written (a Google-style docstring with a description and an ``Args:`` line per argument, a type hint on every
+  argument); ``reset``, ``get_reward`` and ``_private`` methods are no tools.  A method it cannot describe is
+  refused when the class is loaded, naming the method and what it lacks.
+- ``reset(row)``: a new instance for the episode (its state), whose ``reset`` gets the row as TRL passes a
+  dataset row, its columns as keywords: the row's own columns (``Example.fields``), ``prompt`` the chat the
+  episode starts from (a list of {role, content} messages), ``ground_truth`` the reference answer and
+  ``data_source``, as reward functions get them.  A string it returns is appended to the last user message.
+- ``step(episode)``: a turn that ends with a tool call (``tool_calls.function_call``) gets the output of the
+  method it names, ``str()`` of what it returns, as a tool message; the arguments are checked against the
+  method's schema before the method sees them, and a method that raises is answered with the error
+  (``call_tool``).  A turn without a call is the answer and ends the episode, as does the
+  ``rollout.max_tool_calls``-th call.
+- ``finish(episode)``: the instance's ``get_reward()`` (awaited when it is a coroutine, as TRL allows), or,
+  without one, None: the row's verifier (or ``reward.functions``) scores the final turn.
+
+Loading the class is the user's choice (``environment_class``); a tool call's name and arguments are untrusted
+data, checked, never run, and what a method returns is injected as plain text (the driver's guarantee).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from reasonrl.data.examples import Example
+from reasonrl.rollout.conversations import ENVIRONMENT_TIMEOUT_S, tool_answer
+from reasonrl.rollout.episodes import Conversation, Environment, Observation, Step, batch_started
+from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput, call_tool, function_call
+
+NOT_TOOLS = ("reset", "get_reward")
+
+
+class TRLEnvironmentError(ValueError):
+    """A TRL environment class that cannot be played: why."""
+
+
+def is_trl_environment(cls: Any) -> bool:
+    """Whether ``cls`` is a TRL ``environment_factory`` class: a class with ``reset`` and neither of the
+    protocol's ``step`` and ``finish`` (an ``Environment`` has all three)."""
+    has = [callable(getattr(cls, method, None)) for method in ("reset", "step", "finish")]
+    return isinstance(cls, type) and has == [True, False, False]
+
+
+def tool_methods(cls: type) -> list[str]:
+    """The names of the methods TRL offers as tools: the class's public functions, but ``reset`` and
+    ``get_reward``."""
+    functions = [name for name, _ in inspect.getmembers(cls, inspect.isfunction)]
+    return [name for name in functions if not name.startswith("_") and name not in NOT_TOOLS]
+
+
+def method_schema(cls: type, name: str) -> dict:
+    """The function schema of method ``name``, written by ``get_json_schema`` (TRL's own way); raises
+    TRLEnvironmentError saying what the method lacks."""
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(getattr(cls, name))
+    except Exception as exc:  # transformers' DocstringParsingException, TypeHintParsingException
+        raise TRLEnvironmentError(
+            f"its method {name} cannot be a tool: {exc}. A tool method needs a docstring with a description and an "
+            "'Args:' line for each argument (Google style), and a type hint on each argument, as TRL requires; "
+            f"a method that is no tool is private (_{name})"
+        ) from None
+
+
+def trl_environment(cls: type) -> type[TRLEnvironment]:
+    """The environment class that plays TRL class ``cls`` (named as it is), its tools described; raises
+    TRLEnvironmentError for a method that cannot be described."""
+    tools = tuple(method_schema(cls, name) for name in tool_methods(cls))
+    body = {"factory": cls, "tools": tools, "__module__": cls.__module__, "__doc__": cls.__doc__}
+    return type(cls.__name__, (TRLEnvironment,), body)
+
+
+@functools.cache
+def shared_event_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop every ``async def`` tool and reward of the process runs on (in a daemon thread), as
+    TRL runs them on one loop: what an instance makes in ``reset`` (a client, a lock) stays usable."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="trl-environments", daemon=True).start()
+    return loop
+
+
+def resolved(value: Any, timeout_s: float) -> Any:
+    """What a method returned, awaited on the shared loop if it is a coroutine (an ``async def`` tool or reward,
+    as TRL allows), within what is left of the driver's budget (``timeout_s`` from ``batch_started``): one that
+    runs out of time is cancelled and raises TimeoutError, so nothing of it is left running."""
+    if not inspect.iscoroutine(value):
+        return value
+    started = batch_started() or time.monotonic()
+    future = asyncio.run_coroutine_threadsafe(value, shared_event_loop())
+    try:
+        return future.result(max(0.0, timeout_s - (time.monotonic() - started)))
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"no answer within the environment's {timeout_s:g} s") from None
+
+
+def text_output(method: Callable[..., Any], timeout_s: float) -> Callable[..., ToolOutput]:
+    """``method`` as a tool's function: ``str()`` of what it returns (awaited within ``timeout_s``) is the output."""
+    return lambda **arguments: ToolOutput(str(resolved(method(**arguments), timeout_s)))
+
+
+def reset_columns(row: Example, reset: Callable[..., Any]) -> dict[str, Any]:
+    """What a TRL class's ``reset`` gets of a row: its columns, the chat as ``prompt``, the reference as
+    ``ground_truth``, and ``data_source`` (the module docstring); only the names a ``reset`` without
+    ``**kwargs`` takes (TRL passes a row's columns, so a ``reset(self, prompt)`` is a TRL class too)."""
+    chat = [dict(message) for message in row.messages]
+    columns = {"ground_truth": row.answer, "data_source": row.data_source, **row.fields, "prompt": chat}
+    parameters = inspect.signature(reset).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return columns
+    return {p.name: columns[p.name] for p in parameters if p.name in columns}
+
+
+def with_observation(messages: Sequence[dict[str, str]], text: str) -> list[dict[str, str]]:
+    """The chat with ``text`` appended to its last user message (TRL's way to show what ``reset`` returned)."""
+    chat = [dict(message) for message in messages]
+    last_user = max((i for i, message in enumerate(chat) if message["role"] == "user"), default=None)
+    if last_user is None:
+        return [*chat, {"role": "user", "content": text}]
+    chat[last_user]["content"] += text
+    return chat
+
+
+class TRLEnvironment(Environment):
+    """A TRL ``environment_factory`` class (``factory``) played as an environment; ``trl_environment`` makes the
+    subclass of one class, with its ``tools``."""
+
+    factory: ClassVar[type]
+    tools: ClassVar[Sequence[dict]] = ()
+
+    def __init__(self, max_tool_calls: int = 2, timeout_s: float = ENVIRONMENT_TIMEOUT_S) -> None:
+        self.max_tool_calls, self.timeout_s = max_tool_calls, timeout_s
+
+    def reset(self, row: Example) -> Observation:
+        instance = self.factory()
+        shown = instance.reset(**reset_columns(row, instance.reset))
+        if shown is not None and not isinstance(shown, str):
+            raise TypeError(
+                f"{self.factory.__name__}.reset returned a {type(shown).__name__}; it returns a str or None"
+            )
+        return Observation(with_observation(row.messages, shown) if shown else row.messages, state=instance)
+
+    def step(self, episode: Conversation) -> Step:
+        if episode.tool_calls >= self.max_tool_calls:
+            return Step()
+        call = function_call(episode.turns()[-1].text)
+        return Step() if call is None else tool_answer(call_tool(self.bound_tools(episode.state), call))
+
+    def finish(self, episode: Conversation) -> float | None:
+        get_reward = getattr(episode.state, "get_reward", None)
+        return None if get_reward is None else resolved(get_reward(), self.timeout_s)  # the driver checks the value
+
+    def bound_tools(self, instance: Any) -> dict[str, FunctionTool]:
+        """The tools of an episode by name: each schema answered by that method of the episode's instance (a
+        call names a tool; nothing else of the instance can be reached)."""
+        methods = [getattr(instance, schema["function"]["name"]) for schema in self.tools]
+        outputs = [text_output(method, self.timeout_s) for method in methods]
+        tools = [FunctionTool.from_schema(s, output) for s, output in zip(self.tools, outputs, strict=True)]
+        return {tool.name: tool for tool in tools}
