@@ -10,7 +10,13 @@ the step's time outside generation, scoring and evaluation, when the engine wait
 producer's wait for a fresh enough version, ``perf/producer_idle_seconds``), the run's wall time, its
 held-out accuracy after each evaluation, the final accuracy, and the time to reach the synchronous run's
 final accuracy (same seed): the summed step times up to the first evaluation at or above it (null when
-never reached). Writes one JSON object (printed too) and a plot beside it.
+never reached). Writes one JSON object (printed too) with a summary per variant (mean ± SE over seeds) and
+a plot beside it (held-out accuracy against the seconds of steps; seconds per step).
+
+    python bench/async_rl.py --report bench/results/async_rl_main*.json --out bench/results/async_rl_main_summary.json
+
+merges the runs of earlier invocations (one per (variant, seed); a run with an error, or one recorded again
+later, counts once: the last complete one) into one result and plot, without running anything.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, child_env
+from common import ROOT, child_env, mean_se
 
 VARIANTS = {
     "sync": ("dapo", []),
@@ -89,14 +95,91 @@ def time_to(run: dict, target: float) -> float | None:
     return next((e["seconds"] for e in run.get("evaluations", []) if e["accuracy"] >= target), None)
 
 
+SUMMARISED = ("step_seconds_median", "generate_seconds_median", "update_seconds_median", "engine_idle_seconds_median",
+              "wall_seconds", "final_accuracy", "seconds_to_sync_final_accuracy")  # fmt: skip
+
+
+def summarise(result: dict) -> dict:
+    """``result`` with each run's time to its seed's synchronous final accuracy, and per variant the mean ±
+    SE over seeds of ``SUMMARISED`` (the variants' runs without an error)."""
+    runs = [r for r in result["runs"] if "error" not in r]
+    for run in runs:
+        sync = next((r for r in runs if r["variant"] == "sync" and r["seed"] == run["seed"]), None)
+        run["seconds_to_sync_final_accuracy"] = time_to(run, sync["final_accuracy"]) if sync else None
+    variants = sorted({r["variant"] for r in runs}, key=list(VARIANTS).index)
+    result["summary"] = {
+        variant: {
+            "seeds": [r["seed"] for r in runs if r["variant"] == variant],
+            **{key: mean_se([r.get(key) for r in runs if r["variant"] == variant]) for key in SUMMARISED},
+        }
+        for variant in variants
+    }
+    return result
+
+
+def merged(paths: list[Path]) -> dict:
+    """The runs of several results files, one per (variant, seed): the last complete one."""
+    results = [json.loads(path.read_text()) for path in paths]
+    runs: dict[tuple[str, int], dict] = {}
+    for result in results:
+        for run in result["runs"]:
+            if "error" not in run or (run["variant"], run["seed"]) not in runs:
+                runs[run["variant"], run["seed"]] = run
+    return {
+        "dates": sorted({r["date"] for r in results}),
+        "sources": [str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path) for path in paths],
+        "machines": sorted({r["machine"] for r in results}),
+        "profile": results[0]["profile"],
+        "runs": sorted(runs.values(), key=lambda r: (r["seed"], list(VARIANTS).index(r["variant"]))),
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (curve_ax, step_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    colours = dict(zip(VARIANTS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for run in (r for r in result["runs"] if "error" not in r):
+        evaluations = run["evaluations"]
+        curve_ax.plot([e["seconds"] for e in evaluations], [e["accuracy"] for e in evaluations], marker=".",
+                      color=colours[run["variant"]], label=f"{run['variant']} seed {run['seed']}")  # fmt: skip
+    curve_ax.set(xlabel="seconds of training steps", ylabel="held-out accuracy",
+                 title=f"{result['profile']}: accuracy against time")  # fmt: skip
+    curve_ax.legend(fontsize=7)
+    names = list(result["summary"])
+    for i, name in enumerate(names):
+        summary = result["summary"][name]["step_seconds_median"]
+        step_ax.bar(i, summary["mean"], yerr=summary["se"] or 0.0, color=colours[name])
+        step_ax.plot([i] * len(summary["values"]), summary["values"], "k.")
+    step_ax.set_xticks(range(len(names)), names)
+    step_ax.set(ylabel="seconds per step (median of a run)", title="seconds per step: mean ± SE, dots: seeds")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write(result: dict, out: Path) -> None:
+    """OUT (JSON, printed too) and its plot beside it (OUT with .png)."""
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(json.dumps(result, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="main")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--report", type=Path, nargs="+", metavar="RESULT", help="merge these results; run nothing")
     parser.add_argument("overrides", nargs="*", help="settings added to every run (e.g. train.rollout_steps=4)")
     args = parser.parse_args(argv)
+    if args.report:
+        result = merged(args.report)
+        write(summarise(result), args.out or ROOT / "bench" / "results" / f"async_rl_{result['profile']}_summary.json")
+        return 0
     out = args.out or ROOT / "bench" / "results" / f"async_rl_{args.profile}.json"
     result = {
         "date": datetime.date.today().isoformat(),
@@ -109,12 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants:
             result["runs"].append(run_once(variant, seed, args.profile, args.overrides))
             out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a stop
-    for run in result["runs"]:
-        sync = next((r for r in result["runs"] if r["variant"] == "sync" and r["seed"] == run["seed"]), None)
-        if sync and "final_accuracy" in sync and "evaluations" in run:
-            run["seconds_to_sync_final_accuracy"] = time_to(run, sync["final_accuracy"])
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write(summarise(result), out)
     return 0
 
 

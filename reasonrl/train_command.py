@@ -13,6 +13,10 @@ from pathlib import Path
 from reasonrl.config import Config, ConfigError, load_config, resolve
 
 DEFAULT_PRESET = "dapo"
+RANK_ERROR_GRACE_SECONDS = 20.0
+"""How long another torchrun rank waits before it states the error that stops it: a run's error reaches
+every rank at once and rank 0 says it (torchrun then stops the rest), so a rank still alive after this
+wait had an error of its own."""
 
 
 def main_rank() -> bool:
@@ -143,8 +147,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         WorkerDiedError,
         ProducerError,
     ) as exc:
-        if main_rank():
-            print(f"reasonrl: error: {exc}", file=sys.stderr)
+        if not main_rank():
+            time.sleep(RANK_ERROR_GRACE_SECONDS)
+        where = "" if main_rank() else f" (rank {os.environ['RANK']})"
+        print(f"reasonrl: error{where}: {exc}", file=sys.stderr)
         return 1
     if not speaks:
         return 0

@@ -55,3 +55,7 @@ def fails_on_odd_length(prompts, completions, **kwargs):
 def has_digit(prompts, completions, **kwargs):
     """TRL shape: 1.0 when a completion contains a digit, else 0.0 (binary: groups can be all-equal)."""
     return [float(any(ch.isdigit() for ch in c)) for c in completions]
+
+
+def always_raises(prompts, completions, **kwargs):
+    raise ValueError("this reward function cannot score anything")

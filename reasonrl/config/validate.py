@@ -379,14 +379,21 @@ def _asynchronous(cfg: Config) -> list[str]:
         ),
         "algo.offline": (a.offline != "none", "an offline run generates nothing"),
         "reward.prm_dense": (cfg.reward.prm_dense != "off", "the process reward model is loaded by the trainer"),
-        "data parallelism (torchrun or Ray trainers)": (
-            data_parallel_size(cfg) > 1 or cfg.dist.backend == "ray",
-            "the producer feeds one trainer process",
+        "dist.backend=ray": (
+            cfg.dist.backend == "ray",
+            "the producer would build its own engine in the trainer's process instead of generating on the Ray "
+            "rollout workers (torchrun data parallelism runs it: rank 0's producer feeds every rank)",
         ),
     }
     for setting, (used, why) in unsupported.items():
         if used:
             problems.append(f"rollout.max_staleness={r.max_staleness} does not run with {setting} yet: {why}")
+    if data_parallel_size(cfg) > 1 and r.producer_timeout_seconds > cfg.dist.worker_timeout_seconds:
+        problems.append(
+            f"rollout.producer_timeout_seconds={r.producer_timeout_seconds:g} exceeds dist.worker_timeout_seconds="
+            f"{cfg.dist.worker_timeout_seconds:g}: the other ranks' wait for rank 0's batch would time out first "
+            "without saying why"
+        )
     return problems
 
 

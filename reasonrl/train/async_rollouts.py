@@ -23,6 +23,9 @@ tokens are at most s − 1 − v stale and some are fresher.
    trained twice or skipped.
 4. A producer that fails sends its error; one that dies, or sends nothing for
    ``rollout.producer_timeout_seconds``, fails the run with a ``ProducerError`` naming the cause.
+5. Data parallelism (torchrun): rank 0 alone runs the producer, which generates the whole batch as one process
+   would; rank 0 broadcasts each batch, or the error that ends the run, to every rank, so every rank holds
+   the same batch (as a synchronous data-parallel run does) or raises the same error.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
 from reasonrl.rollout.engine_protocol import RolloutEngine
 from reasonrl.rollout.tppo_pool import PartialRollouts, RolloutPool
+from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
 from reasonrl.train.rollout_stage import DynamicSamplingError, PoolCollector, RewardFailureError
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,8 @@ RAISED_AS_THEMSELVES = {error.__name__: error for error in (DataError, DynamicSa
 POLL_SECONDS = 0.5  # how often the waiting trainer checks that the producer is still there
 WAKE_SECONDS = 0.02  # how often the waiting producer looks for a newer version
 STOP_SECONDS = 10.0  # a stopped producer gets this long to exit before it is killed
+# torchrun's description of a rank, which the producer (a process of its own, spawned by rank 0) drops
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_PORT")
 
 
 class ProducerError(RuntimeError):
@@ -169,6 +175,8 @@ def run_producer(
     from a version at most ``rollout.max_staleness`` behind, onto ``results``; ends when ``stop`` is set or
     the trainer's process is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it saves, then stops this process
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
     torch.set_num_threads(cfg.rollout.producer_threads)
     step = first_step
     try:
@@ -228,19 +236,26 @@ class AsyncRollouts:
         verifier: Any = None,
         share_cores: bool = False,
         rollout_pool: RolloutPool | None = None,
+        parallel: DataParallel = SINGLE_PROCESS,
     ) -> None:
         self.cfg, self.build, self.stream, self.current_weights = cfg, build, stream, current_weights
         self.rollout_pool = rollout_pool  # T-PPO: the checkpointed copy of the producer's pool
         self.verifier = verifier  # the run's own verifier object (the Python API's), pickled to the producer
+        self.parallel = parallel  # rank 0 runs the producer and broadcasts its batches
         self.context = torch_mp.get_context("spawn")
+        self.started = False
         self.process = None
-        self.weights: SharedWeights | None = None
+        self.weights: SharedWeights | None = None  # rank 0's, once started
         self.last_step = 0  # the newest step collected: the version its update will publish
         self.share_cores = share_cores  # CPU: the trainer leaves the producer's threads their cores while it runs
         self.trainer_threads = torch.get_num_threads()  # restored when the producer stops
 
     def start(self, first_step: int) -> None:
-        self.weights = SharedWeights(self.current_weights(), first_step - 1, self.context)
+        self.started = True
+        current = self.current_weights()  # every rank: gathering a sharded model's weights is a collective
+        if not self.parallel.is_main:
+            return
+        self.weights = SharedWeights(current, first_step - 1, self.context)
         self.results = self.context.Queue()
         self.stop = self.context.Value("b", 0, lock=False)  # a flag, not an Event: nothing a killed producer can wedge
         state = {"stream": self.stream.state_dict()}
@@ -255,10 +270,12 @@ class AsyncRollouts:
 
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Step ``step``'s batch and its metrics: the producer's, with its staleness and the waits."""
-        if self.process is None:
+        if not self.started:
             self.start(step)
         waited = time.perf_counter()
-        produced = self.next_result(step)
+        produced = self.parallel.broadcast(self.next_outcome(step) if self.parallel.is_main else None)
+        if isinstance(produced, Exception):  # every rank raises the error that ends the run
+            raise produced
         self.stream.load_state_dict(produced.collector_state["stream"])  # a checkpoint resumes after its prompts
         if self.rollout_pool is not None:
             self.rollout_pool.load_state_dict(produced.collector_state["pool"])  # ... with the sequences in flight
@@ -273,6 +290,13 @@ class AsyncRollouts:
             "perf/producer_idle_seconds": produced.idle_seconds,
             "perf/rollout_wait_seconds": time.perf_counter() - waited,
         }
+
+    def next_outcome(self, step: int) -> ProducedBatch | Exception:
+        """Step ``step``'s batch, or the error that ends the run (rank 0 sends it to the other ranks)."""
+        try:
+            return self.next_result(step)
+        except (ProducerError, *RAISED_AS_THEMSELVES.values()) as error:
+            return error
 
     def next_result(self, step: int) -> ProducedBatch:
         deadline = time.monotonic() + self.cfg.rollout.producer_timeout_seconds
@@ -309,6 +333,7 @@ class AsyncRollouts:
 
     def close(self) -> None:
         """Stop the producer (it finishes no batch) and wait for it, killing it if it does not exit."""
+        self.started = False
         if self.process is None:
             return
         self.stop.value = 1

@@ -334,6 +334,7 @@ def setup(
             verifier,
             share_cores=device.type == "cpu",
             rollout_pool=rollout_pool,
+            parallel=backend.parallel,
         )
         engine = PublishingEngine(engine, producer)
     rollout = producer or training_rollouts(cfg, collector, rollout_pool)

@@ -19,8 +19,21 @@ def test_the_smoke_compares_synchronous_and_asynchronous_runs_of_the_same_seed(t
     command = [sys.executable, str(ROOT / "bench" / "async_rl.py"), "--variants", "sync", "async1", "--seeds", "0"]
     done = subprocess.run([*command, "--out", str(out), *TINY], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    sync, async1 = json.loads(out.read_text())["runs"]
+    result = json.loads(out.read_text())
+    sync, async1 = result["runs"]
     assert "error" not in sync and "error" not in async1, (sync, async1)
     assert sync["staleness_mean"] == 0 and 0 <= async1["staleness_mean"] <= 1
     assert [e["step"] for e in sync["evaluations"]] == [e["step"] for e in async1["evaluations"]] == [0, 3]
     assert "rollout.max_staleness=1" in async1["command"] and sync["seconds_to_sync_final_accuracy"] is not None
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert result["summary"]["async1"]["step_seconds_median"]["values"] == [async1["step_seconds_median"]]
+    # --report merges earlier results (an errored run does not replace a complete one) and runs nothing
+    failed = dict(result, runs=[dict(sync, error="stopped", evaluations=None)])
+    (tmp_path / "later.json").write_text(json.dumps(failed))
+    merged = tmp_path / "merged.json"
+    report = [*command[:2], "--report", str(out), str(tmp_path / "later.json"), "--out", str(merged)]
+    done = subprocess.run(report, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(merged.read_text())["summary"]
+    assert summary["sync"]["final_accuracy"]["values"] == [sync["final_accuracy"]]
+    assert merged.with_suffix(".png").exists()

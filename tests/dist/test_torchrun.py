@@ -163,3 +163,29 @@ def test_kill_9_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp_
     assert not (tmp_path / "killed" / "final").exists(), "the run finished before it could be killed"
     train(2, "grpo", tmp_path / "killed", *overrides)  # the same run directory: resumes from the checkpoint
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
+
+
+def test_an_asynchronous_run_trains_on_rank_0s_producer_and_resumes(tmp_path):
+    """rollout.max_staleness=1 under torchrun: rank 0's producer feeds both ranks, a checkpoint holds the
+    prompts of the batches trained (not those made ahead), and the resumed run trains every step once."""
+    overrides = [*PRESETS["dapo"], "rollout.max_staleness=1", "run.save_every=2"]
+    train(2, "dapo", tmp_path / "run", *overrides, "train.rollout_steps=2")
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["world_size"] == 2
+    consumed = state["stream"]["consumed"]
+    train(2, "dapo", tmp_path / "run", *overrides, "train.rollout_steps=4")
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # nothing trained twice or skipped
+    assert all(0 <= r["rollout/staleness_max"] <= 1 and r["loss/policy"] == r["loss/policy"] for r in records)
+    final = json.loads((tmp_path / "run" / "checkpoints" / "step-000004" / "state.json").read_text())
+    assert final["stream"]["consumed"] > consumed  # the resumed producer went on from the checkpoint's prompts
+    assert load_model(str(tmp_path / "run" / "final")) is not None
+
+
+def test_a_producer_error_stops_every_rank_with_the_same_one_line_error(tmp_path):
+    overrides = ["reward.functions=['tests.reward_functions:always_raises']", "rollout.max_staleness=1"]
+    command = train_command(2, "grpo", tmp_path / "run", *overrides, "train.rollout_steps=2")
+    done = subprocess.run(command, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if line.startswith("reasonrl: error")]
+    assert len(said) == 1 and said[0].startswith("reasonrl: error: reward function 'always_raises' failed on all"), said

@@ -222,6 +222,16 @@ def test_what_the_producer_cannot_run_with_is_refused_with_the_reason():
         load_config("grpo", ["algo.rollout_correction=decoupled", "algo.rollout_correction_level=sequence"])
     with pytest.raises(ConfigError, match=r"rollout_correction_threshold=1 must be above 1"):
         load_config("grpo", ["algo.rollout_correction=tis", "algo.rollout_correction_threshold=1"])
+    with pytest.raises(ConfigError, match=r"dist\.backend=ray yet: the producer would build its own engine"):
+        load_config("grpo", ["rollout.max_staleness=1", "dist.backend=ray"])
+
+
+def test_under_torchrun_a_producer_timeout_beyond_the_collectives_timeout_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = ["rollout.max_staleness=1", "dist.backend=torch", "dist.worker_timeout_seconds=600"]
+    with pytest.raises(ConfigError, match=r"producer_timeout_seconds=1800 exceeds dist\.worker_timeout_seconds=600"):
+        load_config("grpo", settings)
+    assert load_config("grpo", [*settings, "rollout.producer_timeout_seconds=600"]).rollout.max_staleness == 1
 
 
 def test_a_run_given_its_own_engine_object_is_refused_before_any_model_loads(tmp_path, monkeypatch):
