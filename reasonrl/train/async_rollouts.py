@@ -23,7 +23,9 @@ tokens are at most s − 1 − v stale and some are fresher.
    trained twice or skipped.
 4. A producer that fails sends its error; one that dies, or sends nothing for
    ``rollout.producer_timeout_seconds``, fails the run with a ``ProducerError`` naming the cause.
-5. Data parallelism (torchrun): rank 0 alone runs the producer, which generates the whole batch as one process
+5. On a GPU machine with a GPU that no trainer rank uses, the producer generates on the first such GPU
+   (``producer_gpu``); otherwise it shares rank 0's device.
+6. Data parallelism (torchrun): rank 0 alone runs the producer, which generates the whole batch as one process
    would; rank 0 broadcasts each batch, or the error that ends the run, to every rank, so every rank holds
    the same batch (as a synchronous data-parallel run does) or raises the same error.
 """
@@ -170,6 +172,7 @@ def run_producer(
     results,
     stop,
     parent_pid: int,
+    gpu: str | None = None,
 ) -> None:
     """The producer process: batches ``first_step``, ``first_step`` + 1, … up to the run's last step, each
     from a version at most ``rollout.max_staleness`` behind, onto ``results``; ends when ``stop`` is set or
@@ -177,6 +180,8 @@ def run_producer(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it saves, then stops this process
     for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)
+    if gpu is not None:  # before anything initialises CUDA in this process: "cuda" is then that GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     torch.set_num_threads(cfg.rollout.producer_threads)
     step = first_step
     try:
@@ -195,6 +200,16 @@ def run_producer(
             results.put(as_bytes(ProducedBatch(step, batch, stats, resume_state(collector), idle)))
     except BaseException as exc:  # everything goes to the trainer, which raises it
         results.put(as_bytes(ProducerFailure(step, type(exc).__name__, str(exc), traceback.format_exc(limit=8))))
+
+
+def producer_gpu(visible: str | None, count: int, trainer_gpus: int) -> str | None:
+    """The producer's CUDA_VISIBLE_DEVICES: the first of this machine's ``count`` visible GPUs (``visible``:
+    the trainer's CUDA_VISIBLE_DEVICES, None = all) that none of its ``trainer_gpus`` ranks uses (they take
+    the first ones, one each, as torchrun's LOCAL_RANK places them); None when every GPU trains."""
+    if count <= trainer_gpus:
+        return None
+    ids = [i.strip() for i in visible.split(",")] if visible else [str(i) for i in range(count)]
+    return ids[trainer_gpus]
 
 
 def resume_state(collector) -> dict:
@@ -237,11 +252,13 @@ class AsyncRollouts:
         share_cores: bool = False,
         rollout_pool: RolloutPool | None = None,
         parallel: DataParallel = SINGLE_PROCESS,
+        gpu: str | None = None,
     ) -> None:
         self.cfg, self.build, self.stream, self.current_weights = cfg, build, stream, current_weights
         self.rollout_pool = rollout_pool  # T-PPO: the checkpointed copy of the producer's pool
         self.verifier = verifier  # the run's own verifier object (the Python API's), pickled to the producer
         self.parallel = parallel  # rank 0 runs the producer and broadcasts its batches
+        self.gpu = gpu  # the producer's CUDA_VISIBLE_DEVICES (None: the trainer's)
         self.context = torch_mp.get_context("spawn")
         self.started = False
         self.process = None
@@ -262,9 +279,11 @@ class AsyncRollouts:
         if self.rollout_pool is not None:
             state["pool"] = self.rollout_pool.state_dict()
         arguments = (self.build, self.cfg, self.verifier, first_step, state, self.weights,
-                     self.results, self.stop, os.getpid())  # fmt: skip
+                     self.results, self.stop, os.getpid(), self.gpu)  # fmt: skip
         self.process = self.context.Process(target=run_producer, args=arguments, name="reasonrl-rollout-producer")
         self.process.start()
+        if self.gpu is not None:
+            log.info("the rollout producer generates on GPU %s, apart from the trainer", self.gpu)
         if self.share_cores:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - self.cfg.rollout.producer_threads))
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.reward.verifier_protocol import Scorer, Verifier
 from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.tppo_pool import RolloutPool
-from reasonrl.train.async_rollouts import AsyncRollouts, ProducerPolicy, PublishingEngine
+from reasonrl.train.async_rollouts import AsyncRollouts, ProducerPolicy, PublishingEngine, producer_gpu
 from reasonrl.train.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.train.conversation_stage import ConversationCollector, prompt_tools
 from reasonrl.train.critic import CriticUpdater
@@ -335,6 +336,7 @@ def setup(
             share_cores=device.type == "cpu",
             rollout_pool=rollout_pool,
             parallel=backend.parallel,
+            gpu=spare_gpu(device),
         )
         engine = PublishingEngine(engine, producer)
     rollout = producer or training_rollouts(cfg, collector, rollout_pool)
@@ -379,6 +381,14 @@ def evaluation_episodes(cfg: Config, rollout, collector: RolloutCollector) -> Co
     if cfg.rollout.multiturn not in ("tool", "env"):
         return None
     return rollout if isinstance(rollout, ConversationCollector) else ConversationCollector(collector)
+
+
+def spare_gpu(device: torch.device) -> str | None:
+    """The GPU an asynchronous run's producer takes: one that no trainer rank on this machine uses."""
+    if device.type != "cuda":
+        return None
+    trainer_gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return producer_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), trainer_gpus)
 
 
 def producer_collector(

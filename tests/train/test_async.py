@@ -13,7 +13,7 @@ import torch
 
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, load_config
-from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError
+from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError, producer_gpu
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.rollout_stage import DynamicSamplingError
@@ -59,7 +59,10 @@ class StandInCollector:
             rewards=torch.zeros(1), correct=torch.zeros(1, dtype=torch.bool),
             truncated=torch.zeros(1, dtype=torch.bool), group_ids=torch.zeros(1, dtype=torch.long),
         )  # fmt: skip
-        return batch, {"rollout/generated_by_step": float(step)}
+        stats = {"rollout/generated_by_step": float(step)}
+        if self.behaviour == "environment":  # what the producer process sees of the launcher's variables
+            stats |= {"gpu": float(os.environ.get("CUDA_VISIBLE_DEVICES", -1)), "rank_set": float("RANK" in os.environ)}
+        return batch, stats
 
 
 def stand_in(cfg, state, verifier, policy):
@@ -77,10 +80,10 @@ class StartedStream:
         self.consumed = state["consumed"]
 
 
-def producer(staleness: int, behaviour: str = "", timeout: float = 60.0) -> AsyncRollouts:
+def producer(staleness: int, behaviour: str = "", timeout: float = 60.0, gpu: str | None = None) -> AsyncRollouts:
     cfg = load_config("grpo", [f"rollout.max_staleness={staleness}", f"rollout.producer_timeout_seconds={timeout}",
                                "train.rollout_steps=10"])  # fmt: skip
-    return AsyncRollouts(cfg, stand_in, StartedStream(), lambda: {"w": torch.zeros(2)}, behaviour)
+    return AsyncRollouts(cfg, stand_in, StartedStream(), lambda: {"w": torch.zeros(2)}, behaviour, gpu=gpu)
 
 
 def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:
@@ -157,6 +160,23 @@ def test_a_silent_producer_times_out_with_the_setting_named():
         started = time.monotonic()
         rollouts.close()
         assert time.monotonic() - started < 15  # a producer stuck in a call is killed
+
+
+def test_the_producer_takes_the_first_gpu_no_trainer_rank_uses():
+    assert producer_gpu(None, 2, 1) == "1"  # one trainer on GPU 0: the producer gets GPU 1 to itself
+    assert producer_gpu("4,5,6", 3, 2) == "6"  # torchrun's two ranks on 4 and 5
+    assert producer_gpu("GPU-a, GPU-b", 2, 1) == "GPU-b"
+    assert producer_gpu(None, 2, 2) is None and producer_gpu(None, 1, 1) is None  # every GPU trains: share rank 0's
+
+
+def test_the_producer_runs_on_its_gpu_as_a_process_of_its_own(monkeypatch):
+    monkeypatch.setenv("RANK", "0")  # as under torchrun: the spawned producer inherits rank 0's environment
+    rollouts = producer(1, "environment", gpu="7")
+    try:
+        _, metrics = rollouts.collect(1)
+        assert metrics["gpu"] == 7.0 and metrics["rank_set"] == 0.0
+    finally:
+        rollouts.close()
 
 
 # --- whole runs on tiny-random -------------------------------------------------------------------
