@@ -49,6 +49,9 @@ PROFILES = {
     # word problems answered at length (GSM8K, 256-token cap) where the arithmetic answers are 13-35 tokens;
     # the base model rarely solves them, so dynamic sampling is off and this profile measures time, not accuracy
     "generation_heavy": ["data.dataset=gsm8k", "rollout.max_response_tokens=256", "algo.dynamic_sampling=false"],
+    # the main job generating with transformers' generate (about 5x slower than the fast engine on this CPU):
+    # generation becomes over half of a synchronous step, the regime of long answers on a GPU
+    "slow_engine": ["rollout.engine=hf"],
 }
 
 
