@@ -1,16 +1,17 @@
 """Synchronous vs asynchronous rollouts (rollout.max_staleness) vs T-PPO on the main job's task.
 
-    python bench/async_rl.py [--profile main|generation_heavy] [--variants sync async1 ...] [--seeds 0 1 2]
-                             [--out bench/results/async_rl_PROFILE.json]
+    python bench/async_rl.py [--profile main|generation_heavy|slow_engine] [--variants sync async1 ...]
+                             [--seeds 0 1 2] [--out bench/results/async_rl_PROFILE.json]
 
 Each (variant, seed) is one `reasonrl train` run in its own process, as a user runs it (the main job: the
-dapo preset with its defaults; ``generation_heavy`` adds ``PROFILES``' overrides). Read from its metrics
-file: seconds per step (median of ``perf/step_seconds``), the engine's idle time per step (synchronous:
-the step's time outside generation, scoring and evaluation, when the engine waits for the trainer; asynchronous: the
+dapo preset with its defaults; the other profiles add ``PROFILES``' overrides). Read from its metrics file:
+seconds per step (median of ``perf/step_seconds``), the engine's idle time per step (synchronous: the step's
+time outside generation, scoring and evaluation, when the engine waits for the trainer; asynchronous: the
 producer's wait for a fresh enough version, ``perf/producer_idle_seconds``), the run's wall time, its
 held-out accuracy after each evaluation, the final accuracy, and the time to reach the synchronous run's
 final accuracy (same seed): the summed step times up to the first evaluation at or above it (null when
-never reached). Writes one JSON object (printed too) with a summary per variant (mean ± SE over seeds) and
+never reached). Each run's metrics file is kept beside OUT (``<OUT stem>_VARIANT_seedN_metrics.jsonl``).
+Writes one JSON object (printed too) with a summary per variant (mean ± SE over seeds) and
 a plot beside it (held-out accuracy against the seconds of steps; seconds per step).
 
     python bench/async_rl.py --report bench/results/async_rl_main*.json --out bench/results/async_rl_main_summary.json
@@ -55,7 +56,8 @@ PROFILES = {
 }
 
 
-def run_once(variant: str, seed: int, profile: str, extra: list[str]) -> dict:
+def run_once(variant: str, seed: int, profile: str, extra: list[str], keep: Path) -> dict:
+    """One run; its metrics file is kept as KEEP (for what the summary does not show)."""
     preset, overrides = VARIANTS[variant]
     with tempfile.TemporaryDirectory() as tmp:
         settings = [*overrides, *PROFILES[profile], *extra, f"run.seed={seed}", f"run.output_dir={tmp}", "run.name=r"]
@@ -65,7 +67,9 @@ def run_once(variant: str, seed: int, profile: str, extra: list[str]) -> dict:
         wall = time.perf_counter() - started
         if done.returncode:
             return {"variant": variant, "seed": seed, "error": done.stderr[-1500:]}
-        records = [json.loads(line) for line in (Path(tmp) / "r" / "metrics.jsonl").read_text().splitlines()]
+        text = (Path(tmp) / "r" / "metrics.jsonl").read_text()
+        keep.write_text(text)
+        records = [json.loads(line) for line in text.splitlines()]
     steps = [r for r in records if r["step"] > 0 and "perf/step_seconds" in r]
     elapsed, evaluations = 0.0, [{"step": 0, "seconds": 0.0, "accuracy": records[0].get("eval/accuracy")}]
     for r in steps:
@@ -129,9 +133,9 @@ def merged(paths: list[Path]) -> dict:
             if "error" not in run or (run["variant"], run["seed"]) not in runs:
                 runs[run["variant"], run["seed"]] = run
     return {
-        "dates": sorted({r["date"] for r in results}),
+        "dates": sorted({d for r in results for d in r.get("dates", [r.get("date")])}),  # a summary merged again too
         "sources": [str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path) for path in paths],
-        "machines": sorted({r["machine"] for r in results}),
+        "machines": sorted({m for r in results for m in r.get("machines", [r.get("machine")])}),
         "profile": results[0]["profile"],
         "runs": sorted(runs.values(), key=lambda r: (r["seed"], list(VARIANTS).index(r["variant"]))),
     }
@@ -193,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for seed in args.seeds:
         for variant in args.variants:
-            result["runs"].append(run_once(variant, seed, args.profile, args.overrides))
+            keep = out.with_name(f"{out.stem}_{variant}_seed{seed}_metrics.jsonl")
+            result["runs"].append(run_once(variant, seed, args.profile, args.overrides, keep))
             out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a stop
     write(summarise(result), out)
     return 0

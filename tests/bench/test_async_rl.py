@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from reasonrl.train.metrics import read_metrics
 from tests.bench.smoke import ROOT
 
 TINY = ["model.name_or_path=tiny-random", "train.rollout_steps=3", "data.eval_prompts=4", "rollout.rollout_prompts=2",
@@ -26,6 +27,8 @@ def test_the_smoke_compares_synchronous_and_asynchronous_runs_of_the_same_seed(t
     assert [e["step"] for e in sync["evaluations"]] == [e["step"] for e in async1["evaluations"]] == [0, 3]
     assert "rollout.max_staleness=1" in async1["command"] and sync["seconds_to_sync_final_accuracy"] is not None
     assert out.with_suffix(".png").stat().st_size > 0
+    kept = read_metrics(tmp_path / "async_async1_seed0_metrics.jsonl")  # each run's own metrics file
+    assert [r["step"] for r in kept if "eval/accuracy" in r] == [0, 3]
     assert result["summary"]["async1"]["step_seconds_median"]["values"] == [async1["step_seconds_median"]]
     # --report merges earlier results (an errored run does not replace a complete one) and runs nothing
     failed = dict(result, runs=[dict(sync, error="stopped", evaluations=None)])
