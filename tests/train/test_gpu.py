@@ -77,3 +77,13 @@ def test_grpo_on_a_visual_task_trains_the_vlm_on_cuda(tmp_path):
     assert len(records) == 2
     assert all(0 < r["perf/peak_gpu_memory_gb"] < 80 for r in records)
     assert all(math.isfinite(r["loss/policy"]) for r in records)
+
+
+def test_an_asynchronous_run_trains_on_cuda_with_its_producer_beside_it(tmp_path):
+    """rollout.max_staleness=1 with the policy on CUDA: the producer (a spawned process) builds its own CUDA
+    engine, on a spare GPU where the machine has one, and takes the weights the trainer publishes."""
+    overrides = [*TINY, "model.device=cuda", "train.rollout_steps=3", "run.eval_every=100", "rollout.max_staleness=1"]
+    fit(load_config("grpo", overrides), tmp_path, verifier=DigitFraction(), show_progress=False)
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(0 <= r["rollout/staleness_max"] <= 1 and math.isfinite(r["loss/policy"]) for r in records)
