@@ -11,7 +11,7 @@ producer's wait for a fresh enough version, ``perf/producer_idle_seconds``), the
 held-out accuracy after each evaluation, the final accuracy, and the time to reach the synchronous run's
 final accuracy (same seed): the summed step times up to the first evaluation at or above it (null when
 never reached). Each run's metrics file is kept beside OUT (``<OUT stem>_VARIANT_seedN_metrics.jsonl``).
-Writes one JSON object (printed too) with a summary per variant (mean ± SE over seeds) and
+Writes one JSON object (its runs and summary printed too) with a summary per variant (mean ± SE over seeds) and
 a plot beside it (held-out accuracy against the seconds of steps; seconds per step).
 
     python bench/async_rl.py --report bench/results/async_rl_main*.json --out bench/results/async_rl_main_summary.json
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, child_env, mean_se
+from common import ROOT, child_env, mean_se, write_result
 
 VARIANTS = {
     "sync": ("dapo", []),
@@ -167,13 +167,6 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path)
 
 
-def write(result: dict, out: Path) -> None:
-    """OUT (JSON, printed too) and its plot beside it (OUT with .png)."""
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
-    print(json.dumps(result, indent=2))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="main")
@@ -185,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         result = merged(args.report)
-        write(summarise(result), args.out or ROOT / "bench" / "results" / f"async_rl_{result['profile']}_summary.json")
+        out = args.out or ROOT / "bench" / "results" / f"async_rl_{result['profile']}_summary.json"
+        write_result(out.parent, out.stem, summarise(result), plot, shown=("summary",))
         return 0
     out = args.out or ROOT / "bench" / "results" / f"async_rl_{args.profile}.json"
     result = {
@@ -200,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             keep = out.with_name(f"{out.stem}_{variant}_seed{seed}_metrics.jsonl")
             result["runs"].append(run_once(variant, seed, args.profile, args.overrides, keep))
             out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a stop
-    write(summarise(result), out)
+    write_result(out.parent, out.stem, summarise(result), plot, shown=("runs", "summary"))
     return 0
 
 
