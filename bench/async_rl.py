@@ -1,6 +1,6 @@
 """Synchronous vs asynchronous rollouts (rollout.max_staleness) vs T-PPO on the main job's task.
 
-    python bench/async_rl.py [--profile main|generation_heavy|slow_engine] [--variants sync async1 ...]
+    python bench/async_rl.py [--profile main|generation_heavy|slow_engine|gpu] [--smoke] [--variants sync async1 ...]
                              [--seeds 0 1 2] [--out bench/results/async_rl_PROFILE.json]
 
 Each (variant, seed) is one `reasonrl train` run in its own process, as a user runs it (the main job: the
@@ -53,7 +53,41 @@ PROFILES = {
     # the main job generating with transformers' generate (about 5x slower than the fast engine on this CPU):
     # generation becomes over half of a synchronous step, the regime of long answers on a GPU
     "slow_engine": ["rollout.engine=hf"],
-}
+    # time on one GPU, not accuracy: a random-weight model (``RANDOM_MODELS``) generating with transformers'
+    # generate (vLLM where installed); it rarely emits its end token, so answers run long-tailed to the cap
+    "gpu": ["model.device=cuda", "rollout.max_response_tokens=512", "algo.dynamic_sampling=false",
+            "data.eval_prompts=8", "run.eval_every=1000"],
+}  # fmt: skip
+# Profiles that train a random-weight model built from a published config (bench/train_side.py's SHAPES) with
+# reasonrl's byte-level test tokenizer: the embedded model's weights cannot travel to a GPU machine.
+RANDOM_MODELS = {"gpu": "qwen2.5-1.5b"}
+
+
+def gpu_name() -> str:
+    """The first CUDA device's name and ", ", or "" (the machine of a CPU run is its processor alone)."""
+    import torch
+
+    return f"{torch.cuda.get_device_name(0)}, " if torch.cuda.is_available() else ""
+
+
+def build_random_model(shape: str, out: Path, smoke: bool) -> Path:
+    """SHAPE's architecture with random weights (bfloat16) and the byte-level tokenizer, saved in OUT;
+    ``smoke``: the same family at bench/train_side.py's tiny size."""
+    import torch
+    from train_side import model_config
+    from transformers import AutoModelForCausalLM
+
+    from reasonrl.models.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = model_config(shape, smoke)
+    config.vocab_size = len(tokenizer)
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def run_once(variant: str, seed: int, profile: str, extra: list[str], keep: Path) -> dict:
@@ -174,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path, nargs="+", metavar="RESULT", help="merge these results; run nothing")
+    parser.add_argument("--smoke", action="store_true", help="a profile's random-weight model at a tiny size")
     parser.add_argument("overrides", nargs="*", help="settings added to every run (e.g. train.rollout_steps=4)")
     args = parser.parse_args(argv)
     if args.report:
@@ -182,18 +217,25 @@ def main(argv: list[str] | None = None) -> int:
         write_result(out.parent, out.stem, summarise(result), plot, shown=("summary",))
         return 0
     out = args.out or ROOT / "bench" / "results" / f"async_rl_{args.profile}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python", "bench/async_rl.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "machine": f"{gpu_name()}{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         "profile": args.profile,
         "runs": [],
     }
-    for seed in args.seeds:
-        for variant in args.variants:
-            keep = out.with_name(f"{out.stem}_{variant}_seed{seed}_metrics.jsonl")
-            result["runs"].append(run_once(variant, seed, args.profile, args.overrides, keep))
-            out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a stop
+    with tempfile.TemporaryDirectory() as models:
+        overrides = args.overrides
+        if args.profile in RANDOM_MODELS:
+            result["model"] = f"random weights, {RANDOM_MODELS[args.profile]}'s config{' (smoke size)' * args.smoke}"
+            built = build_random_model(RANDOM_MODELS[args.profile], Path(models) / "model", args.smoke)
+            overrides = [f"model.name_or_path={built}", *overrides]
+        for seed in args.seeds:
+            for variant in args.variants:
+                keep = out.with_name(f"{out.stem}_{variant}_seed{seed}_metrics.jsonl")
+                result["runs"].append(run_once(variant, seed, args.profile, overrides, keep))
+                out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a stop
     write_result(out.parent, out.stem, summarise(result), plot, shown=("runs", "summary"))
     return 0
 

@@ -14,9 +14,13 @@ step does not stop the ones after it, so one lease brings back every result):
    importable at a version it accepts; the unmet ones are named.
 4. ``pytest``: ``pytest -m gpu``, its results per test in OUT/pytest.json (from its JUnit XML), its output
    in OUT/pytest.log.
-5. ``train_side``: ``bench/train_side.py --profile gpu --out OUT/train_side``, where the file exists
-   (skipped with a note where it does not), its output in OUT/train_side.log. It gets what is left of the
-   budget; every step finds its own limit in seconds in the environment variable GPU_CHECK_STEP_SECONDS.
+5. the benchmarks (``--benchmarks``, or the environment variable GPU_CHECK_BENCHMARKS; default both), each
+   where its file exists (skipped with a note where it does not), its results under OUT/NAME, its output in
+   OUT/NAME.log:
+   - ``async_rl``: ``bench/async_rl.py --profile gpu``, synchronous against one-step-off rollouts on a
+     random-weight Qwen2.5-1.5B, 4 steps each, within 300 s;
+   - ``train_side``: ``bench/train_side.py --profile gpu``, within what is left of the budget.
+   Every step finds its own limit in seconds in the environment variable GPU_CHECK_STEP_SECONDS.
 
 OUT/gpu_check.json holds the device and each step's status (passed, failed, timed_out, skipped), exit
 code, seconds and note; it is rewritten after every step, so a run stopped from outside still leaves it.
@@ -42,7 +46,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESERVE_SECONDS = 5  # kept back from every step for writing the results after it
 MIN_STEP_SECONDS = 10  # a step that would get less is skipped, not started
-STEP_BUDGETS = {"install": 60, "device": 60, "requirements": 60, "pytest": 150}  # train_side: what is left
+STEP_BUDGETS = {"install": 60, "device": 60, "requirements": 60, "pytest": 150, "async_rl": 300}  # others: what is left
+# the benchmarks, in the order they run, and their arguments given the folder of their results
+BENCHMARKS = {
+    "async_rl": lambda out: ["--profile", "gpu", "--variants", "sync", "async1", "--seeds", "0",
+                             "--out", str(out / "async_rl_gpu.json"), "train.rollout_steps=4"],
+    "train_side": lambda out: ["--profile", "gpu", "--out", str(out)],
+}  # fmt: skip
 MESSAGE_CHARS = 4000
 # a module that fails to import (a package missing on the image) is reported, and the other tests still run
 PYTEST_OPTIONS = ["-q", "-rs", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
@@ -148,8 +158,10 @@ def junit_results(junit_xml: Path) -> dict:
 class Check:
     """One run of the steps under a shared deadline, its record kept in OUT/gpu_check.json."""
 
-    def __init__(self, out: Path, site: Path, wheelhouse: Path, budget: float) -> None:
+    def __init__(self, out: Path, site: Path, wheelhouse: Path, budget: float,
+                 benchmarks: list[str] | None = None) -> None:  # fmt: skip
         self.out, self.site, self.wheelhouse = out, site, wheelhouse
+        self.benchmarks = list(BENCHMARKS) if benchmarks is None else benchmarks
         self.started = time.monotonic()
         self.deadline = self.started + budget
         self.record: dict = {"device": None, "budget_seconds": budget, "steps": []}
@@ -223,7 +235,7 @@ class Check:
         requirements = [python, script, "requirements", str(self.site)]
         self.step("requirements", requirements, budget=STEP_BUDGETS["requirements"])
         self.run_tests(python)
-        self.run_benchmark(python)
+        self.run_benchmarks(python, self.benchmarks)
         self.record["seconds"] = round(time.monotonic() - self.started, 1)
         self.write("gpu_check.json", self.record)
         return int(any(step["status"] in ("failed", "timed_out") for step in self.record["steps"]))
@@ -244,13 +256,14 @@ class Check:
             self.write("pytest.json", {"device": self.record["device"], **junit_results(junit)})
             junit.unlink()
 
-    def run_benchmark(self, python: str) -> None:
-        benchmark = ROOT / "bench" / "train_side.py"
-        if not benchmark.exists():
-            self.skip("train_side", "bench/train_side.py is not in this tree: no training-side benchmark run")
-            return
-        command = [python, str(benchmark), "--profile", "gpu", "--out", str(self.out / "train_side")]
-        self.step("train_side", command, log=self.out / "train_side.log")
+    def run_benchmarks(self, python: str, names: list[str]) -> None:
+        for name in names:
+            benchmark = ROOT / "bench" / f"{name}.py"
+            if not benchmark.exists():
+                self.skip(name, f"bench/{name}.py is not in this tree: no {name} benchmark run")
+                continue
+            command = [python, str(benchmark), *BENCHMARKS[name](self.out / name)]
+            self.step(name, command, log=self.out / f"{name}.log", budget=STEP_BUDGETS.get(name))
 
 
 def copy_lines(stream, lines: list[str], log: Path | None) -> None:
@@ -271,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--site", type=Path, default=Path(os.environ.get("GPU_CHECK_SITE", "/tmp/reasonrl-site")))
     run.add_argument("--wheelhouse", type=Path, default=ROOT / ".whl")
     run.add_argument("--budget", type=float, default=float(os.environ.get("GPU_CHECK_BUDGET_S", 480)))
+    chosen = os.environ.get("GPU_CHECK_BENCHMARKS")
+    run.add_argument("--benchmarks", nargs="*", choices=list(BENCHMARKS), default=chosen.split() if chosen else None,
+                     help="the benchmarks to run, in this order (default: all; env GPU_CHECK_BENCHMARKS)")  # fmt: skip
     device = commands.add_parser("device", help="write the device's description as JSON")
     device.add_argument("path", type=Path)
     requirements = commands.add_parser("requirements", help="name unmet requirements of reasonrl and the wheels")
@@ -287,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(unmet) if unmet else "every requirement of reasonrl and of the installed wheels is met")
         return int(bool(unmet))
     args.out.mkdir(parents=True, exist_ok=True)
-    return Check(args.out.resolve(), args.site.resolve(), args.wheelhouse.resolve(), args.budget).run()
+    return Check(args.out.resolve(), args.site.resolve(), args.wheelhouse.resolve(), args.budget,
+                 args.benchmarks).run()  # fmt: skip
 
 
 if __name__ == "__main__":

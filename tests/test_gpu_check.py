@@ -99,7 +99,7 @@ def test_the_training_side_benchmark_runs_where_it_exists_and_is_skipped_where_n
             "(pathlib.Path(args.out) / 'train_side_gpu.json').write_text(json.dumps(result))\n"
         )
     out = tmp_path / "out"
-    check_in(out).run_benchmark(sys.executable)
+    check_in(out).run_benchmarks(sys.executable, ["train_side"])
     (step,) = json.loads((out / "gpu_check.json").read_text())["steps"]
     if present:
         assert step["status"] == "passed"
