@@ -40,3 +40,21 @@ def test_the_smoke_compares_synchronous_and_asynchronous_runs_of_the_same_seed(t
     summary = json.loads(merged.read_text())["summary"]
     assert summary["sync"]["final_accuracy"]["values"] == [sync["final_accuracy"]]
     assert merged.with_suffix(".png").exists()
+
+
+def test_the_gpu_profile_trains_the_random_weight_model_it_builds(tmp_path):
+    """--profile gpu at its smoke size, on the CPU: the model it builds (Qwen2.5-1.5B's family, the byte-level
+    tokenizer) loads and trains as a user's run, and the result says which model it was."""
+    out = tmp_path / "gpu.json"
+    command = [sys.executable, str(ROOT / "bench" / "async_rl.py"), "--profile", "gpu", "--smoke", "--variants", "sync"]
+    settings = ["model.device=cpu", "train.rollout_steps=1", "rollout.max_response_tokens=16", *TINY[2:]]
+    done = subprocess.run([*command, "--seeds", "0", "--out", str(out), *settings], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    (run,) = result["runs"]
+    assert "error" not in run, run
+    assert result["model"] == "random weights, qwen2.5-1.5b's config (smoke size)"
+    assert "model.name_or_path=" in run["command"] and "rollout.max_response_tokens=16" in run["command"]
+    kept = read_metrics(tmp_path / "gpu_sync_seed0_metrics.jsonl")
+    assert [r["step"] for r in kept if "eval/accuracy" in r] == [0, 1]
