@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 
 from reasonrl.algo.advantage_estimators import (
@@ -23,6 +26,8 @@ from reasonrl.batch import RolloutBatch
 LAMBDA_BUCKETS = 4  # critic/lambda_policy_q1..q4: by response-length quartile
 EDGE_FRACTION = 0.1  # critic/advantage_first_10pct, critic/advantage_last_10pct
 POSITION_BUCKETS = ("early", "middle", "late")  # critic/explained_variance_<bucket>: thirds of each response
+CLAMPED_LAMBDA_WARNING = 0.5  # warn once when length-adaptive λ_policy is 0 for this fraction of a batch or more
+log = logging.getLogger(__name__)
 
 
 def policy_lambda(spec: AlgoSpec, response_mask: torch.Tensor) -> torch.Tensor:
@@ -31,6 +36,19 @@ def policy_lambda(spec: AlgoSpec, response_mask: torch.Tensor) -> torch.Tensor:
     if spec.lambda_policy_mode == "length_adaptive":
         return length_adaptive_lambda(lengths, spec.length_alpha)
     return torch.full(lengths.shape, spec.lambda_policy, dtype=torch.get_default_dtype())
+
+
+@functools.cache  # once per run (per α)
+def warn_lambda_clamped(alpha: float) -> None:
+    log.warning(
+        "length-adaptive λ_policy (VAPO eq 5, algo.length_alpha=%g) is 0 for half or more of a batch's responses "
+        "(those of %d tokens or fewer): their policy advantages are one-step TD errors that rest on the critic "
+        "alone, and an untrained critic gives them no learning signal (critic/lambda_clamped_fraction; "
+        'docs/algorithms.md, "VAPO\'s α on short answers"). On short answers, pretrain the critic '
+        "(algo.value_pretrain_steps) or use algo.lambda_policy_mode=fixed",
+        alpha,
+        int(1 / alpha),
+    )
 
 
 def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
@@ -55,6 +73,8 @@ def critic_advantages(batch: RolloutBatch, spec: AlgoSpec) -> dict[str, float]:
     stats = {"critic/lambda_policy_mean": lam.mean().item()}
     if spec.lambda_policy_mode == "length_adaptive":
         stats["critic/lambda_clamped_fraction"] = (lam <= 0).float().mean().item()
+        if stats["critic/lambda_clamped_fraction"] >= CLAMPED_LAMBDA_WARNING:
+            warn_lambda_clamped(spec.length_alpha)
         quartiles = bucket_means(lam, batch.response_mask.sum(1), LAMBDA_BUCKETS)  # shortest responses first
         stats |= {f"critic/lambda_policy_q{i + 1}": value for i, value in enumerate(quartiles.tolist())}
     return stats | reward_decay_stats(batch, lam, spec.gamma) | value_fit_stats(batch, spec.gamma)

@@ -8,7 +8,7 @@ import torch
 
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
-from reasonrl.train.advantage_stage import assign_advantages
+from reasonrl.train.advantage_stage import assign_advantages, warn_lambda_clamped
 
 GAE = AlgoSpec(advantage_estimator="gae", lambda_policy=0.5, lambda_critic=1.0, gamma=1.0)
 
@@ -77,3 +77,21 @@ def test_vapo_lambda_by_length_quartile_and_its_reward_reach():
     # V ≡ 0, reward 1: the first token's advantage is exactly the reach
     first = batch.advantages[:, 0]
     assert sorted(first.tolist()) == pytest.approx(sorted(reach))
+
+
+def test_length_adaptive_lambda_clamped_for_most_responses_is_warned_once(caplog):
+    # α = 0.05: λ = 0 for responses of 20 tokens or fewer; three of these four are (the main job's answers)
+    warn_lambda_clamped.cache_clear()  # an earlier test in this process may have warned already
+    spec = AlgoSpec(advantage_estimator="gae", lambda_policy_mode="length_adaptive", length_alpha=0.05)
+    lengths = [12, 20, 16, 30]
+    for _ in range(2):
+        batch = critic_batch(lengths, [1.0, 0.0, 0.0, 1.0], [[0.0] * n for n in lengths])
+        assert assign_advantages(batch, spec, 0.0)["critic/lambda_clamped_fraction"] == 0.75
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "algo.length_alpha=0.05" in warnings[0] and "20 tokens or fewer" in warnings[0]
+    # under half clamped: no warning
+    caplog.clear()
+    long_spec = AlgoSpec(advantage_estimator="gae", lambda_policy_mode="length_adaptive", length_alpha=0.04)
+    batch = critic_batch([30, 40], [1.0, 0.0], [[0.0] * 30, [0.0] * 40])
+    assert assign_advantages(batch, long_spec, 0.0)["critic/lambda_clamped_fraction"] == 0.0
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
