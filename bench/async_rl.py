@@ -63,11 +63,12 @@ PROFILES = {
 RANDOM_MODELS = {"gpu": "qwen2.5-1.5b"}
 
 
-def gpu_name() -> str:
-    """The first CUDA device's name and ", ", or "" (the machine of a CPU run is its processor alone)."""
+def gpu_prefix() -> str:
+    """The CUDA device's name (bench/gpu_step.py's) and ", ", or "" on a machine without one."""
     import torch
+    from gpu_step import device_description
 
-    return f"{torch.cuda.get_device_name(0)}, " if torch.cuda.is_available() else ""
+    return f"{device_description('cuda')['device']}, " if torch.cuda.is_available() else ""
 
 
 def build_random_model(shape: str, out: Path, smoke: bool) -> Path:
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python", "bench/async_rl.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": f"{gpu_name()}{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "machine": f"{gpu_prefix()}{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         "profile": args.profile,
         "runs": [],
     }
