@@ -28,6 +28,10 @@ tokens are at most s − 1 − v stale and some are fresher.
 6. Data parallelism (torchrun): rank 0 alone runs the producer, which generates the whole batch as one process
    would; rank 0 broadcasts each batch, or the error that ends the run, to every rank, so every rank holds
    the same batch (as a synchronous data-parallel run does) or raises the same error.
+7. Remote engines (``dist.backend=ray``): the producer is a thread of the trainer's process (``produce``, the
+   same loop), generating on the Ray rollout workers and scoring on the reward workers that evaluation uses
+   too; ``EngineVersions`` (``reasonrl.train.engine_versions``) is then its channel, which loads into the
+   workers the version each call samples with.  An error it raises reaches the trainer as itself.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import os
 import pickle
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -52,6 +57,7 @@ from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
 from reasonrl.rollout.engine_protocol import RolloutEngine
 from reasonrl.rollout.tppo_pool import PartialRollouts, RolloutPool
+from reasonrl.train.engine_versions import EngineVersions
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
 from reasonrl.train.rollout_stage import DynamicSamplingError, PoolCollector, RewardFailureError
 
@@ -87,6 +93,7 @@ class ProducerFailure:
     kind: str
     message: str
     trace: str
+    error: BaseException | None = None  # a producer thread's exception itself (a process's may not pickle)
 
 
 class SharedWeights:
@@ -98,6 +105,7 @@ class SharedWeights:
         self.tensors = {name: w.detach().to("cpu", copy=True).share_memory_() for name, w in weights.items()}
         self.sequence = context.Value("q", 0, lock=False)
         self.version = context.Value("q", version, lock=False)
+        self.trainer_pid = os.getpid()
 
     def publish(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         self.sequence.value += 1  # odd: being written
@@ -109,11 +117,11 @@ class SharedWeights:
     def newest_version(self) -> int:
         return int(self.version.value)
 
-    def wait_for_version(self, version: int, stop, parent_pid: int) -> bool:
+    def wait_for_version(self, version: int, stop) -> bool:
         """Wait until weights of at least ``version`` are published; False if stopped first (``stop`` set,
         or the trainer's process gone)."""
         while self.newest_version() < version:
-            if stop.value or os.getppid() != parent_pid:
+            if stop.value or os.getppid() != self.trainer_pid:
                 return False
             time.sleep(WAKE_SECONDS)
         return not stop.value
@@ -133,7 +141,7 @@ class SharedWeights:
 class ProducerPolicy:
     """The producer's view of the policy: its engine and the version of the weights it holds."""
 
-    def __init__(self, weights: SharedWeights, cfg: Config) -> None:
+    def __init__(self, weights: SharedWeights | EngineVersions, cfg: Config) -> None:
         self.weights, self.window_tokens = weights, resolve(cfg).partial_window_tokens
         self.engine: RolloutEngine | None = None
         self.partial: PartialRollouts | None = None
@@ -171,25 +179,41 @@ def run_producer(
     weights: SharedWeights,
     results,
     stop,
-    parent_pid: int,
     gpu: str | None = None,
 ) -> None:
-    """The producer process: batches ``first_step``, ``first_step`` + 1, … up to the run's last step, each
-    from a version at most ``rollout.max_staleness`` behind, onto ``results``; ends when ``stop`` is set or
-    the trainer's process is gone."""
+    """The producer process: ``produce`` with the process's own settings (no Ctrl-C, no torchrun rank, its GPU
+    and threads), each result pickled onto ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it saves, then stops this process
     for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)
     if gpu is not None:  # before anything initialises CUDA in this process: "cuda" is then that GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     torch.set_num_threads(cfg.rollout.producer_threads)
+    send = lambda result: results.put(as_bytes(result))  # noqa: E731
+    produce(build, cfg, verifier, first_step, collector_state, weights, send, stop, in_thread=False)
+
+
+def produce(
+    build: Callable[[Config, dict, Any, ProducerPolicy], Any],
+    cfg: Config,
+    verifier: Any,
+    first_step: int,
+    collector_state: dict,
+    weights: SharedWeights | EngineVersions,
+    send: Callable[[ProducedBatch | ProducerFailure], None],
+    stop,
+    in_thread: bool,
+) -> None:
+    """The producer: batches ``first_step``, ``first_step`` + 1, … up to the run's last step, each from a version
+    at most ``rollout.max_staleness`` behind, sent in order; ends when ``stop`` is set or the trainer's process
+    is gone, or with its error sent."""
     step = first_step
     try:
         policy = ProducerPolicy(weights, cfg)
         collector = build(cfg, collector_state, verifier, policy)
         for step in range(first_step, cfg.train.rollout_steps + 1):
             waited = time.perf_counter()
-            if not weights.wait_for_version(step - 1 - cfg.rollout.max_staleness, stop, parent_pid):  # 1. fresh enough
+            if not weights.wait_for_version(step - 1 - cfg.rollout.max_staleness, stop):  # 1. fresh enough
                 return
             idle = time.perf_counter() - waited
             version = policy.newest()  # 2. the newest weights, between engine calls
@@ -197,9 +221,10 @@ def run_producer(
             if batch.policy_versions is None:  # 4. every token tagged (partial rollouts tag their own)
                 batch.policy_versions = torch.where(batch.response_mask, version, -1)  # [B, T]
             stats = {**stats, **policy.window_stats()}
-            results.put(as_bytes(ProducedBatch(step, batch, stats, resume_state(collector), idle)))
+            send(ProducedBatch(step, batch, stats, resume_state(collector), idle))
     except BaseException as exc:  # everything goes to the trainer, which raises it
-        results.put(as_bytes(ProducerFailure(step, type(exc).__name__, str(exc), traceback.format_exc(limit=8))))
+        trace = traceback.format_exc(limit=8)
+        send(ProducerFailure(step, type(exc).__name__, str(exc), trace, exc if in_thread else None))
 
 
 def producer_gpu(visible: str | None, count: int, trainer_gpus: int) -> str | None:
@@ -239,6 +264,12 @@ def as_bytes(result: ProducedBatch | ProducerFailure) -> bytes:
     return pickle.dumps(result)
 
 
+class StopFlag:
+    """A producer thread's stop flag (a producer process's is a shared ``Value``)."""
+
+    value = 0
+
+
 class AsyncRollouts:
     """The rollout stage of an asynchronous run: batches from the producer process, in step order."""
 
@@ -253,16 +284,18 @@ class AsyncRollouts:
         rollout_pool: RolloutPool | None = None,
         parallel: DataParallel = SINGLE_PROCESS,
         gpu: str | None = None,
+        engine_versions: EngineVersions | None = None,
     ) -> None:
         self.cfg, self.build, self.stream, self.current_weights = cfg, build, stream, current_weights
         self.rollout_pool = rollout_pool  # T-PPO: the checkpointed copy of the producer's pool
         self.verifier = verifier  # the run's own verifier object (the Python API's), pickled to the producer
         self.parallel = parallel  # rank 0 runs the producer and broadcasts its batches
         self.gpu = gpu  # the producer's CUDA_VISIBLE_DEVICES (None: the trainer's)
+        self.engine_versions = engine_versions  # remote engines: the producer is a thread, this its channel
         self.context = torch_mp.get_context("spawn")
         self.started = False
-        self.process = None
-        self.weights: SharedWeights | None = None  # rank 0's, once started
+        self.process: Any = None  # the producer's process, or its thread
+        self.weights: SharedWeights | EngineVersions | None = None  # rank 0's, once started
         self.last_step = 0  # the newest step collected: the version its update will publish
         self.share_cores = share_cores  # CPU: the trainer leaves the producer's threads their cores while it runs
         self.trainer_threads = torch.get_num_threads()  # restored when the producer stops
@@ -272,20 +305,34 @@ class AsyncRollouts:
         current = self.current_weights()  # every rank: gathering a sharded model's weights is a collective
         if not self.parallel.is_main:
             return
-        self.weights = SharedWeights(current, first_step - 1, self.context)
-        self.results = self.context.Queue()
-        self.stop = self.context.Value("b", 0, lock=False)  # a flag, not an Event: nothing a killed producer can wedge
         state = {"stream": self.stream.state_dict()}
         if self.rollout_pool is not None:
             state["pool"] = self.rollout_pool.state_dict()
+        if self.engine_versions is not None:
+            self.start_thread(first_step, state, current)
+            return
+        self.weights = SharedWeights(current, first_step - 1, self.context)
+        self.results = self.context.Queue()
+        self.stop = self.context.Value("b", 0, lock=False)  # a flag, not an Event: nothing a killed producer can wedge
         arguments = (self.build, self.cfg, self.verifier, first_step, state, self.weights,
-                     self.results, self.stop, os.getpid(), self.gpu)  # fmt: skip
+                     self.results, self.stop, self.gpu)  # fmt: skip
         self.process = self.context.Process(target=run_producer, args=arguments, name="reasonrl-rollout-producer")
         self.process.start()
         if self.gpu is not None:
             log.info("the rollout producer generates on GPU %s, apart from the trainer", self.gpu)
         if self.share_cores:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - self.cfg.rollout.producer_threads))
+
+    def start_thread(self, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
+        """The producer as a thread of this process, generating through ``engine_versions``."""
+        self.weights = self.engine_versions
+        self.weights.publish(current, first_step - 1)
+        self.results = queue.Queue()
+        self.stop = StopFlag()
+        arguments = (self.build, self.cfg, self.verifier, first_step, state, self.weights,
+                     self.results.put, self.stop, True)  # fmt: skip
+        self.process = threading.Thread(target=produce, args=arguments, name="reasonrl-rollout-producer", daemon=True)
+        self.process.start()
 
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Step ``step``'s batch and its metrics: the producer's, with its staleness and the waits."""
@@ -321,14 +368,13 @@ class AsyncRollouts:
         deadline = time.monotonic() + self.cfg.rollout.producer_timeout_seconds
         while True:
             try:
-                result = pickle.loads(self.results.get(timeout=POLL_SECONDS))  # our own producer's bytes
+                result = self.results.get(timeout=POLL_SECONDS)
                 break
             except queue.Empty:
                 if not self.process.is_alive():
                     raise ProducerError(
-                        f"the rollout producer (pid {self.process.pid}) died with exit code {self.process.exitcode} "
-                        f"before step {step}'s batch; the run can resume from its latest checkpoint (run the same "
-                        "command again)"
+                        f"the rollout producer {self.exit_description()} before step {step}'s batch; the run can "
+                        "resume from its latest checkpoint (run the same command again)"
                     ) from None
                 if time.monotonic() > deadline:
                     raise ProducerError(
@@ -336,14 +382,23 @@ class AsyncRollouts:
                         f"rollout.producer_timeout_seconds={self.cfg.rollout.producer_timeout_seconds:g}; it was "
                         "stopped (raise the timeout if generating one batch takes longer)"
                     ) from None
+        if isinstance(result, bytes):
+            result = pickle.loads(result)  # our own producer process's
         if isinstance(result, ProducerFailure):  # the run's own errors keep their kind and one-line message
             log.debug("the rollout producer's traceback:\n%s", result.trace)
+            if result.error is not None:  # a producer thread's
+                raise result.error
             if result.kind in RAISED_AS_THEMSELVES:
                 raise RAISED_AS_THEMSELVES[result.kind](result.message)
             raise ProducerError(f"the rollout producer failed at step {result.step}: {result.kind}: {result.message}")
         if result.step != step:
             raise ProducerError(f"the rollout producer sent step {result.step}'s batch where step {step}'s was due")
         return result
+
+    def exit_description(self) -> str:
+        if isinstance(self.process, threading.Thread):
+            return "(a thread of this process) ended"
+        return f"(pid {self.process.pid}) died with exit code {self.process.exitcode}"
 
     def publish(self, weights: Mapping[str, torch.Tensor]) -> None:
         """The trainer's weights after the update of the newest step collected (no wait for the producer)."""
@@ -357,6 +412,9 @@ class AsyncRollouts:
             return
         self.stop.value = 1
         self.process.join(STOP_SECONDS)
+        if isinstance(self.process, threading.Thread):  # a thread cannot be killed: one still in an engine call
+            self.process = None  # ends when the call does (the run's worker timeout bounds it)
+            return
         if self.process.is_alive():
             self.process.kill()
             self.process.join()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from reasonrl.train.async_rollouts import AsyncRollouts, ProducerPolicy, Publish
 from reasonrl.train.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.train.conversation_stage import ConversationCollector, prompt_tools
 from reasonrl.train.critic import CriticUpdater
+from reasonrl.train.engine_versions import EngineVersions, EvaluationEngine, ProducerEngine
 from reasonrl.train.offline_batches import OfflineData
 from reasonrl.train.parallel import DataParallel, RemoteWorkers
 from reasonrl.train.policy import TokenLogprobs
@@ -325,20 +327,23 @@ def setup(
     window = cfg.algo.window_tokens
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
     producer = None
-    if cfg.rollout.max_staleness:  # the producer process generates; this process's engine serves evaluation
+    if cfg.rollout.max_staleness:  # the producer generates; this process's engine serves evaluation
         current = lambda: backend.engine_weights(model, engine)  # noqa: E731
+        # remote engines (Ray's workers): a producer thread shares them with evaluation, each call at its version
+        versions = EngineVersions(engine) if workers is not None else None
         producer = AsyncRollouts(
             cfg,
-            producer_collector,
+            functools.partial(shared_engine_collector, versions, pool) if versions else producer_collector,
             stream,
             current,
             verifier,
-            share_cores=device.type == "cpu",
+            share_cores=device.type == "cpu" and versions is None,
             rollout_pool=rollout_pool,
             parallel=backend.parallel,
-            gpu=spare_gpu(device),
+            gpu=None if versions else spare_gpu(device),
+            engine_versions=versions,
         )
-        engine = PublishingEngine(engine, producer)
+        engine = PublishingEngine(EvaluationEngine(versions) if versions else engine, producer)
     rollout = producer or training_rollouts(cfg, collector, rollout_pool)
     return Run(
         cfg=cfg,
@@ -396,25 +401,40 @@ def producer_collector(
 ) -> RolloutCollector | PoolCollector | ConversationCollector:
     """The rollout producer's collector (rollout.max_staleness ≥ 1), built in its own process from the
     config (and the run's own ``verifier``, pickled across): the policy's engine as ``policy`` wraps it
-    (its weights come from the trainer before the first batch), the scorer, the prompt stream at
-    ``state["stream"]``, and T-PPO's pool at ``state["pool"]`` or multi-turn conversations where the run
-    has them."""
+    (its weights come from the trainer before the first batch) and the scorer (``producer_rollouts``)."""
     device = resolve_device(cfg.model.device)
     plan = resolve(cfg)
     dtype = forward_dtype(cfg)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
     model = load_model(cfg.model.name_or_path, dtype, attention, device)
-    engine = policy.engine_for(
-        build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
-    )
+    engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
+    scorer = build_scorer(cfg, dtype, device, verifier, preflight(cfg))
+    return producer_rollouts(cfg, state, policy, policy.engine_for(engine), scorer, tokenizer)
+
+
+def shared_engine_collector(
+    versions: EngineVersions, scorer: Scorer, cfg: Config, state: dict, verifier: Any, policy: ProducerPolicy
+) -> RolloutCollector | PoolCollector | ConversationCollector:
+    """The collector of a producer thread on remote engines (dist.backend=ray): the rollout workers at the
+    producer's version (``versions``) and the reward workers (``scorer``), both shared with evaluation."""
+    tokenizer = load_tokenizer(cfg.model.name_or_path)  # its own: a thread does not share the trainer's
+    return producer_rollouts(cfg, state, policy, policy.engine_for(ProducerEngine(versions)), scorer, tokenizer)
+
+
+def producer_rollouts(
+    cfg: Config, state: dict, policy: ProducerPolicy, engine: RolloutEngine, scorer: Scorer, tokenizer
+) -> RolloutCollector | PoolCollector | ConversationCollector:
+    """The producer's rollouts through ``engine`` and ``scorer``: its own prompt stream at ``state["stream"]``,
+    T-PPO's pool at ``state["pool"]`` or multi-turn conversations where the run has them, each batch tagged
+    with the version ``policy`` holds."""
+    plan = resolve(cfg)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     stream.load_state_dict(state["stream"])
     rollout_pool = None
     if cfg.algo.window_tokens:
         rollout_pool = RolloutPool(plan.sequences_per_rollout, cfg.algo.window_tokens, cfg.rollout.max_response_tokens)
         rollout_pool.load_state_dict(state["pool"])
-    scorer = build_scorer(cfg, dtype, device, verifier, preflight(cfg))
     settings = RolloutSettings.of(cfg, plan)
     collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, prompt_encoder(cfg, tokenizer))
     return training_rollouts(cfg, collector, rollout_pool, sampling_version=lambda step: policy.loaded)

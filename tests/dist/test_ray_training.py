@@ -1,5 +1,6 @@
 """dist.backend=ray end to end on a local 2-CPU cluster: 2 rollout workers and 1 trainer worker train
-exactly as one process, and a rollout worker killed mid-run stops the run with an error naming it."""
+exactly as one process, an asynchronous run's producer generates on them, and a rollout worker killed
+mid-run stops the run with an error naming it."""
 
 import threading
 import time
@@ -49,13 +50,31 @@ def test_a_ray_run_prints_the_lines_of_a_run_in_one_process(cluster, tmp_path, c
     assert "held-out accuracy: " in out and f"model:   {tmp_path / 'r' / 'final'}" in out
 
 
-def test_a_killed_rollout_worker_stops_the_run_naming_it_and_the_checkpoint(cluster, tmp_path):
+def test_an_asynchronous_run_generates_on_the_rollout_workers_within_its_staleness_bound(cluster, tmp_path):
+    """rollout.max_staleness=1 with partial rollouts: the producer thread generates on the two rollout workers,
+    which evaluation shares, in windows that take the newest weights between them."""
+    partial = ["rollout.partial_rollouts=true", "rollout.partial_window_tokens=4"]
+    cfg = config("train.rollout_steps=3", *RAY, "rollout.max_staleness=1", *partial)
+    assert fit_on_ray(cfg, tmp_path, preset="grpo")["steps"] == 3
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    steps = [r for r in records if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert "eval/accuracy" in records[0] and "eval/accuracy" in steps[1]  # run.eval_every=2
+    for r in steps:
+        assert 0 <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1
+        assert r["rollout/staleness_0_fraction"] + r["rollout/staleness_1_fraction"] == pytest.approx(1.0)
+    assert sum(r["rollout/reprefill_tokens"] for r in steps) > 0  # responses continued across windows
+
+
+@pytest.mark.parametrize("staleness", [0, 1], ids=["sync", "async"])
+def test_a_killed_rollout_worker_stops_the_run_naming_it_and_the_checkpoint(cluster, tmp_path, staleness):
     run_dir = tmp_path / "run"
     outcome: dict = {}
+    cfg = config("train.rollout_steps=50", "run.save_every=1", *RAY, f"rollout.max_staleness={staleness}")
 
     def train():
         try:
-            fit_on_ray(config("train.rollout_steps=50", "run.save_every=1", *RAY), run_dir, preset="grpo")
+            fit_on_ray(cfg, run_dir, preset="grpo")
         except Exception as exc:
             outcome["error"] = exc
 

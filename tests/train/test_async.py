@@ -14,6 +14,7 @@ import torch
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, load_config
 from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError, producer_gpu
+from reasonrl.train.engine_versions import EngineVersions
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.rollout_stage import DynamicSamplingError
@@ -80,10 +81,15 @@ class StartedStream:
         self.consumed = state["consumed"]
 
 
-def producer(staleness: int, behaviour: str = "", timeout: float = 60.0, gpu: str | None = None) -> AsyncRollouts:
+def producer(
+    staleness: int, behaviour: str = "", timeout: float = 60.0, gpu: str | None = None, thread: bool = False
+) -> AsyncRollouts:
+    """A producer process, or with ``thread`` a producer thread on a shared engine (as under Ray)."""
     cfg = load_config("grpo", [f"rollout.max_staleness={staleness}", f"rollout.producer_timeout_seconds={timeout}",
                                "train.rollout_steps=10"])  # fmt: skip
-    return AsyncRollouts(cfg, stand_in, StartedStream(), lambda: {"w": torch.zeros(2)}, behaviour, gpu=gpu)
+    versions = EngineVersions(RecordingEngine()) if thread else None
+    weights = lambda: {"w": torch.zeros(2)}  # noqa: E731
+    return AsyncRollouts(cfg, stand_in, StartedStream(), weights, behaviour, gpu=gpu, engine_versions=versions)
 
 
 def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:
@@ -92,14 +98,16 @@ def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:
     steps = []
     while True:
         try:
-            steps.append(pickle.loads(rollouts.results.get(timeout=0.5)).step)
+            result = rollouts.results.get(timeout=0.5)  # a process's pickled, a thread's as it is
+            steps.append((pickle.loads(result) if isinstance(result, bytes) else result).step)
         except queue.Empty:  # the producer is waiting for a newer version
             return steps
 
 
+@pytest.mark.parametrize("thread", [False, True], ids=["process", "thread"])
 @pytest.mark.parametrize("staleness", [1, 2])
-def test_the_producer_runs_at_most_k_versions_ahead(staleness):
-    rollouts = producer(staleness)
+def test_the_producer_runs_at_most_k_versions_ahead(staleness, thread):
+    rollouts = producer(staleness, thread=thread)
     try:
         batch, metrics = rollouts.collect(1)  # sampled with version 0, as a synchronous step 1 is
         assert batch.prompt_ids.item() == 1 and metrics["rollout/staleness_mean"] == 0.0
@@ -141,8 +149,9 @@ def test_a_killed_producer_fails_the_run_with_one_clear_error_not_a_hang():
         rollouts.close()
 
 
-def test_a_producer_error_reaches_the_trainer_as_itself():
-    rollouts = producer(1, "raises")
+@pytest.mark.parametrize("thread", [False, True], ids=["process", "thread"])
+def test_a_producer_error_reaches_the_trainer_as_itself(thread):
+    rollouts = producer(1, "raises", thread=thread)
     try:
         rollouts.collect(1)
         with pytest.raises(DynamicSamplingError, match="no informative group after 3 generation passes"):
@@ -242,8 +251,9 @@ def test_what_the_producer_cannot_run_with_is_refused_with_the_reason():
         load_config("grpo", ["algo.rollout_correction=decoupled", "algo.rollout_correction_level=sequence"])
     with pytest.raises(ConfigError, match=r"rollout_correction_threshold=1 must be above 1"):
         load_config("grpo", ["algo.rollout_correction=tis", "algo.rollout_correction_threshold=1"])
-    with pytest.raises(ConfigError, match=r"dist\.backend=ray yet: the producer would build its own engine"):
-        load_config("grpo", ["rollout.max_staleness=1", "dist.backend=ray"])
+    with pytest.raises(ConfigError, match=r"dist\.trainer_workers > 1 yet: rank 0's producer and every rank's"):
+        load_config("grpo", ["rollout.max_staleness=1", "dist.backend=ray", "dist.trainer_workers=2"])
+    load_config("grpo", ["rollout.max_staleness=1", "dist.backend=ray"])  # one trainer worker runs it
 
 
 def test_under_torchrun_a_producer_timeout_beyond_the_collectives_timeout_is_refused(monkeypatch):
