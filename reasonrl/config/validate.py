@@ -379,12 +379,6 @@ def _asynchronous(cfg: Config) -> list[str]:
         ),
         "algo.offline": (a.offline != "none", "an offline run generates nothing"),
         "reward.prm_dense": (cfg.reward.prm_dense != "off", "the process reward model is loaded by the trainer"),
-        "dist.backend=ray and dist.trainer_workers > 1": (
-            cfg.dist.backend == "ray" and cfg.dist.trainer_workers > 1,
-            "rank 0's producer and every rank's evaluation share the rollout workers, which hold one version of "
-            "the weights at a time, and only rank 0 knows which (one trainer worker runs it; so does torchrun "
-            "data parallelism, whose producer has its own engine)",
-        ),
     }
     for setting, (used, why) in unsupported.items():
         if used:

@@ -182,6 +182,27 @@ class ShardedEngine:
         return getattr(self.engine, name)
 
 
+class RankZeroEngine:
+    """An engine that rank 0 alone calls, for every rank: it generates all the prompts and broadcasts the
+    completions, and it alone loads weights.  For engines whose weights only rank 0 knows: the rollout
+    workers of an asynchronous Ray run, which rank 0's producer shares.  With one rank it is the engine."""
+
+    shared_by_ranks = True
+
+    def __init__(self, engine: RolloutEngine, parallel: DataParallel) -> None:
+        self.engine, self.parallel = engine, parallel
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        return self.parallel.broadcast(self.engine.generate(prompts, params) if self.parallel.is_main else None)
+
+    def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
+        if self.parallel.is_main:
+            self.engine.load_weights(state_dict)
+
+    def __getattr__(self, name: str) -> Any:  # stop_token_ids, … of the engine it wraps
+        return getattr(self.engine, name)
+
+
 def shard_module(
     module: torch.nn.Module,
     parallel: DataParallel,

@@ -45,7 +45,7 @@ from reasonrl.train.conversation_stage import ConversationCollector, prompt_tool
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.engine_versions import EngineVersions, EvaluationEngine, ProducerEngine
 from reasonrl.train.offline_batches import OfflineData
-from reasonrl.train.parallel import DataParallel, RemoteWorkers
+from reasonrl.train.parallel import DataParallel, RankZeroEngine, RemoteWorkers
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.process_rewards import ProcessRewards
 from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
@@ -321,29 +321,14 @@ def setup(
         if cfg.reward.prm_dense != "off"
         else None
     )
-    settings = RolloutSettings.of(cfg, plan)
-    collector = RolloutCollector(settings, engine, tokenizer, pool, stream, encoder, process_rewards)
-    critic = build_critic(cfg, plan, attention, dtype, device, backend) if plan.uses_critic else None
     window = cfg.algo.window_tokens
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
     producer = None
     if cfg.rollout.max_staleness:  # the producer generates; this process's engine serves evaluation
-        current = lambda: backend.engine_weights(model, engine)  # noqa: E731
-        # remote engines (Ray's workers): a producer thread shares them with evaluation, each call at its version
-        versions = EngineVersions(engine) if workers is not None else None
-        producer = AsyncRollouts(
-            cfg,
-            functools.partial(shared_engine_collector, versions, pool) if versions else producer_collector,
-            stream,
-            current,
-            verifier,
-            share_cores=device.type == "cpu" and versions is None,
-            rollout_pool=rollout_pool,
-            parallel=backend.parallel,
-            gpu=None if versions else spare_gpu(device),
-            engine_versions=versions,
-        )
-        engine = PublishingEngine(EvaluationEngine(versions) if versions else engine, producer)
+        producer, engine = asynchronous_rollouts(cfg, backend, model, engine, workers, stream, verifier, rollout_pool)
+    settings = RolloutSettings.of(cfg, plan)
+    collector = RolloutCollector(settings, engine, tokenizer, pool, stream, encoder, process_rewards)
+    critic = build_critic(cfg, plan, attention, dtype, device, backend) if plan.uses_critic else None
     rollout = producer or training_rollouts(cfg, collector, rollout_pool)
     return Run(
         cfg=cfg,
@@ -369,6 +354,38 @@ def setup(
         microbatch_tokens=microbatch_tokens,
         offline=offline,
     )
+
+
+def asynchronous_rollouts(
+    cfg: Config,
+    backend: TrainingBackend,
+    model: torch.nn.Module,
+    engine: RolloutEngine,
+    workers: RemoteWorkers | None,
+    stream: TrainingStream,
+    verifier: Verifier | None,
+    rollout_pool: RolloutPool | None,
+) -> tuple[AsyncRollouts, RolloutEngine]:
+    """The producer of an asynchronous run (rollout.max_staleness ≥ 1) and the engine the trainer then
+    evaluates with, which publishes each update's weights to the producer.
+
+    A producer process builds its own engine and scorer. With remote workers (Ray) the producer is a thread of
+    rank 0 that generates on the rollout workers and scores on the reward workers; evaluation shares the
+    rollout workers, each call at its own version (``EngineVersions``), and rank 0 alone calls them, for
+    every rank (``RankZeroEngine``): only rank 0 knows which version they hold."""
+    device = resolve_device(cfg.model.device)
+    current = lambda: backend.engine_weights(model, engine)  # noqa: E731
+    parallel = backend.parallel
+    if workers is None:
+        producer = AsyncRollouts(cfg, producer_collector, stream, current, verifier, share_cores=device.type == "cpu",
+                                 rollout_pool=rollout_pool, parallel=parallel, gpu=spare_gpu(device))  # fmt: skip
+        return producer, PublishingEngine(engine, producer)
+    versions = EngineVersions(workers.engine) if parallel.is_main else None
+    build = functools.partial(shared_engine_collector, versions, workers.scorer)
+    producer = AsyncRollouts(cfg, build, stream, current, rollout_pool=rollout_pool, parallel=parallel,
+                             engine_versions=versions)  # fmt: skip
+    evaluation = RankZeroEngine(EvaluationEngine(versions) if versions else workers.engine, parallel)
+    return producer, PublishingEngine(evaluation, producer)
 
 
 def prompt_encoder(cfg: Config, tokenizer, processor=None) -> PromptEncoder:

@@ -50,11 +50,14 @@ def test_a_ray_run_prints_the_lines_of_a_run_in_one_process(cluster, tmp_path, c
     assert "held-out accuracy: " in out and f"model:   {tmp_path / 'r' / 'final'}" in out
 
 
-def test_an_asynchronous_run_generates_on_the_rollout_workers_within_its_staleness_bound(cluster, tmp_path):
-    """rollout.max_staleness=1 with partial rollouts: the producer thread generates on the two rollout workers,
-    which evaluation shares, in windows that take the newest weights between them."""
+@pytest.mark.parametrize("trainers", [1, 2])
+def test_an_asynchronous_run_generates_on_the_rollout_workers_within_its_staleness_bound(cluster, tmp_path, trainers):
+    """rollout.max_staleness=1 with partial rollouts: rank 0's producer thread generates on the two rollout
+    workers, which evaluation shares, in windows that take the newest weights between them; every rank trains
+    on the batches rank 0 broadcasts."""
     partial = ["rollout.partial_rollouts=true", "rollout.partial_window_tokens=4"]
-    cfg = config("train.rollout_steps=3", *RAY, "rollout.max_staleness=1", *partial)
+    asynchronous = ["rollout.max_staleness=1", "rollout.producer_timeout_seconds=300", *partial]
+    cfg = config("train.rollout_steps=3", *RAY, f"dist.trainer_workers={trainers}", *asynchronous)
     assert fit_on_ray(cfg, tmp_path, preset="grpo")["steps"] == 3
     records = read_metrics(tmp_path / "metrics.jsonl")
     steps = [r for r in records if r["step"] > 0]

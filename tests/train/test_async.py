@@ -251,9 +251,6 @@ def test_what_the_producer_cannot_run_with_is_refused_with_the_reason():
         load_config("grpo", ["algo.rollout_correction=decoupled", "algo.rollout_correction_level=sequence"])
     with pytest.raises(ConfigError, match=r"rollout_correction_threshold=1 must be above 1"):
         load_config("grpo", ["algo.rollout_correction=tis", "algo.rollout_correction_threshold=1"])
-    with pytest.raises(ConfigError, match=r"dist\.trainer_workers > 1 yet: rank 0's producer and every rank's"):
-        load_config("grpo", ["rollout.max_staleness=1", "dist.backend=ray", "dist.trainer_workers=2"])
-    load_config("grpo", ["rollout.max_staleness=1", "dist.backend=ray"])  # one trainer worker runs it
 
 
 def test_under_torchrun_a_producer_timeout_beyond_the_collectives_timeout_is_refused(monkeypatch):
