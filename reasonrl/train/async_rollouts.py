@@ -57,7 +57,7 @@ from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
 from reasonrl.rollout.engine_protocol import RolloutEngine
 from reasonrl.rollout.tppo_pool import PartialRollouts, RolloutPool
-from reasonrl.train.engine_versions import EngineVersions
+from reasonrl.train.engine_versions import EngineVersions, ProducerStopped
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
 from reasonrl.train.rollout_stage import DynamicSamplingError, PoolCollector, RewardFailureError
 
@@ -222,6 +222,8 @@ def produce(
                 batch.policy_versions = torch.where(batch.response_mask, version, -1)  # [B, T]
             stats = {**stats, **policy.window_stats()}
             send(ProducedBatch(step, batch, stats, resume_state(collector), idle))
+    except ProducerStopped:  # a producer thread stopped mid-batch: the trainer wants nothing more
+        return
     except BaseException as exc:  # everything goes to the trainer, which raises it
         trace = traceback.format_exc(limit=8)
         send(ProducerFailure(step, type(exc).__name__, str(exc), trace, exc if in_thread else None))
@@ -258,16 +260,19 @@ def staleness_stats(staleness: torch.Tensor, bound: int) -> dict[str, float]:
     }
 
 
+def pickles(error: BaseException) -> bool:
+    """Whether ``error`` survives a pickle round trip (a broadcast to the other ranks is one)."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return False
+    return True
+
+
 def as_bytes(result: ProducedBatch | ProducerFailure) -> bytes:
     """A result as plain pickle bytes: its tensors copied, not shared (torch's shared-memory handles would
     need the producer alive, and its descriptor server reachable, until the trainer reads them)."""
     return pickle.dumps(result)
-
-
-class StopFlag:
-    """A producer thread's stop flag (a producer process's is a shared ``Value``)."""
-
-    value = 0
 
 
 class AsyncRollouts:
@@ -328,7 +333,8 @@ class AsyncRollouts:
         self.weights = self.engine_versions
         self.weights.publish(current, first_step - 1)
         self.results = queue.Queue()
-        self.stop = StopFlag()
+        self.stop = self.weights.stop
+        self.stop.value = 0
         arguments = (self.build, self.cfg, self.verifier, first_step, state, self.weights,
                      self.results.put, self.stop, True)  # fmt: skip
         self.process = threading.Thread(target=produce, args=arguments, name="reasonrl-rollout-producer", daemon=True)
@@ -363,6 +369,11 @@ class AsyncRollouts:
             return self.next_result(step)
         except (ProducerError, *RAISED_AS_THEMSELVES.values()) as error:
             return error
+        except Exception as error:  # a producer thread's own exception: every rank raises it too
+            if self.parallel.world_size == 1:
+                raise
+            return error if pickles(error) else ProducerError(f"the rollout producer failed at step {step}: "
+                                                               f"{type(error).__name__}: {error}")  # fmt: skip
 
     def next_result(self, step: int) -> ProducedBatch:
         deadline = time.monotonic() + self.cfg.rollout.producer_timeout_seconds
@@ -413,7 +424,7 @@ class AsyncRollouts:
         self.stop.value = 1
         self.process.join(STOP_SECONDS)
         if isinstance(self.process, threading.Thread):  # a thread cannot be killed: one still in an engine call
-            self.process = None  # ends when the call does (the run's worker timeout bounds it)
+            self.process = None  # ends when the call does (the run's worker timeout bounds it), making no other
             return
         if self.process.is_alive():
             self.process.kill()

@@ -25,6 +25,16 @@ from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, Sampling
 WAIT_SECONDS = 0.5  # how often a producer waiting for a version looks at its stop flag
 
 
+class StopFlag:
+    """A producer thread's stop flag (a producer process's is a shared ``Value``)."""
+
+    value = 0
+
+
+class ProducerStopped(Exception):
+    """The run stopped the producer thread between two of its engine calls; the producer ends quietly."""
+
+
 class EngineVersions:
     """The published policy versions and the engine that generates with them (the channel between the
     trainer and a producer thread, as ``SharedWeights`` is for a producer process)."""
@@ -37,6 +47,7 @@ class EngineVersions:
         self.newest: int | None = None  # None: nothing published yet (the engine has the weights loaded last)
         self.pinned: int | None = None  # the version the producer generates with
         self.loaded: int | None = None  # the version the engine holds (None: not a published one)
+        self.stop = StopFlag()  # set when the run stops the producer: its next engine call raises ProducerStopped
 
     # --- the trainer's side ---
 
@@ -96,6 +107,8 @@ class ProducerEngine:
         self.stop_token_ids = versions.engine.stop_token_ids
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        if self.versions.stop.value:  # a stopped producer makes no more calls, even mid-batch
+            raise ProducerStopped
         return self.versions.generate(self.versions.pinned, prompts, params)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -154,7 +154,15 @@ def join_data_parallel(cfg: Config) -> DataParallel:
             f"this process is one of {os.environ['WORLD_SIZE']} that torchrun started, but dist.backend=none; "
             "set dist.backend=torch (or auto) to train them data-parallel, or run one process"
         )
-    return init_from_environment(cfg.dist.worker_timeout_seconds / 60) if launched else SINGLE_PROCESS
+    return init_from_environment(collective_timeout_seconds(cfg) / 60) if launched else SINGLE_PROCESS
+
+
+def collective_timeout_seconds(cfg: Config) -> float:
+    """How long a rank waits in a collective: dist.worker_timeout_seconds, or three times that in an
+    asynchronous Ray run, where the other ranks wait while rank 0's evaluation waits for the producer's engine
+    call, loads its weights into the rollout workers and generates (each bounded by the worker timeout)."""
+    shared_workers = cfg.dist.backend == "ray" and cfg.rollout.max_staleness > 0
+    return cfg.dist.worker_timeout_seconds * (3 if shared_workers else 1)
 
 
 class ShardedEngine:

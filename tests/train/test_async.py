@@ -6,6 +6,7 @@ import os
 import pickle
 import queue
 import signal
+import threading
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError, producer
 from reasonrl.train.engine_versions import EngineVersions
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
+from reasonrl.train.parallel import SINGLE_PROCESS, collective_timeout_seconds
 from reasonrl.train.rollout_stage import DynamicSamplingError
 from tests.helpers import DigitFraction
 from tests.train.test_loop import comparable, tiny_config
@@ -50,6 +52,12 @@ class StandInCollector:
     def collect(self, step: int):
         if self.behaviour == "raises" and step == 2:
             raise DynamicSamplingError("no informative group after 3 generation passes")
+        if self.behaviour == "raises_lookup" and step == 2:
+            raise LookupError("row 3 of the batch is missing")
+        if self.behaviour == "raises_unpicklable" and step == 2:
+            error = RuntimeError("a handle went stale")
+            error.handle = threading.Lock()  # an exception that cannot travel to another rank
+            raise error
         if self.behaviour == "hangs":
             time.sleep(60)
         self.stream.consumed += 1
@@ -82,14 +90,21 @@ class StartedStream:
 
 
 def producer(
-    staleness: int, behaviour: str = "", timeout: float = 60.0, gpu: str | None = None, thread: bool = False
+    staleness: int,
+    behaviour: str = "",
+    timeout: float = 60.0,
+    gpu: str | None = None,
+    thread: bool = False,
+    parallel=SINGLE_PROCESS,
 ) -> AsyncRollouts:
     """A producer process, or with ``thread`` a producer thread on a shared engine (as under Ray)."""
     cfg = load_config("grpo", [f"rollout.max_staleness={staleness}", f"rollout.producer_timeout_seconds={timeout}",
                                "train.rollout_steps=10"])  # fmt: skip
     versions = EngineVersions(RecordingEngine()) if thread else None
     weights = lambda: {"w": torch.zeros(2)}  # noqa: E731
-    return AsyncRollouts(cfg, stand_in, StartedStream(), weights, behaviour, gpu=gpu, engine_versions=versions)
+    return AsyncRollouts(
+        cfg, stand_in, StartedStream(), weights, behaviour, gpu=gpu, engine_versions=versions, parallel=parallel
+    )
 
 
 def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:
@@ -156,6 +171,36 @@ def test_a_producer_error_reaches_the_trainer_as_itself(thread):
         rollouts.collect(1)
         with pytest.raises(DynamicSamplingError, match="no informative group after 3 generation passes"):
             rollouts.collect(2)
+    finally:
+        rollouts.close()
+
+
+class RankZeroOfTwo:
+    """Rank 0 of two data-parallel ranks, recording what it broadcasts to the other."""
+
+    is_main, world_size = True, 2
+
+    def broadcast(self, value):
+        self.sent = value
+        return value
+
+
+@pytest.mark.parametrize(
+    "behaviour, raised, message",
+    [
+        ("raises_lookup", LookupError, "row 3 of the batch is missing"),
+        ("raises_unpicklable", ProducerError, "failed at step 2: RuntimeError: a handle went stale"),
+    ],
+)
+def test_a_producer_threads_own_error_reaches_every_rank(behaviour, raised, message):
+    """Under Ray with several trainer workers: the other ranks raise what rank 0 raises, not wait for it."""
+    ranks = RankZeroOfTwo()
+    rollouts = producer(1, behaviour, thread=True, parallel=ranks)
+    try:
+        rollouts.collect(1)
+        with pytest.raises(raised, match=message):
+            rollouts.collect(2)
+        assert isinstance(ranks.sent, raised) and message in str(ranks.sent)
     finally:
         rollouts.close()
 
@@ -293,3 +338,12 @@ def test_lora_adapters_reach_the_producer_merged(tmp_path):
     # the producer samples with the trainer's merged weights: its log-probs are the trainer's at that version
     kl = [r["rollout/trainer_kl"] for r in records]
     assert all(0 <= value < 0.05 for value in kl), kl
+
+
+def test_an_asynchronous_ray_run_waits_three_worker_timeouts_in_a_collective():
+    """Rank 0's evaluation may wait for the producer's call on the shared rollout workers, load the weights,
+    then generate, while the other ranks wait in the broadcast of its answers."""
+    ray = ["dist.backend=ray", "dist.worker_timeout_seconds=100", "rollout.producer_timeout_seconds=100"]
+    assert collective_timeout_seconds(load_config("grpo", [*ray, "rollout.max_staleness=1"])) == 300
+    assert collective_timeout_seconds(load_config("grpo", ray)) == 100
+    assert collective_timeout_seconds(load_config("grpo", ["rollout.max_staleness=1"])) == 1800  # torchrun's: one

@@ -5,10 +5,16 @@ later in-place updates never reach a published version."""
 import threading
 import time
 
+import pytest
 import torch
 
-from reasonrl.train.async_rollouts import StopFlag
-from reasonrl.train.engine_versions import EngineVersions, EvaluationEngine, ProducerEngine
+from reasonrl.train.engine_versions import (
+    EngineVersions,
+    EvaluationEngine,
+    ProducerEngine,
+    ProducerStopped,
+    StopFlag,
+)
 
 
 class WeightEchoEngine:
@@ -96,3 +102,14 @@ def test_a_producer_waiting_for_a_version_stops_when_told():
     started = time.monotonic()
     assert not versions.wait_for_version(1, stop)
     assert time.monotonic() - started < 2
+
+
+def test_a_stopped_producer_makes_no_more_engine_calls_even_mid_batch():
+    versions, producer, evaluation = engines()
+    versions.publish({"w": torch.tensor(0.0)}, 0)
+    versions.load_into()
+    assert producer.generate([[1]], None) == [(0.0, 0.0)]
+    versions.stop.value = 1  # the run ends: AsyncRollouts.close
+    with pytest.raises(ProducerStopped):
+        producer.generate([[1]], None)
+    assert evaluation.generate([[1]], None) == [(0.0, 0.0)]  # the trainer's own calls go on
