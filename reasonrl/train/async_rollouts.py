@@ -36,6 +36,7 @@ tokens are at most s − 1 − v stale and some are fresher.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -93,7 +94,7 @@ class ProducerFailure:
     kind: str
     message: str
     trace: str
-    error: BaseException | None = None  # a producer thread's exception itself (a process's may not pickle)
+    error: BaseException | None = None  # the exception itself: a thread's (a process's is dropped: it may not pickle)
 
 
 class SharedWeights:
@@ -190,7 +191,7 @@ def run_producer(
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     torch.set_num_threads(cfg.rollout.producer_threads)
     send = lambda result: results.put(as_bytes(result))  # noqa: E731
-    produce(build, cfg, verifier, first_step, collector_state, weights, send, stop, in_thread=False)
+    produce(build, cfg, verifier, first_step, collector_state, weights, send, stop)
 
 
 def produce(
@@ -202,7 +203,6 @@ def produce(
     weights: SharedWeights | EngineVersions,
     send: Callable[[ProducedBatch | ProducerFailure], None],
     stop,
-    in_thread: bool,
 ) -> None:
     """The producer: batches ``first_step``, ``first_step`` + 1, … up to the run's last step, each from a version
     at most ``rollout.max_staleness`` behind, sent in order; ends when ``stop`` is set or the trainer's process
@@ -226,7 +226,7 @@ def produce(
         return
     except BaseException as exc:  # everything goes to the trainer, which raises it
         trace = traceback.format_exc(limit=8)
-        send(ProducerFailure(step, type(exc).__name__, str(exc), trace, exc if in_thread else None))
+        send(ProducerFailure(step, type(exc).__name__, str(exc), trace, exc))
 
 
 def producer_gpu(visible: str | None, count: int, trainer_gpus: int) -> str | None:
@@ -271,7 +271,10 @@ def pickles(error: BaseException) -> bool:
 
 def as_bytes(result: ProducedBatch | ProducerFailure) -> bytes:
     """A result as plain pickle bytes: its tensors copied, not shared (torch's shared-memory handles would
-    need the producer alive, and its descriptor server reachable, until the trainer reads them)."""
+    need the producer alive, and its descriptor server reachable, until the trainer reads them); a failure
+    without its exception object, which may not pickle."""
+    if isinstance(result, ProducerFailure):
+        result = dataclasses.replace(result, error=None)
     return pickle.dumps(result)
 
 
@@ -336,7 +339,7 @@ class AsyncRollouts:
         self.stop = self.weights.stop
         self.stop.value = 0
         arguments = (self.build, self.cfg, self.verifier, first_step, state, self.weights,
-                     self.results.put, self.stop, True)  # fmt: skip
+                     self.results.put, self.stop)  # fmt: skip
         self.process = threading.Thread(target=produce, args=arguments, name="reasonrl-rollout-producer", daemon=True)
         self.process.start()
 
@@ -424,7 +427,7 @@ class AsyncRollouts:
         self.stop.value = 1
         self.process.join(STOP_SECONDS)
         if isinstance(self.process, threading.Thread):  # a thread cannot be killed: one still in an engine call
-            self.process = None  # ends when the call does (the run's worker timeout bounds it), making no other
+            self.process = None  # ends when that call does (the worker timeout bounds it); no call follows it
             return
         if self.process.is_alive():
             self.process.kill()

@@ -60,7 +60,7 @@ class EngineVersions:
             self.drop_unwanted()
             self.published.notify_all()
 
-    # --- the producer's side (what ``run_producer`` asks of a channel) ---
+    # --- the producer's side (what ``produce`` asks of a channel) ---
 
     def newest_version(self) -> int:
         return -1 if self.newest is None else self.newest
