@@ -11,8 +11,9 @@ Runs ``bench/rl_step.py`` (the main job's RL step, or the overrides given) three
   when a producer and a trainer run side by side).
 
 Prints and writes one JSON object: each run's per-phase medians (generation, scoring, log-probs, update, step)
-and the ratios that answer the question: ``one_core / all_cores`` (what one thread loses against all of them)
-and ``beside / one_core`` (what a busy neighbour core costs on top).
+and the ratios that answer the question: ``one_core_over_all_cores`` (what one thread loses against all of
+them) and ``beside_over_one_core`` (what a busy neighbour core costs on top). A thread count changes the
+numerics, so runs sample different tokens: ``generate_per_token`` compares generation per generated token.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def finished(process: subprocess.Popen) -> dict:
     return json.loads(out[out.index("{") :])
 
 
+def ratios(run: dict, baseline: dict) -> dict[str, float]:
+    """RUN's seconds over BASELINE's, per phase, for the whole step, and for generation per generated token."""
+    out = {"step": run["seconds_per_step"] / baseline["seconds_per_step"]}
+    out |= {phase: run["seconds"][phase] / baseline["seconds"][phase] for phase in baseline["seconds"]}
+    per_token = [r["seconds"]["generate"] / r["tokens_generated_per_step"] for r in (run, baseline)]
+    return out | {"generate_per_token": per_token[0] / per_token[1]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
@@ -60,18 +69,13 @@ def main() -> None:
     }
     pair = [rl_step(args.steps, args.overrides, core) for core in (0, 1)]
     runs["one_core_beside_another"], runs["its_neighbour"] = [finished(p) for p in pair]
-    phases = ["step", *runs["all_cores"]["seconds"]]
-
-    def seconds(run: str, phase: str) -> float:
-        return runs[run]["seconds_per_step"] if phase == "step" else runs[run]["seconds"][phase]
-
     result = {
         "date": datetime.date.today().isoformat(),
         "command": "python bench/core_split.py " + " ".join(sys.argv[1:]),
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
         "runs": runs,
-        "one_core_over_all_cores": {p: seconds("one_core", p) / seconds("all_cores", p) for p in phases},
-        "beside_over_one_core": {p: seconds("one_core_beside_another", p) / seconds("one_core", p) for p in phases},
+        "one_core_over_all_cores": ratios(runs["one_core"], runs["all_cores"]),
+        "beside_over_one_core": ratios(runs["one_core_beside_another"], runs["one_core"]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
