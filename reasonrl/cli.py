@@ -20,6 +20,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import re
 import sys
 import typing
@@ -203,7 +204,16 @@ def _add_settings_arguments(parser: argparse.ArgumentParser, settings: type) -> 
         kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)  # X | None -> X
         literal = next((t for t in (hint, kind) if typing.get_origin(t) is typing.Literal), None)
         choices = typing.get_args(literal) if literal else None
+        kind = finite_float if kind is float else kind
         parser.add_argument(flag, **given, choices=choices, type=None if choices else kind, help=help_text)
+
+
+def finite_float(text: str) -> float:
+    """A number option's value: a finite float (argparse's ``float`` takes "nan" and "inf")."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _add_progress_options(parser: argparse.ArgumentParser) -> None:
@@ -282,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--entry-point", help="the function under test (what check(candidate) receives)")
     run.add_argument("--context", help="task code run before the solution and as trusted helpers of the tests")
-    run.add_argument("--timeout", type=float, default=3.0, help="seconds per test case (wall clock and CPU)")
-    run.add_argument("--total-timeout", type=float, default=None, help="seconds for the whole run")
+    run.add_argument("--timeout", type=finite_float, default=3.0, help="seconds per test case (wall clock and CPU)")
+    run.add_argument("--total-timeout", type=finite_float, default=None, help="seconds for the whole run")
     run.add_argument("--memory-mb", type=int, default=512, help="address-space limit of the code")
     run.add_argument("--one-process", action="store_true", help="one process for all tests (faster, less isolated)")
     run.set_defaults(handler=_cmd_sandbox_run)

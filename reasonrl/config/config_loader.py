@@ -8,8 +8,10 @@ A YAML file holds only overrides, nested by group (``algo: {eps_high: 0.3}``) or
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -102,6 +104,10 @@ def _describe(tp: Any) -> str:
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
 
+class NonFiniteError(ConfigError):
+    """A number setting given NaN or an infinity."""
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; numbers given as strings (YAML's 1e-6) are parsed."""
     origin = typing.get_origin(tp)
@@ -117,6 +123,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 continue
             try:
                 return _coerce(value, option, key)
+            except NonFiniteError:
+                raise
             except ConfigError:
                 pass
     elif tp is bool:
@@ -133,13 +141,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
     elif tp is float:
+        number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            number = float(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is not None:
+            if not math.isfinite(number):  # no setting means anything at NaN or infinity
+                raise NonFiniteError(f"{key}: expected a finite number, got {value!r}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value

@@ -18,6 +18,30 @@ def autocast_context(compute_dtype: torch.dtype, device: torch.device) -> contex
     return torch.autocast(device_type=device.type, dtype=compute_dtype)
 
 
+# Architectures whose packed forward equals the padded one (tests/models/test_packing.py: log-probs,
+# entropy and gradients to 1e-5, a tiny random config each).  Packing needs a model that reads each row's
+# positions from ``position_ids`` and whose only mixing of tokens is attention: recurrent or convolutional
+# state (Mamba, hybrid, RWKV, RecurrentGemma, LFM2 and Qwen3-Next layers) and positions computed from the
+# attention mask (OPT) carry one row into the next, so those run padded.
+PACKING_VERIFIED = frozenset({
+    "apertus", "arcee", "bitnet", "cohere", "cohere2", "ernie4_5", "exaone4", "falcon", "gemma", "gemma2",
+    "gemma3_text", "glm", "glm4", "gpt2", "gpt_neox", "granite", "granitemoe", "helium", "hunyuan_v1_dense",
+    "idefics3", "llama", "ministral", "mistral", "mixtral", "nemotron", "olmo", "olmo2", "olmo3", "phi", "phi3",
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "stablelm", "starcoder2",
+})  # fmt: skip
+
+
+def packing_refusal(config) -> str | None:
+    """Why rows of a model with this transformers ``config`` cannot run packed (None: they can)."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in PACKING_VERIFIED:
+        return None
+    return (
+        f"packed sequences are not verified for the '{model_type}' architecture (a recurrent or convolutional "
+        "state, or positions it computes itself, would carry one row into the next); its micro-batches run padded"
+    )
+
+
 def read_tokens(prompt_mask: Tensor, response_mask: Tensor) -> Tensor:
     """[B, P+T] bool: the tokens a forward reads: the prompt's and every response token up to the last
     generated one, so the tokens injected between a conversation's turns (tool output, the verifier's
@@ -49,7 +73,8 @@ def response_hidden_states(
     into them first-fit [L, W] (``pack_lanes``), so the attention stays that of rows of that length and
     only the lanes' tails are padding.  ``packed=False`` runs the padded [B, P+T] batch with an attention
     mask; both give the same states (tests/models/test_packing.py).  Positions after the last read
-    token hold 0 (packed) or the padded forward's values; callers mask them.
+    token hold 0 (packed) or the padded forward's values; callers mask them.  An architecture outside
+    ``PACKING_VERIFIED`` runs padded whatever ``packed`` says (its callers batch it padded too).
     """
     device = next(backbone.parameters()).device
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
@@ -57,7 +82,7 @@ def response_hidden_states(
     positions = reads.long().cumsum(-1) - 1  # [B, P+T]: each row's own, from 0
     images = {k: v.to(device) for k, v in (vision or {}).items()}
     states = slice(prompt_ids.shape[1] - 1, prompt_ids.shape[1] - 1 + response_ids.shape[1])  # s_t columns
-    if not packed:
+    if not packed or packing_refusal(backbone.config):  # an unverified architecture: padded, always
         with autocast_context(compute_dtype, device):  # no KV cache: it would keep every layer's keys and values
             return backbone(
                 input_ids=input_ids,

@@ -255,7 +255,22 @@ def load_model(
         return auto.from_pretrained(location, dtype=dtype or torch.float32, **safe, **options)
 
     model = _from_pretrained(load, spec)
-    return model.to(device).eval()  # type: ignore[union-attr]
+    return without_dropout(model).to(device).eval()  # type: ignore[union-attr]
+
+
+def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every dropout off (``nn.Dropout`` modules and the float rates attention layers keep),
+    as TRL's ``disable_dropout``: PPO's first ratio is exactly 1 and the KL to an identical reference exactly
+    0 only when every pass computes the same function, in training mode too."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+    return model
 
 
 def resolve_device(name: Literal["auto", "cpu", "cuda"]) -> torch.device:

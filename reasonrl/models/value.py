@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from reasonrl.models.forward import response_hidden_states
-from reasonrl.models.load import ModelError, load_model
+from reasonrl.models.load import ModelError, load_model, without_dropout
 from reasonrl.models.lora import save_hf_directory
 from reasonrl.models.untrusted import check_safetensors
 
@@ -34,7 +34,7 @@ class ValueModel(torch.nn.Module):
 
     def __init__(self, backbone: torch.nn.Module, head: torch.nn.Linear | None = None) -> None:
         super().__init__()
-        self.backbone = backbone
+        self.backbone = without_dropout(backbone)  # the critic's passes compute one function, as the policy's
         if head is None:
             # zero head: V ≡ 0 at the start, so the critic carries no initial bias (VC-PPO's diagnosis)
             head = torch.nn.Linear(backbone.config.get_text_config().hidden_size, 1)  # a VLM's: its LM's

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from reasonrl.config.plan import microbatch_token_budget, vllm_engine_options
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream
+from reasonrl.models.forward import packing_refusal
 from reasonrl.models.load import (
     attention_implementation,
     compute_dtype,
@@ -51,6 +53,8 @@ from reasonrl.train.process_rewards import ProcessRewards
 from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
 from reasonrl.train.step import PolicyUpdater, RolloutCorrection
 from reasonrl.train.trackers import Tracker, TrackerError, check_trackers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -160,7 +164,7 @@ def build_critic(
         grad_clip=cfg.train.grad_clip,
         compute_dtype=dtype,
         parallel=backend.parallel,
-        packed=cfg.train.pack_sequences,
+        packed=packs_sequences(cfg, model.backbone.config, "critic"),
     )
 
 
@@ -188,6 +192,15 @@ def build_policy_updater(
             plan.rollout_correction, cfg.algo.rollout_correction_level, plan.rollout_correction_threshold
         ),
     )
+
+
+def packs_sequences(cfg: Config, model_config: Any, role: str) -> bool:
+    """train.pack_sequences as a model of ``model_config`` can honour it: an architecture whose packed
+    forward is not verified (``models.forward.packing_refusal``) runs padded, said once per ``role``."""
+    refusal = packing_refusal(model_config) if cfg.train.pack_sequences else None
+    if refusal is not None:
+        log.warning("train.pack_sequences: the %s: %s", role, refusal)
+    return cfg.train.pack_sequences and refusal is None
 
 
 def parameter_dtype(cfg: Config) -> torch.dtype:
@@ -296,7 +309,7 @@ def setup(
         engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
     engine = backend.share_engine(engine)
     add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
-    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, cfg.train.pack_sequences)
+    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, packs_sequences(cfg, model.config, "policy"))
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
     reference = None
     if separate_reference:

@@ -286,3 +286,40 @@ def test_the_micro_batch_budget_defaults_per_device_and_never_below_one_sequence
     assert microbatch_token_budget(long_answers, "cpu") == 1536
     explicit = load_config("grpo", ["train.microbatch_tokens=1000"])
     assert microbatch_token_budget(explicit, "cuda") == 1000
+
+
+def number_settings(cls=Config, prefix=""):
+    """Every float setting of a settings class (groups included), as dotted keys."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            yield from number_settings(hint, f"{prefix}{f.name}.")
+        elif hint is float or float in typing.get_args(hint) or typing.get_args(hint) == (float, ...):
+            yield f"{prefix}{f.name}"
+
+
+def test_every_number_setting_refuses_nan_and_infinity():
+    """NaN or an infinity means nothing for any setting (``train.lr=inf`` once trained to NaN weights and
+    exited 0): each is refused, naming the key, whether it comes from an override or from Python."""
+    keys = list(number_settings())
+    assert len(keys) >= 40 and "train.lr" in keys and "reward.weights" in keys
+    for key in keys:
+        for text in ("nan", "inf", "-inf", "1e999"):
+            value = f"[{text}]" if key == "reward.weights" else text
+            with pytest.raises(ConfigError, match=re.escape(f"{key}") + ".*expected a finite number"):
+                load_config("grpo", [f"{key}={value}"])
+    group, field = "train", "lr"
+    built = dataclasses.replace(Config(), train=dataclasses.replace(Config().train, lr=float("inf")))
+    with pytest.raises(ConfigError, match=f"{group}.{field}: expected a finite number"):
+        from reasonrl.config.validate import validate
+
+        validate(built)
+
+
+def test_a_jobs_number_option_refuses_nan(capsys):
+    from reasonrl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--temperature", "nan"])
+    assert "expected a finite number, got 'nan'" in capsys.readouterr().err

@@ -50,3 +50,22 @@ def test_compute_dtype():
     assert compute_dtype("float32") == torch.float32
     assert compute_dtype("bfloat16") == torch.bfloat16
     assert compute_dtype("auto") in (torch.float32, torch.bfloat16)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt"])
+def test_loaded_models_train_without_dropout(tmp_path, family):
+    """A checkpoint that sets dropout (GPT-2's and OPT's configs do) still trains one function: in training mode
+    two forwards agree to the bit, so PPO's first ratio is 1 and the KL to an identical reference 0."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reasonrl.models.value import ValueModel
+
+    config = AutoConfig.for_model(family, vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    config.update({k: 0.5 for k in config.to_dict() if "dropout" in k or "pdrop" in k})
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    ids = torch.randint(0, 64, (2, 12))
+    for model in (load_model(str(tmp_path)), ValueModel(AutoModelForCausalLM.from_config(config).base_model)):
+        model.train()
+        core = model if hasattr(model, "lm_head") else model.backbone
+        first, second = (core(input_ids=ids, use_cache=False)[0] for _ in range(2))
+        assert torch.equal(first, second)

@@ -5,11 +5,13 @@ scores) goes through ``response_hidden_states``; packed must equal padded in fp3
 family, with a long-tailed mix of lengths, for the outputs and for the gradients.
 """
 
+import contextlib
+
 import pytest
 import torch
 
 from reasonrl.batch import RolloutBatch, pad_rows
-from reasonrl.models.forward import response_hidden_states
+from reasonrl.models.forward import PACKING_VERIFIED, packing_refusal, response_hidden_states
 from reasonrl.models.value import ValueModel
 from reasonrl.train.policy import response_logprobs
 
@@ -19,35 +21,45 @@ PROMPTS = [5, 9, 3, 7, 12, 4]
 RESPONSES = [2, 1, 6, 3, 47, 9]
 
 
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
+    pad_token_id=0,
+)
+# what is particular to a family, switched on: sliding windows shorter than the long row, Gemma 2's soft-capping
+PARTICULAR = {
+    "qwen2": dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
+    "mistral": dict(sliding_window=16),
+    "gemma2": dict(sliding_window=16),
+    "gemma3_text": dict(sliding_window=16),
+    "cohere2": dict(sliding_window=16),
+}
+
+
 def family_config(family: str):
-    """A 2-layer random model of each family, with what is particular to it switched on (sliding windows
-    shorter than the long row, Gemma's embedding scale and soft-capping)."""
-    import transformers
+    """A 2-layer random model of a transformers model type: its default config shrunk (each size set where
+    the family has it), with what is particular to it switched on."""
+    from transformers import AutoConfig
 
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=0,
-    )
-    if family == "llama":
-        return transformers.LlamaConfig(**common)
-    if family == "qwen2":
-        return transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=16, max_window_layers=1)
-    if family == "mistral":
-        return transformers.MistralConfig(**common, sliding_window=16)
-    if family == "gemma":
-        return transformers.GemmaConfig(**common, head_dim=8)
-    if family == "gemma2":
-        return transformers.Gemma2Config(**common, head_dim=8, sliding_window=16)
-    raise ValueError(family)
+    config = AutoConfig.for_model(family)
+    for key, value in {**SMALL, **PARTICULAR.get(family, {})}.items():
+        with contextlib.suppress(AttributeError):  # a size the family derives (Falcon's head_dim)
+            setattr(config, key, value)
+    return config
 
 
+# the families of the test's first version, with both attention implementations (Gemma 2: eager only)
 FAMILIES = ["llama", "qwen2", "mistral", "gemma", "gemma2"]
+TEXT_FAMILIES = sorted(PACKING_VERIFIED - {"idefics3"})  # idefics3: test_packed_vlm_log_probs_equal_the_padded_batchs
+# architectures whose packed forward leaks across rows: recurrent or convolutional state, or positions computed
+# from the attention mask (measured: 3e-4 to 2e-2 apart packed)
+UNVERIFIED = ["opt", "falcon_h1", "recurrent_gemma", "qwen3_next", "nemotron_h", "jamba", "minimax"]
 
 
 def long_tailed_batch(seed: int = 0) -> RolloutBatch:
@@ -75,10 +87,21 @@ def long_tailed_batch(seed: int = 0) -> RolloutBatch:
 def causal_lm(family: str, attention: str):
     from transformers import AutoModelForCausalLM
 
+    from reasonrl.models.load import without_dropout
+
     torch.manual_seed(0)
     config = family_config(family)
     config._attn_implementation = attention
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attention).float()
+    return without_dropout(AutoModelForCausalLM.from_config(config, attn_implementation=attention).float())
+
+
+def supported_attention(family: str) -> str:
+    """sdpa where the family has it, else eager."""
+    try:
+        causal_lm(family, "sdpa")
+    except ValueError:
+        return "eager"
+    return "sdpa"
 
 
 def logprob_pass(model, batch: RolloutBatch, packed: bool):
@@ -105,6 +128,57 @@ def test_packed_log_probs_entropy_and_gradients_equal_the_padded_batchs(family, 
     for row in range(len(batch)):  # and both equal each row run alone, with no padding at all
         alone = logprob_pass(model, batch.select([row]), False)[0][0]  # [T_row]
         assert torch.allclose(alone, packed[0][row, : len(alone)], atol=1e-5)
+
+
+def assert_packed_equals_padded(model, batch):
+    packed, padded = logprob_pass(model, batch, True), logprob_pass(model, batch, False)
+    assert torch.allclose(packed[0], padded[0], atol=1e-5) and torch.allclose(packed[1], padded[1], atol=1e-5)
+    assert packed[2].keys() == padded[2].keys() and len(packed[2]) > 0
+    for name, grad in packed[2].items():
+        assert torch.allclose(grad, padded[2][name], atol=1e-5), name
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_every_architecture_packing_is_verified_for_gives_the_padded_batchs_numbers(family):
+    """``PACKING_VERIFIED`` is exactly what this test shows: packed equals padded (log-probs, entropy and
+    gradients) for a tiny random model of each family."""
+    assert packing_refusal(family_config(family)) is None
+    assert_packed_equals_padded(causal_lm(family, supported_attention(family)), long_tailed_batch())
+
+
+@pytest.mark.parametrize("family", UNVERIFIED)
+def test_an_architecture_packing_leaks_on_runs_padded_whatever_is_asked(family):
+    """Recurrent or convolutional state, and positions computed from the mask, carry one row into the next
+    when rows are packed (a row's log-probs moved when another row changed): such a model runs padded, so
+    asking for packing gives the padded batch's numbers, and the run is told why."""
+    reason = packing_refusal(family_config(family))
+    assert reason is not None and f"'{family}'" in reason and "run padded" in reason
+    model, batch = causal_lm(family, supported_attention(family)), long_tailed_batch()
+    with torch.no_grad():
+        packed = response_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, packed=True
+        )[0]
+        padded = response_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, packed=False
+        )[0]
+    assert torch.equal(packed, padded)
+    other = batch.response_ids.clone()  # and changing one row changes no other row
+    other[4] = (other[4] + 1) % VOCAB
+    with torch.no_grad():
+        changed = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, other, batch.response_mask)[0]
+    rows = [r for r in range(len(batch)) if r != 4]
+    assert torch.allclose(changed[rows], packed[rows], atol=1e-6)
+
+
+def test_a_run_of_an_unverified_architecture_trains_padded(caplog):
+    from reasonrl.config import load_config
+    from reasonrl.train.setup import packs_sequences
+
+    cfg = load_config("grpo")
+    assert packs_sequences(cfg, family_config("llama"), "policy")
+    assert not packs_sequences(cfg, family_config("opt"), "policy")
+    assert "train.pack_sequences: the policy: packed sequences are not verified for the 'opt'" in caplog.text
+    assert not packs_sequences(load_config("grpo", ["train.pack_sequences=false"]), family_config("llama"), "policy")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
