@@ -19,7 +19,8 @@ through the same ``fit``, and every Python object given becomes settings a run d
 - ``callbacks``: each gets every record of ``metrics.jsonl`` as it is written.
 
 A directory that holds a run continues it, as ``fit`` does: the inputs given again must be the ones it
-recorded (the rows, the model's weights), else the call refuses, naming what differs.
+recorded (the rows, the model's weights), else the call refuses, naming what differs.  A directory that is
+not empty and holds no run is refused before anything is written there (``reasonrl.train.rundir``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from reasonrl.config import Config, ConfigError, load_config, resolve
 from reasonrl.data.loaders import DataError, Fields, examples_from_rows
 from reasonrl.data.source import check_sources
 from reasonrl.train.loop import fit
-from reasonrl.train.rundir import SCRIPT_MODULE, RunDirError, has_progress, override
+from reasonrl.train.rundir import SCRIPT_MODULE, RunDirError, has_progress, make_run_dir, override
 from reasonrl.train.setup import data_spec
 from reasonrl.train.trackers import MAIN_STREAM
 from reasonrl.train_command import DEFAULT_PRESET, new_run_dir
@@ -95,9 +96,9 @@ def train(
     ``settings`` and ``**dotted_settings`` are dotted keys (``{"train.rollout_steps": 2}``), checked as the
     command line's overrides.  ``tokenizer`` goes with a model object (default: the tokenizer of the model's
     ``name_or_path``).  ``run_dir`` defaults to ``run.output_dir/run.name`` as for ``reasonrl train``; a
-    directory that holds a run continues it (``train.rollout_steps`` higher: it trains longer).  ``progress``
-    as ``fit``'s ``show_progress``.  A callback that raises is logged, with its traceback, the first time;
-    the run goes on.
+    directory that holds a run continues it (``train.rollout_steps`` higher: it trains longer), one that holds
+    other files is refused.  ``progress`` as ``fit``'s ``show_progress``.  A callback that raises is logged, with
+    its traceback, the first time; the run goes on.
     """
     if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test of this
         raise RuntimeError(
@@ -118,7 +119,7 @@ def train(
     fields = data_spec(cfg).fields
     rows = {name: _jsonl(name, value, fields) for name, value in given.items() if name in DATASET_FILES}
     callbacks = [callbacks] if callable(callbacks) else list(callbacks)
-    created = not run_dir.exists()
+    created = make_run_dir(run_dir)  # refuses a directory of other files before anything is written there
     try:
         inputs = {**named, **_written_inputs(run_dir, model, tokenizer, rows)}
         cfg = load_config(preset, {**chosen, **inputs})

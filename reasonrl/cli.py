@@ -20,7 +20,6 @@ import dataclasses
 import importlib
 import json
 import logging
-import math
 import re
 import sys
 import typing
@@ -31,6 +30,7 @@ from pathlib import Path
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
+from reasonrl.config.validate import finite_number
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
 from reasonrl.version import __version__
 
@@ -211,7 +211,7 @@ def _add_settings_arguments(parser: argparse.ArgumentParser, settings: type) -> 
 def finite_float(text: str) -> float:
     """A number option's value: a finite float (argparse's ``float`` takes "nan" and "inf")."""
     value = float(text)
-    if not math.isfinite(value):
+    if not finite_number(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 

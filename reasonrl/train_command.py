@@ -100,6 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.data.source import check_sources
     from reasonrl.dist.cluster_errors import ClusterError, WorkerDiedError
     from reasonrl.models.load import ModelError
+    from reasonrl.models.optim import NonFiniteWeightsError
     from reasonrl.train.async_rollouts import ProducerError
     from reasonrl.train.loop import data_spec, fit
     from reasonrl.train.rollout_stage import DynamicSamplingError, RewardFailureError
@@ -142,6 +143,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ModelError,
         DynamicSamplingError,
         RewardFailureError,
+        NonFiniteWeightsError,
         DiskFullError,
         ClusterError,
         WorkerDiedError,

@@ -6,8 +6,10 @@ and the GPU benchmark, each within its time budget, and write every result as JS
 Steps, in order (each a child process, stopped with its process group when its budget runs out; a failed
 step does not stop the ones after it, so one lease brings back every result):
 
-1. ``install``: the wheels of ``.whl/`` (scripts/wheelhouse.sh) into ``--site`` with pip ``--no-index
-   --no-deps --target``; that folder and the repository go first on the children's PYTHONPATH, the
+1. ``install``: the wheels of ``.whl/`` (scripts/wheelhouse.sh) with pip ``--no-index --no-deps --target``
+   into a folder made for this run (``tempfile``: new, the user's own and private, removed at the end; never
+   a fixed shared path such as /tmp/reasonrl-site, where another user could plant a ``sitecustomize.py``
+   that every step would run); that folder and the repository go first on the children's PYTHONPATH, the
    image's own packages (CUDA torch, transformers, peft) stay where they are.
 2. ``device``: OUT/device.json, the card's name and memory (nvidia-smi, torch) and the versions used.
 3. ``requirements``: every requirement of reasonrl (pyproject.toml) and of each installed wheel is
@@ -39,6 +41,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ElementTree
@@ -282,7 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="every step; results under OUT")
     run.add_argument("out", type=Path)
-    run.add_argument("--site", type=Path, default=Path(os.environ.get("GPU_CHECK_SITE", "/tmp/reasonrl-site")))
     run.add_argument("--wheelhouse", type=Path, default=ROOT / ".whl")
     run.add_argument("--budget", type=float, default=float(os.environ.get("GPU_CHECK_BUDGET_S", 480)))
     chosen = os.environ.get("GPU_CHECK_BENCHMARKS")
@@ -304,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(unmet) if unmet else "every requirement of reasonrl and of the installed wheels is met")
         return int(bool(unmet))
     args.out.mkdir(parents=True, exist_ok=True)
-    return Check(args.out.resolve(), args.site.resolve(), args.wheelhouse.resolve(), args.budget,
-                 args.benchmarks).run()  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="reasonrl-site-") as site:  # mode 0700, removed on any exit but a kill
+        return Check(args.out.resolve(), Path(site), args.wheelhouse.resolve(), args.budget, args.benchmarks).run()
 
 
 if __name__ == "__main__":

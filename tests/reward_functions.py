@@ -59,3 +59,8 @@ def has_digit(prompts, completions, **kwargs):
 
 def always_raises(prompts, completions, **kwargs):
     raise ValueError("this reward function cannot score anything")
+
+
+def overflows_on_huge(prompts, completions, **kwargs):
+    """TRL shape: a finite Python float float32 cannot hold (1e39) for a completion saying "huge", else 1e10."""
+    return [1e39 if "huge" in c else 1e10 for c in completions]

@@ -3,6 +3,7 @@ run, offline in a stand-in for the GPU image, is shown in docs/gpu-checks.md; th
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -128,3 +129,24 @@ def test_the_wheelhouse_pins_versions_that_pyproject_accepts():
         (version,) = (specifier.version for specifier in pin.specifier)
         wanted = specifiers.get(pin.name.lower())
         assert wanted is None or wanted.contains(version), f"{pin} is outside pyproject's {pin.name}{wanted}"
+
+
+def test_the_wheels_go_to_a_fresh_private_folder_of_this_run_never_a_fixed_shared_one(tmp_path, monkeypatch):
+    planted = tmp_path / "reasonrl-site"  # what another user could make at the old fixed /tmp/reasonrl-site
+    planted.mkdir()
+    marker = tmp_path / "planted-code-ran"
+    (planted / "sitecustomize.py").write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
+    monkeypatch.setenv("GPU_CHECK_SITE", str(planted))  # the override of old, now ignored
+    seen = {}
+
+    def run(check):  # the steps' environment, and one step, where every step imports from
+        seen["site"], seen["mode"], seen["owner"] = check.site, check.site.stat().st_mode, check.site.stat().st_uid
+        seen["fresh"], seen["path"] = not any(check.site.iterdir()), check.env["PYTHONPATH"]
+        return check.step("python", [sys.executable, "-c", "import sitecustomize"])["returncode"]
+
+    monkeypatch.setattr(gpu_check.Check, "run", run)
+    gpu_check.main(["run", str(tmp_path / "out")])
+    assert seen["site"].name.startswith("reasonrl-site-") and seen["site"] != planted and seen["fresh"]
+    assert seen["mode"] & 0o777 == 0o700 and seen["owner"] == os.getuid()
+    assert seen["path"].split(os.pathsep)[0] == str(seen["site"]) and str(planted) not in seen["path"]
+    assert not marker.exists() and not seen["site"].exists()  # the planted code never ran; the folder is gone

@@ -1,6 +1,8 @@
 """Sharing a run: checkpoints load with from_pretrained; `reasonrl push` uploads the model and a model card."""
 
 import json
+import os
+import shutil
 import typing
 
 import pytest
@@ -138,3 +140,69 @@ def test_a_push_publishes_no_local_absolute_path(run_dir, hub, monkeypatch, tmp_
         == "functions: ['rewards.py:score']; data final; eval/accuracy 1/2 https://hf.co/a/b"
     )
     assert without_local_paths(f"model {tmp_path}/final/adapter", tmp_path) == "model final/adapter"
+
+
+def made_run(root):
+    """A run directory as a finished run leaves it (by hand: no training), and a secret outside it."""
+    secret = root / "home" / ".ssh" / "id_ed25519"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("PRIVATE KEY")
+    run_dir = root / "run"
+    for name in ["final/config.json", "final/model.safetensors", "checkpoints/step-000001/config.json"]:
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text("{}")
+    (run_dir / "checkpoints" / "step-000001" / "state.json").write_text('{"step": 1}')
+    (run_dir / "config.yaml").write_text("model:\n  name_or_path: tiny-random\n")
+    return run_dir, secret
+
+
+@pytest.mark.parametrize(
+    "link", ["final/id_ed25519", "final/adapter", "final", "config.yaml", "metrics.jsonl", "checkpoints"]
+)
+def test_a_push_follows_no_link_and_refuses_naming_it(tmp_path, hub, capsys, link):
+    run_dir, secret = made_run(tmp_path)
+    (secret.parent / "config.json").write_text("{}")  # the folder looks like a model directory
+    path = run_dir / link
+    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    path.symlink_to(secret if link in ("final/id_ed25519", "config.yaml", "metrics.jsonl") else secret.parent)
+    checkpoint = ["--checkpoint", "latest"] if link == "checkpoints" else []
+    for dry_run in (["--dry-run"], []):
+        assert main(["push", str(run_dir), "--repo", "me/x", *checkpoint, *dry_run]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"reasonrl: error: {path} is a symbolic link (to {os.readlink(path)})")
+    assert hub == []
+
+
+def test_a_checkpoint_is_one_of_the_runs_own_whatever_latest_or_the_name_says(tmp_path, hub, capsys):
+    run_dir, secret = made_run(tmp_path)
+    outside = secret.parent / "step-000002"  # a complete checkpoint outside the run
+    outside.mkdir()
+    (outside / "config.json").write_text("{}")
+    (outside / "state.json").write_text('{"step": 2}')
+    (run_dir / "checkpoints" / "latest").write_text(f"../../{outside.relative_to(tmp_path)}")
+    assert main(["push", str(run_dir), "--repo", "me/x", "--checkpoint", "latest", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == str(run_dir / "checkpoints" / "step-000001")
+    (run_dir / "checkpoints" / "step-000002").symlink_to(outside)
+    for name in ("2", "step-000002", f"../../{outside.relative_to(tmp_path)}"):
+        assert main(["push", str(run_dir), "--repo", "me/x", "--checkpoint", name, "--dry-run"]) == 1
+        assert f"has no complete checkpoint {name!r}" in capsys.readouterr().err
+    assert hub == []
+
+
+def test_a_model_with_nan_weights_is_never_pushed(tmp_path, run_dir, hub, capsys):
+    """A model directory whose weights hold NaN (a run stops before it saves one; a file from elsewhere may) is
+    refused, dry run or not, naming the weight."""
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    weights_file = copy / "final" / "model.safetensors"
+    weights = load_file(weights_file)
+    name = sorted(weights)[0]
+    weights[name][0] = float("nan")
+    weights_file.unlink()  # a hard link to the checkpoint's: write a file of its own
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+    for dry_run in (["--dry-run"], []):
+        assert main(["push", str(copy), "--repo", "me/x", *dry_run]) == 1
+        assert f"the weight {name} holds NaN or infinity; such a model is not published" in capsys.readouterr().err
+    assert hub == []

@@ -155,6 +155,20 @@ def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path, monkeypatch
     assert not (tmp_path / "run").exists()
 
 
+def test_a_directory_that_holds_no_run_is_refused_before_anything_is_written_or_removed(tmp_path, monkeypatch):
+    import reasonrl.api
+
+    mine = tmp_path / "mine"  # someone's directory: a model and notes, no run
+    (mine / "final").mkdir(parents=True)
+    (mine / "final" / "model.safetensors").write_text("my model")
+    (mine / "summary.md").write_text("my notes")
+    monkeypatch.setattr(reasonrl.api, "fit", lambda *args, **kwargs: pytest.fail("the run started"))
+    with pytest.raises(RunDirError, match=rf"^{re.escape(str(mine))} is not empty and holds no run \(no run\.lock"):
+        reasonrl.train("grpo", model="tiny-random", dataset=ROWS, run_dir=mine, settings=SMALL)
+    kept = {str(p.relative_to(mine)): p.read_text() for p in mine.rglob("*") if p.is_file()}
+    assert kept == {"final/model.safetensors": "my model", "summary.md": "my notes"}  # no dataset.jsonl, no run.lock
+
+
 def test_calling_again_with_more_steps_continues_the_run_of_a_model_object(tmp_path, caplog):
     from reasonrl.models.load import load_model
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -24,7 +23,7 @@ import yaml
 from reasonrl.algo.presets import PRESETS as ALGO_PRESETS
 from reasonrl.config.config_error import ConfigError, listing
 from reasonrl.config.schema import Config
-from reasonrl.config.validate import validate
+from reasonrl.config.validate import finite_number, validate
 
 PRESET_DIR = Path(__file__).parent / "presets"
 META_KEYS = ("preset", "algo_preset", "description", "paper", "status")
@@ -148,7 +147,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             with contextlib.suppress(ValueError):
                 number = float(value)
         if number is not None:
-            if not math.isfinite(number):  # no setting means anything at NaN or infinity
+            if not finite_number(number):  # no setting means anything at NaN, infinity or beyond float32
                 raise NonFiniteError(f"{key}: expected a finite number, got {value!r}")
             return number
     elif tp is str:

@@ -402,6 +402,12 @@ class TrainConfig:
     a run whose plan exceeds the device's free memory (GPU) or available RAM (CPU) stops with an error
     naming the settings that would fit; warn: it logs that and trains anyway; skip: no check."""
 
+    constant_reward_stop_steps: int = 5
+    """Stop a run (one line saying so) once every response has got one and the same reward for this many
+    rollout steps in a row: such batches teach nothing (every advantage is zero, and no update is taken),
+    and usually the model never solves the task or a reward function returns one value whatever the
+    response.  0: train on."""
+
 
 @dataclass(frozen=True)
 class RunConfig:

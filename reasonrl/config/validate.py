@@ -5,7 +5,10 @@ Every problem is reported at once, each with the keys involved and a way to fix 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+from typing import Any
 
 from reasonrl.config.config_error import listing
 from reasonrl.config.schema import Config
@@ -14,6 +17,32 @@ from reasonrl.config.schema import Config
 def _divisors_near(n: int, target: int, count: int = 3) -> list[int]:
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     return sorted(sorted(divisors, key=lambda d: abs(d - target))[:count])
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: the trainer's tensors, and so every number setting and reward, stay within ±FLOAT32_MAX."""
+
+
+def finite_number(value: float) -> bool:
+    """Whether a number setting means something: finite, and finite in float32 too (1e39 is a Python float but
+    inf in a tensor; torch refuses a learning rate of 1e39 with a traceback)."""
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+
+
+def non_finite_settings(settings: Any, prefix: str = "") -> list[str]:
+    """A problem per number setting of ``settings`` (a settings dataclass, groups included) that is NaN, an
+    infinity or beyond float32's range: no setting means anything there (a Config built in Python skips the
+    loader's check)."""
+    problems = []
+    for item in dataclasses.fields(settings):
+        value, key = getattr(settings, item.name), f"{prefix}{item.name}"
+        if dataclasses.is_dataclass(value):
+            problems += non_finite_settings(value, f"{key}.")
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not finite_number(v) for v in values):
+            problems.append(f"{key}: expected a finite number, got {value!r}")
+    return problems
 
 
 def _ranges(cfg: Config) -> list[str]:
@@ -66,6 +95,7 @@ def _ranges(cfg: Config) -> list[str]:
         (t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be > 0 (or null to disable)"),
         (t.epochs_per_rollout >= 1, "train.epochs_per_rollout must be >= 1"),
         (t.minibatch_sequences >= 1, "train.minibatch_sequences must be >= 1"),
+        (t.constant_reward_stop_steps >= 0, "train.constant_reward_stop_steps must be >= 0 (0 = never stop)"),
         (cfg.critic.lr is None or cfg.critic.lr > 0, "critic.lr must be > 0 (or null for 2 × train.lr)"),
         (cfg.reward.timeout_seconds > 0, "reward.timeout_seconds must be > 0"),
         (cfg.reward.workers >= 1, "reward.workers must be >= 1"),
@@ -392,10 +422,23 @@ def _asynchronous(cfg: Config) -> list[str]:
     return problems
 
 
+def _run_name(cfg: Config) -> list[str]:
+    """``run.name`` is one directory inside ``run.output_dir``, the only place a run writes or removes files."""
+    name = cfg.run.name
+    if name is None or ("/" not in name and name not in (".", "..")):
+        return []
+    return [
+        f"run.name={name!r} must be one directory name inside run.output_dir (no '/', not '.' or '..'); "
+        "for runs elsewhere set run.output_dir"
+    ]
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
     problems = (
-        _ranges(cfg)
+        non_finite_settings(cfg)
+        + _ranges(cfg)
+        + _run_name(cfg)
         + _batch_sizes(cfg)
         + _algorithm(cfg)
         + _reward_routes(cfg)

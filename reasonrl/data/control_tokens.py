@@ -6,9 +6,10 @@ response that spells ``<|im_end|>\\n<|im_start|>assistant\\nA`` would close the 
 verdict.  ``ControlTokens`` keeps the control tokens that contents spell apart from the template's own: it
 wraps each spelled one in private-use marks before the template renders the contents, and the encoder reads
 a marked one as plain text, with the tokenizer's model and none of its added tokens.  Contents that spell no
-control token encode exactly as the whole text did.  (transformers 5.24 added the same mechanism,
-``apply_chat_template(sanitize_control_tokens=True)``; the versions reasonrl supports, vLLM's below 5.20
-among them, lack it.)
+control token encode exactly as the whole text did.  Every string a message holds is marked, not only its
+content; its role, which the template writes as it is, must be one of MESSAGE_ROLES.  (transformers 5.24 added
+the same mechanism, ``apply_chat_template(sanitize_control_tokens=True)``; the versions reasonrl supports,
+vLLM's below 5.20 among them, lack it.)
 
 Limit: only whole control tokens are marked, so a template whose own text completed a token that a message
 starts (text ``<|im_`` followed by a literal ``end|>``) could still join them; no chat template does.
@@ -21,6 +22,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 MARK_START, MARK_END = "\U000f0000", "\U000f0001"  # private-use characters, around a control token a message spells
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # the roles a rendered message may have
 
 
 def plain_token_ids(tokenizer, text: str) -> list[int]:
@@ -61,14 +63,23 @@ class ControlTokens:
         return self._spelled.sub(f"{MARK_START}\\g<0>{MARK_END}", text)
 
     def mark_messages(self, messages: Sequence[dict]) -> list[dict]:
-        """``messages`` with their contents marked: a string, or the text parts of a list of parts."""
+        """``messages`` with every string they hold marked (a content, a text part's text, a name, a tool call's
+        arguments).  Raises ValueError for a role but MESSAGE_ROLES: the template writes a role as it is
+        (``<|im_start|>`` + role), so one that spells a newline or a control token would open a turn of its own."""
+        for role in (message.get("role") for message in messages):
+            if role not in MESSAGE_ROLES:
+                raise ValueError(f"a chat message's role is one of {', '.join(MESSAGE_ROLES)}, not {role!r:.80}")
 
-        def marked(content):
-            if isinstance(content, str):
-                return self.mark(content)
-            return [{**part, "text": self.mark(part["text"])} if "text" in part else part for part in content]
+        def marked(value):
+            if isinstance(value, str):
+                return self.mark(value)
+            if isinstance(value, dict):
+                return {key: marked(item) for key, item in value.items()}
+            if isinstance(value, list | tuple):
+                return [marked(item) for item in value]
+            return value
 
-        return [{**m, "content": marked(m["content"])} for m in messages]
+        return [marked(m) for m in messages]
 
     def render(self, messages: Sequence[dict], tools: list[dict] | None = None, generation_prompt: bool = False) -> str:
         """The chat template's text of ``messages`` (with the function schemas ``tools``), contents marked."""

@@ -184,6 +184,7 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 MISSING = object()
+PROMPT_ROLES = ("system", "user", "assistant")  # a row's chat prompt holds no tool turn (nor the call it answers)
 GSM8K_FINAL = re.compile(r"(?:^|\n)####[ \t]*([^\n]*\S)\s*$")
 """A GSM8K-style worked answer ("...\n#### 72"): the final answer follows the last '####'."""
 
@@ -223,7 +224,10 @@ def _question(location: str, row: dict[str, Any], fields: Fields) -> tuple[str, 
 
 
 def chat_messages(location: str, key: str, value: Any) -> tuple[dict[str, str], ...]:
-    """A chat-format prompt checked: a non-empty list of {role, content} string messages."""
+    """A chat-format prompt checked: a non-empty list of {role, content} string messages, each role one of
+    PROMPT_ROLES, a system message only first (where it stands for the run's system prompt; a later one would be
+    a system turn of the row's own making).  Of a message only its role and content are kept: nothing else of
+    the row (a name, tool calls) reaches the chat template."""
     ok = isinstance(value, list | tuple) and bool(value)
     ok = ok and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
     ok = ok and all(isinstance(m.get("content"), str) for m in value)
@@ -232,6 +236,13 @@ def chat_messages(location: str, key: str, value: Any) -> tuple[dict[str, str], 
             f"{location}: field '{key}' must be a non-empty string or a list of chat messages "
             '({"role": ..., "content": ...})'
         )
+    for index, message in enumerate(value):
+        role = message["role"]
+        if role not in PROMPT_ROLES or (role == "system" and index > 0):
+            raise DataError(
+                f"{location}: message {index} of field '{key}' has the role {role!r:.80}; a chat prompt's roles are "
+                "'system' (its first message only), 'user' and 'assistant'"
+            )
     return tuple({"role": m["role"], "content": m["content"]} for m in value)
 
 

@@ -6,20 +6,23 @@ card: base model, data, preset and paper, results, the whole config, how to load
 record under ``reasonrl/`` (``config.yaml``, ``run.json``, ``summary.json``, ``metrics.jsonl``,
 ``training_curves.png``, whichever exist).  No local absolute path goes up: in every text file (the card,
 the record, the model's JSON files: a LoRA adapter's config names its base model's path) a path inside
-the run directory becomes relative to it and any other keeps only its file name.  Authentication is
-huggingface_hub's own (``HF_TOKEN`` or ``huggingface-cli login``).
+the run directory becomes relative to it and any other keeps only its file name.  Only the run's own files go
+up: a symbolic link in the model directory, or on the way to what is uploaded (``final/`` or a checkpoint as a
+link), refuses the push, naming it; no link is followed.  Authentication is huggingface_hub's own (``HF_TOKEN``
+or ``huggingface-cli login``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from reasonrl.train.checkpoint import STATE_FILE, latest_checkpoint
+from reasonrl.train.checkpoint import STATE_FILE, LinkedCheckpointsError, find_checkpoint, latest_checkpoint
 
 FINAL_DIR = "final"
 RUN_RECORD = ("config.yaml", "run.json", "summary.json", "metrics.jsonl", "training_curves.png")
@@ -43,12 +46,12 @@ def model_directory(run_dir: Path, checkpoint: str | None = None) -> Path:
                 f"{run_dir} has no trained model in {FINAL_DIR}/ yet; push a checkpoint with --checkpoint latest"
             )
         return final
-    if checkpoint == "latest":
-        found = latest_checkpoint(run_dir)
-    else:
-        name = f"step-{int(checkpoint):06d}" if checkpoint.isdigit() else checkpoint
-        found = run_dir / "checkpoints" / name
-    if found is None or not (found / STATE_FILE).is_file():
+    name = f"step-{int(checkpoint):06d}" if checkpoint.isdigit() else checkpoint
+    try:
+        found = latest_checkpoint(run_dir) if name == "latest" else find_checkpoint(run_dir, name)
+    except LinkedCheckpointsError as exc:
+        raise PushError(str(exc)) from None
+    if found is None:
         raise PushError(f"{run_dir} has no complete checkpoint {checkpoint!r} (see {run_dir / 'checkpoints'})")
     if not (found / "config.json").is_file():
         raise PushError(f"{found} holds no config.json: it was written before checkpoints were Hugging Face models")
@@ -56,16 +59,53 @@ def model_directory(run_dir: Path, checkpoint: str | None = None) -> Path:
 
 
 def upload_files(run_dir: Path, model_dir: Path) -> dict[str, Path]:
-    """``path in the repository -> local file`` of everything a push uploads (the card aside)."""
+    """``path in the repository -> local file`` of everything a push uploads (the card aside): regular files of
+    the run directory only, reached through no symbolic link (PushError names a link)."""
     skipped = {*NOT_UPLOADED, "README.md"}
     from reasonrl.models.lora import ADAPTER_DIR  # a LoRA run's adapter, beside the merged model
 
-    files = {p.name: p for p in sorted(model_dir.iterdir()) if p.is_file() and p.name not in skipped}
+    files = {p.name: p for p in _own_files(run_dir, model_dir) if p.name not in skipped}
     adapter = model_dir / ADAPTER_DIR
     if adapter.is_dir():
-        files.update({f"{ADAPTER_DIR}/{p.name}": p for p in sorted(adapter.iterdir()) if p.is_file()})
-    files.update({f"reasonrl/{name}": run_dir / name for name in RUN_RECORD if (run_dir / name).is_file()})
-    return files
+        files.update({f"{ADAPTER_DIR}/{p.name}": p for p in _own_files(run_dir, adapter)})
+    files.update({f"reasonrl/{name}": _refuse_link(run_dir, run_dir / name) for name in RUN_RECORD})
+    return {name: path for name, path in files.items() if path.is_file()}
+
+
+def _own_files(run_dir: Path, folder: Path) -> list[Path]:
+    """The entries of ``folder`` (in ``run_dir``), refusing a link among them or on the way to ``folder``."""
+    _refuse_link(run_dir, folder)
+    return [_refuse_link(run_dir, path) for path in sorted(folder.iterdir())]
+
+
+def _refuse_link(run_dir: Path, path: Path) -> Path:
+    """``path`` (in ``run_dir``) unless it, or a directory between ``run_dir`` and it, is a symbolic link: then a
+    PushError naming the link (a push publishes the run's own files, not what a link points to)."""
+    inside = path.relative_to(run_dir)
+    for part in (*reversed(inside.parents[:-1]), inside):
+        link = run_dir / part
+        if link.is_symlink():
+            raise PushError(
+                f"{link} is a symbolic link (to {os.readlink(link)}); a push publishes only the run's own files and "
+                "follows no link: replace it with the file itself, or remove it"
+            )
+    return path
+
+
+def refuse_non_finite_weights(files: dict[str, Path]) -> None:
+    """A PushError naming the first weight that is NaN or infinite in the safetensors files of ``files``: a model
+    with such weights computes nothing and is never published (a run stops before it saves one)."""
+    import torch
+    from safetensors import safe_open
+
+    for name, path in files.items():
+        if not name.endswith(".safetensors"):
+            continue
+        with safe_open(str(path), framework="pt") as weights:
+            for key in weights.keys():  # noqa: SIM118 (safe_open has no iterator)
+                tensor = weights.get_tensor(key)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise PushError(f"{path}: the weight {key} holds NaN or infinity; such a model is not published")
 
 
 LOCAL_PATH = re.compile(r"(?<![\w.:/~-])~?/[^\s'\",;:()\[\]{}<>|*`]+")
@@ -210,6 +250,7 @@ def push_run(
     """
     model_dir = model_directory(run_dir, checkpoint)
     files = upload_files(run_dir, model_dir)
+    refuse_non_finite_weights(files)
     card = without_local_paths(model_card(run_dir, model_dir, repo_id), run_dir)
     report: dict[str, Any] = {"repo": repo_id, "model": str(model_dir), "files": ["README.md", *files]}
     if dry_run:

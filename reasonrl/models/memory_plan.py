@@ -8,7 +8,8 @@ the policy update, where a training step peaks:
 - policy weights, gradients and AdamW's two fp32 moments: ``train.param_dtype`` bytes per parameter for
   the weights and the trainable parameters' gradients, 8 bytes per trainable parameter for AdamW
   (none on the GPU with ``train.offload_optimizer``); LoRA trains only the adapters;
-- the frozen reference (with a KL term and no LoRA) in the compute dtype; the critic (gae, egae): its
+- the frozen reference (with a KL term and no LoRA) in the policy's ``train.param_dtype``, so that it computes as
+  the policy does; the critic (gae, egae): its
   weights and AdamW states stay resident while the policy updates (its gradients are freed after its step);
 - bf16 weight copies: autocast's bf16 casts of fp32 weights, saved for the backward pass;
 - embedding gradient temporaries: a micro-batch's gradients of the input embedding and of the LM head
@@ -16,6 +17,8 @@ the policy update, where a training step peaks:
 - activations of one micro-batch of ``train.microbatch_tokens`` tokens (packed: the budget is real tokens),
   with or without ``model.gradient_checkpointing``, and eager attention's saved probabilities;
 - LM-head chunks: ``DEFAULT_CHUNK_TOKENS`` rows of fp32 logits over the vocabulary and their temporaries;
+- the step's sequences (a CPU run's; a GPU run's are checked against the host's memory apart): the completions and
+  the RolloutBatch at the caps, ``ROLLOUT_BYTES_PER_TOKEN`` per token;
 - the rollout engine's share: on a GPU vLLM takes ``rollout.vllm.gpu_memory_utilization`` of the card
   (with sleep mode it gives it back during the update, so the peak is the larger of generation and
   update), on a CPU its own copy of the weights in the compute dtype (vLLM's CPU build: plus its KV cache);
@@ -63,6 +66,10 @@ ACTIVATION_ATTENTION = 2.0
 """Eager attention: [span, span] score matrices per head saved per layer (probabilities and their softmax)."""
 HEAD_COPIES = 4.0
 """LM-head chunk: fp32 [chunk, vocab] tensors alive at once (logits, softmax, their product, a gradient)."""
+ROLLOUT_BYTES_PER_TOKEN = 128
+"""Host memory per token of a step's sequences (prompt + response cap): the completions as Python lists (a token
+id and its log-prob, 72 bytes measured with tracemalloc) and the RolloutBatch's [B, P+T] tensors (ids, masks and
+up to eight float32 per-token fields, about 51 bytes)."""
 FSDP_GATHERED_LAYERS = 2  # the layer running and the one prefetched
 LORA_RANK_SUGGESTED = 16
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)
@@ -232,7 +239,7 @@ def plan_memory(
         "policy weights": 0 if host_shards else shape.parameters * param_bytes // shards,
         "policy gradients": 0 if host_shards else shape.trainable * gradient_bytes // shards,
         "optimizer states (AdamW)": 0 if offload else shape.trainable * ADAM_BYTES // shards,
-        "reference weights": shape.parameters * compute_bytes // shards if separate_reference else 0,
+        "reference weights": shape.parameters * param_bytes // shards if separate_reference else 0,
         "critic (weights, AdamW)": (
             (shape.parameters * param_bytes + shape.trainable * (0 if offload else ADAM_BYTES)) // shards
             if plan.uses_critic
@@ -246,6 +253,7 @@ def plan_memory(
         "activations": int(activations),
         "LM-head chunks": int(HEAD_COPIES * 4 * min(DEFAULT_CHUNK_TOKENS, tokens) * shape.vocab),
         "rollout engine": engine_bytes(cfg, device_type, shape, compute_bytes, device_memory),
+        "rollout batch (host)": rollout_batch_bytes(cfg) if device_type == "cpu" else 0,
     }
     total = sum(components.values())
     notes = []
@@ -256,6 +264,14 @@ def plan_memory(
         total = max(generation, total - components["rollout engine"])
         notes.append("vLLM sleeps during the update: the total is the larger of generation and update")
     return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, tuple(notes))
+
+
+def rollout_batch_bytes(cfg: Config) -> int:
+    """Host memory of one step's sequences at their caps: the batch's rows and one more generation pass (dynamic
+    sampling keeps groups from several passes before it trims to the batch)."""
+    plan, r = resolve(cfg), cfg.rollout
+    rows = plan.sequences_per_rollout + plan.prompts_per_generation_pass * r.samples_per_prompt
+    return rows * (r.max_prompt_tokens + r.max_response_tokens) * ROLLOUT_BYTES_PER_TOKEN
 
 
 def engine_name(cfg: Config, device_type: str) -> str:
@@ -287,12 +303,17 @@ def engine_bytes(
 
 def device_memory(device: torch.device, local_ranks: int = 1) -> tuple[int, int]:
     """(bytes available to this process, the device's total): a GPU's free and total memory, or the
-    machine's available RAM (/proc/meminfo's MemAvailable) and total, shared by ``local_ranks`` processes."""
+    machine's (``host_memory``) shared by ``local_ranks`` processes."""
     import torch
 
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return free, total
+    return host_memory(local_ranks)
+
+
+def host_memory(local_ranks: int = 1) -> tuple[int, int]:
+    """(the machine's available RAM, /proc/meminfo's MemAvailable, per ``local_ranks`` processes; its total)."""
     lines = Path("/proc/meminfo").read_text().splitlines()
     info = dict(line.split(":", 1) for line in lines if ":" in line)
     available, total = (int(info[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
@@ -369,6 +390,12 @@ def refusal_message(cfg: Config, model_config: Any, plan: MemoryPlan) -> str:
     ]
     if short:
         lines.append(f"settings that lower it but not enough alone: {'; '.join(short)}")
+    sequences = plan.components.get("rollout batch (host)", 0)
+    if sequences > plan.total / 2:  # the step's sequences, which none of those settings shrink
+        lines.append(
+            f"a rollout step's sequences alone take {gib(sequences):.2f} GiB: lower rollout.rollout_prompts, "
+            "rollout.samples_per_prompt or rollout.max_response_tokens"
+        )
     lines.append("to run it anyway: train.memory_check=warn (or skip)")
     return "\n".join(lines)
 
@@ -410,8 +437,21 @@ def check_memory(cfg: Config, device: torch.device, world_size: int = 1) -> Memo
     mode = cfg.train.memory_check
     if mode == "skip":
         return None
-    plan = memory_plan_of(cfg, device, world_size)
     log = logging.getLogger(__name__)
+    if device.type != "cpu":  # a GPU run's sequences live in host memory: the device plan does not hold them
+        host = rollout_batch_bytes(cfg)
+        available = host_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))[0]
+        if host > available:
+            message = (
+                f"a rollout step's sequences take about {gib(host):.2f} GiB of host memory (rollout.rollout_prompts × "
+                f"rollout.samples_per_prompt × (rollout.max_prompt_tokens + rollout.max_response_tokens) tokens at "
+                f"{ROLLOUT_BYTES_PER_TOKEN} bytes each), more than the {gib(available):.2f} GiB this machine has "
+                "available: lower one of them; to run it anyway: train.memory_check=warn (or skip)"
+            )
+            if mode == "refuse":
+                raise ConfigError(message)
+            log.warning("%s", message)
+    plan = memory_plan_of(cfg, device, world_size)
     if isinstance(plan, str):
         log.warning("%s; the run starts unchecked", plan)
         return None

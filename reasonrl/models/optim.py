@@ -112,6 +112,16 @@ class Fp32StateAdamW(torch.optim.Optimizer):
                 self.state[param] = self._placed(param, state_dict["state"][saved_id])
 
 
+class NonFiniteWeightsError(RuntimeError):
+    """A trained model's weights hold NaN or an infinity: nothing trained from there on means anything."""
+
+
+def has_non_finite_weights(model: torch.nn.Module) -> bool:
+    """Whether any of ``model``'s weights (this process's shards of them under FSDP2) is NaN or infinite."""
+    local = [getattr(p, "_local_tensor", p).detach() for p in model.parameters()]
+    return bool(local) and not bool(torch.stack([torch.isfinite(t).all() for t in local]).all())
+
+
 def apply_gradients(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,

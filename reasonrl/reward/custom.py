@@ -41,9 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reasonrl.config.validate import FLOAT32_MAX
 from reasonrl.data.examples import Example
 from reasonrl.reward.scoring_pool import ScoringPool
-from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer, reward_number
 
 VERIFIER_TERM = "verifier"
 """The reserved entry of ``reward.functions`` that stands for the built-in scorer."""
@@ -185,12 +186,16 @@ class RewardFunction:
             value = value["score"]
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return RewardResult(0.0, False, {"value": None})
-        if not isinstance(value, int | float) or not math.isfinite(value):
-            raise TypeError(f"returned {_shown(value)}; a reward is a finite number (or None)")
-        info: dict[str, Any] = {"value": float(value)}
+        try:
+            number = reward_number(value)
+        except TypeError:
+            raise TypeError(
+                f"returned {_shown(value)}; a reward is a finite number within float32's range (or None)"
+            ) from None
+        info: dict[str, Any] = {"value": number}
         if verdict is not None:
             info["verdict"] = verdict
-        return RewardResult(float(value), bool(verdict), info)
+        return RewardResult(number, bool(verdict), info)
 
 
 def _shown(value: Any) -> str:
@@ -288,7 +293,10 @@ class WeightedRewards:
                 value = result.info.get("value", result.score)  # an error result has no value: its score
                 term_verdict = result.info.get("verdict")
             values[term.name] = value
-            if value is not None:
+            if value is not None and abs(score + term.weight * value) > FLOAT32_MAX:  # weighted past float32
+                errors[term.name] = f"weighted, its reward {term.weight:g} × {value:g} takes the sum past float32"
+                values[term.name] = None
+            elif value is not None:
                 score += term.weight * value
             if verdict is None:
                 verdict = term_verdict

@@ -1,96 +1,82 @@
-"""The math verifier: extract the final answer, then compare the whole of it with the reference.
+"""The math verifier: a response is right only when every final answer it states is the reference's value.
 
-Extraction order: the last non-empty ``\\boxed{...}``; else the last "Answer: ..." line (also "final
-answer is ..."); else the last number in the response.  Every dash a minus sign is written with (U+2212,
-the en dash, the fullwidth hyphen-minus, ...) reads as "-" first, so "−12" is minus twelve.
+Final answers: every non-empty ``\\boxed{...}`` (the outermost of nested ones), every line that starts with
+"Answer:" or "Final answer:" (markdown around it allowed) and every capitalised "Answer:" within a line
+("\\boxed{12}. Answer: 13"; a lower-case "the answer: 13" in the reasoning is a remark).  They must all be
+right, so two different values (``\\boxed{1} \\boxed{2}``, or a box and an "Answer:" line that disagree,
+in either order) earn nothing, while several that state the same value are fine; more than
+``MOST_FINAL_ANSWERS`` different ones are no answer.  Only when there is none, the last "answer is ..." /
+"answer: ..." phrase is the answer, else the last number.  A box inside an answer line counts as its
+content; the Minerva form "Final Answer: The final answer is $12$. I hope it is correct." reads as 12.
+Every dash a minus sign is written with (U+2212, the en dash, the fullwidth hyphen-minus, ...) reads as "-"
+first, so "−12" is minus twelve.
 
-Comparison: the whole stated value counts.  When the reference is a number, the answer must be one number
-too — a single numeric literal, with words around it allowed ("3 red squares", "x = 4") and nothing that
-changes its value: no operator, relation or other symbol ("47 + 38", "12²", "√144", "12!", "≥ 12"), no
-second number or number word ("5 or 7", "twelve or 13"), no word that negates, bounds, hedges, combines
-or scales it ("not 12", "at least 12", "about 12", "12 or more", "12 thousand"; "≈"/"about" too: an
-approximation is not the value), and no letter glued to it or standing alone beside it ("12k", "12i",
-"x12", "e 12"; single-letter units such as "12m" or "12 s" are words).  Units are not compared ("12 cm"
-is right against "12 m").  Otherwise math-verify compares LaTeX, fractions, intervals and the like, on
-the whole answer: unit words after a value are dropped first (math-verify stops reading at the first
-unit, which would leave a list's later values unread), the answer may use a relation, negation,
-non-ASCII symbol or value word that math-verify reads past (``\\approx``, ``\\neq``, a prime, ``≠``,
-``\\text{ thousand}``) only where the reference uses it too, and an equation is right only when every
-side but a bare name equals the reference (``\\sqrt3=\\sqrt2`` is wrong against ``\\sqrt2``).  A final
-"Answer:" line that names several different values is not rewarded.
+Comparison of one answer: the whole stated value counts, and what stands beside it must be known to be
+harmless, an allow-list rather than a list of bad words (``math_answer.py``).  When the reference is a
+number the answer must be one numeric literal, with only framing words ("The answer is", "so", "x ="),
+units and counted things ("12 cm", "3 red squares", "12 more apples") beside it: any other word, in any
+language ("12 is wrong", "nicht 12", "au moins 12"), any operator, relation or mark ("47 + 38", "≥ 12",
+"12? no", "12²"), a second number or a letter that is no unit ("12k", "e 12") make it no answer.  A percent
+sign on one side only counts for whole numbers ("25%" against the GSM8K reference "25"); "0.5%" is not
+"0.5" or "1/2".  Otherwise math-verify compares LaTeX, fractions, intervals and the like, on the whole
+answer, after these rules: the answer may use a LaTeX command, mark or word outside the safe ones
+(``\\approx``, ``\\approxeq``, ``\\le``, ``\\sim``, ``\\cong``, "≠", "&", a prime, ``\\text{ or }``,
+``\\mathbf{ is wrong }``) only where the reference uses it too; decimals are read as exact fractions and
+compared to 850 digits, so no decimal approximation (1.4142136, 3.1415927) equals an exact reference
+(``\\sqrt{2}``, ``\\pi``); unit words after a value are dropped first (math-verify stops reading at the
+first unit, which would leave a list's later values unread); and an equation is right only when every
+side but a bare name equals the reference (``\\sqrt3=\\sqrt2`` is wrong against ``\\sqrt2``).
 """
 
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
+from reasonrl.reward.math_answer import (
+    ANSWER_WORDS,
+    NUMBER,
+    TEXT_COMMAND,
+    UNIT_LETTERS,
+    WORD,
+    WORD_CHARS,
+    is_unit_word,
+    numbers_equal,
+    numeric_answer,
+    reference_number,
+    unsupported_by_reference,
+    without_framing_words,
+)
 from reasonrl.reward.verifier_protocol import RewardResult
 
-# a numeric literal: thousands separators only in groups of three ("1,234"; "4,6" is two numbers)
-NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
 # the form the prompt template asks for: a line that starts with "Answer:" (a later "... this answer is
 # correct." must not replace it)
 TEMPLATE_ANSWER_LINE = re.compile(r"^[ \t]*(?:final answer|answer)[ \t]*:[ \t]*(.+)", re.IGNORECASE | re.MULTILINE)
+# a final answer: a line in the template's form, also in markdown ("**Final Answer:** 12", "## answer: 12"),
+# or the template's capitalised "Answer:" within a line ("\boxed{12}. Answer: 13"; "the answer: 13" is a remark)
+FINAL_ANSWER_LINE = re.compile(
+    r"(?:^[ \t>#*_]*(?i:final[ \t]+answer|answer)|(?<![A-Za-z][ \t])(?<![A-Za-z'\"‘“`{])(?:Final [Aa]nswer|Answer))"
+    r"[ \t*_]*:[ \t*_]*(\S.*)",
+    re.MULTILINE,
+)
+MINERVA_TRAILER = re.compile(r"(?<![.\s])[.\s]*I hope it is correct[.\s]*$", re.IGNORECASE)
 BOXED = re.compile(r"\\boxed\s*\{")
+MOST_FINAL_ANSWERS = 10  # distinct final answers graded; more is no answer (and bounds the work)
 # every dash a minus sign is written with: hyphen, non-breaking hyphen, figure, en and em dash, horizontal
 # bar, hyphen bullet, minus sign, modifier and heavy minus, two- and three-em dash, small and fullwidth
 # hyphen-minus
 DASHES = re.compile("[\u2010-\u2015\u2043\u2212\u02d7\u2796\u2e3a\u2e3b\ufe58\ufe63\uff0d]")
-WORD_CHARS = "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u00ff"  # Latin letters, µ included
-WORD = re.compile(f"[{WORD_CHARS}]+")
-# what may stand beside a number's one literal: words, spaces, punctuation, quotes, currency, percent and
-# degree signs, and "=" after a name; any other character ("+", "²", "√", "!", "≥", "\") makes it an
-# expression or a relation
-PLAIN_TEXT = re.compile(f"[{WORD_CHARS}\\s.,:;()\\[\\]'\"’$€£¥%°=]*")
-SUFFIX_MARK = re.compile("[%°]")  # percent and degree signs follow their number ("%12" is no number)
-NAME = re.compile(f"\\s*[{WORD_CHARS}][{WORD_CHARS}\\s]*")
-# words that negate, bound, hedge, combine or transform the value beside them
-VALUE_WORDS = frozenset({
-    "not", "no", "never", "non", "neither", "nor", "none", "except", "excluding", "without", "besides", "instead",
-    "unlike", "or", "either", "than", "least", "most", "above", "below", "beyond", "exceed", "exceeds", "exceeding",
-    "up", "upto", "upwards", "excess", "between", "within", "max", "maximum", "min", "minimum", "approximately",
-    "approx", "approximate", "about", "around", "roughly", "nearly", "almost", "circa", "ca", "close", "estimated",
-    "estimate", "minus", "negative", "plus", "times", "divided", "multiplied", "squared", "cubed", "power", "root",
-    "sqrt", "factorial", "reciprocal", "inverse", "opposite", "but", "pi", "ish", "mod", "modulo", "log", "ln",
-    "exp", "sin", "cos", "tan", "infinity", "infinite", "unequal", "different",
-})  # fmt: skip
-BOUNDS_BEFORE = frozenset({"over", "under"})  # "over 12" bounds the value; "12 left over" does not
-# a negated verb ("isn't 12") and an open bound ("12 and more"; "12 more apples" is a count)
-NEGATION_OR_BOUND = re.compile(
-    r"n['’]t\b|\band\s+(?:higher|lower|more|less|fewer|greater|smaller|larger|bigger|over|under|upwards?)\b",
-    re.IGNORECASE,
-)
-# words that name a number (plural "-s" too): beside a literal, the answer names two numbers
-NUMBER_WORDS = frozenset({
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty",
-    "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion", "trillion",
-    "dozen", "half", "halves", "third", "quarter", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth",
-    "tenth", "hundredth", "thousandth", "millionth", "twice", "thrice", "double", "triple", "once", "nil", "nought",
-    "naught", "bn", "mn", "mil", "lakh", "crore",
-})  # fmt: skip
-ROMAN_NUMERAL = re.compile(r"[IVXLCDM]{2,}")
-# one-letter words that may follow a number as its unit; any other ("12x", "12i", "12e", "12k") is a
-# variable, a constant or a scale
-UNIT_LETTERS = frozenset("mgshlLVWAJNCF")
-# relations, separators and marks math-verify reads past: "\sqrt2 \approx 1.41", "\sqrt{2}'" and "=/= \sqrt2"
-# parse as \sqrt2, "5 & \sqrt2", "5 \\ \sqrt2" and "5 | \sqrt2" as \sqrt2
-RELATION = re.compile(
-    r"\\(?:neq?|not|approx|sim|simeq|cong|equiv|propto|[lg]eq?(?:slant)?|[lg]t|lesssim|gtrsim|ll|gg|pm|mp|mid|"
-    r"vee|lor|wedge|land)(?![A-Za-z])|\\\\|!=|=/|/=|[<>'\"&|]"
-)
 MATH_DELIMITER = re.compile(r"\\?\$|\\[()\[\]]")  # "$", "\$", "\(", "\[": they carry no value
-TEXT_COMMAND = r"\\(?:text|textrm|textnormal|textbf|textit|mathrm|mbox)"
 LATEX_TEXT = re.compile(rf"({TEXT_COMMAND})\s*\{{([^{{}}]*)\}}")  # (command, words)
-# one-word \text{}s after a value, with LaTeX spacing and a unit's exponent: "12\,\text{m}^2", "5 \text{cm}"
+# one-word \text{}s after a value or a name, with LaTeX spacing and a unit's exponent: "12\,\text{m}^2",
+# "5 \text{cm}", "\pi \text{ m}" (math-verify stops reading at a \text{} that follows a value)
 UNITS_AFTER_VALUE = re.compile(
-    rf"(?P<value>[\d}})])(?P<units>(?:(?:\s|\\[,;:! ]|\\q?quad)*{TEXT_COMMAND}\s*\{{[{WORD_CHARS}]+\}}"
+    rf"(?P<value>[\w}})\]])(?P<units>(?:(?:\s|\\[,;:! ]|\\q?quad)*{TEXT_COMMAND}\s*\{{[{WORD_CHARS}]+\}}"
     r"(?:\s*\^\s*(?:\{\s*\d\s*\}|\d))?)+)"
 )
 KEPT_AFTER_VALUE = frozenset({"and", "e", "i"})  # a list's "and"; "2\mathrm{i}" is a value, not 2 of a unit
-LONGEST_LITERAL = 100  # characters; a longer "number" is no answer (and Fraction refuses > 4300 digits)
+DECIMAL = re.compile(r"(?<![\d.])(\d*)\.(\d+)(?![\d.])")
+EXACT_DIGITS = 850  # math-verify's numeric precision: a 100-digit approximation differs well above it
 
 
 def answer_lines(text: str) -> list[str]:
@@ -99,15 +85,33 @@ def answer_lines(text: str) -> list[str]:
     return [m.group(1) for m in TEMPLATE_ANSWER_LINE.finditer(text)] or [m.group(1) for m in ANSWER_LINE.finditer(text)]
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last non-empty ``\\boxed{...}`` (nested braces balanced), or None; one pass over
-    the text, so unbalanced braces cost linear time."""
+def _closing_braces(text: str) -> dict[int, int]:
+    """Each balanced "{" position's "}" position; one pass, so unbalanced braces cost linear time."""
     closing, open_braces = {}, []
     for i, char in enumerate(text):
         if char == "{":
             open_braces.append(i)
         elif char == "}" and open_braces:
             closing[open_braces.pop()] = i
+    return closing
+
+
+def boxed_contents(text: str) -> list[str]:
+    """The contents of every ``\\boxed{...}`` not inside another one (nested braces balanced), in order;
+    linear time, however deep the boxes nest."""
+    closing = _closing_braces(text)
+    contents, end = [], -1
+    for match in BOXED.finditer(text):
+        brace = match.end() - 1
+        if brace > end and brace in closing:
+            end = closing[brace]
+            contents.append(text[brace + 1 : end])
+    return contents
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last non-empty ``\\boxed{...}`` (the innermost of nested ones), or None."""
+    closing = _closing_braces(text)
     for match in reversed(list(BOXED.finditer(text))):
         brace = match.end() - 1
         if brace in closing and (content := text[brace + 1 : closing[brace]].strip()):
@@ -115,18 +119,38 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def _without_boxes(text: str) -> str:
+    """``text`` with every ``\\boxed{X}`` read as X (an answer line "Answer: \\boxed{12}" states 12)."""
+    closing = _closing_braces(text)
+    boxes = [(m.start(), m.end() - 1) for m in BOXED.finditer(text) if m.end() - 1 in closing]
+    drop = {i for start, brace in boxes for i in (*range(start, brace + 1), closing[brace])}
+    return "".join(char for i, char in enumerate(text) if i not in drop)
+
+
+def _statement(text: str) -> str:
+    """An answer as it is stated: boxes read as their content, without the Minerva form's "I hope it is
+    correct." and a closing full stop."""
+    return MINERVA_TRAILER.sub("", _without_boxes(text)).strip().rstrip(".").strip()
+
+
+def final_answers(text: str) -> tuple[list[str], str]:
+    """(every final answer a response states, the main one last: its last box, else its last answer line;
+    how the main one was found: 'boxed', 'answer_line', 'last_number' or 'none')."""
+    lines = [answer for m in FINAL_ANSWER_LINE.finditer(text) if (answer := _statement(m.group(1)))]
+    boxes = [answer for content in boxed_contents(text) if (answer := _statement(content))]
+    if lines or boxes:
+        return lines + boxes, "boxed" if boxes else "answer_line"
+    if phrases := [m.group(1) for m in ANSWER_LINE.finditer(text)]:
+        return [_statement(phrases[-1])], "answer_line"
+    if numbers := NUMBER.findall(text):
+        return [numbers[-1]], "last_number"
+    return [], "none"
+
+
 def extract_answer(text: str) -> tuple[str | None, str]:
-    """(answer text, how it was found): 'boxed', 'answer_line', 'last_number' or 'none'."""
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed, "boxed"
-    lines = answer_lines(text)
-    if lines:
-        return lines[-1].strip().rstrip(".").strip(), "answer_line"
-    numbers = NUMBER.findall(text)
-    if numbers:
-        return numbers[-1], "last_number"
-    return None, "none"
+    """(the main final answer, how it was found): 'boxed', 'answer_line', 'last_number' or 'none'."""
+    answers, how = final_answers(text)
+    return (answers[-1] if answers else None), how
 
 
 def _ascii_minus(text: str) -> str:
@@ -134,112 +158,15 @@ def _ascii_minus(text: str) -> str:
     return DASHES.sub("-", text)
 
 
-def _unwrapped(text: str) -> str:
-    """The answer without presentation: math delimiters, markdown emphasis, \\text{}, LaTeX spacing and
-    currency, and a fraction of two integer literals as "a/b"; its dashes as "-"."""
-    text = re.sub(r"\\(?:text|mathrm|textbf|mathbf)\s*\{([^{}]*)\}", r"\1", _ascii_minus(text))
-    text = re.sub(r"\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(\d+)\s*\}", r"\1/\2", text)
-    for latex, plain in (("\\$", ""), ("\\%", "%"), ("\\!", ""), ("\\,", ""), ("\\(", ""), ("\\)", "")):
-        text = text.replace(latex, plain)
-    text = re.sub(r"\\(?:;|quad|qquad|:)", " ", text)
-    return text.strip().strip("$*`_ ").rstrip(".").strip()
-
-
-def _literal(text: str) -> Fraction | None:
-    if len(text) > LONGEST_LITERAL:
-        return None
-    return Fraction(text.replace(",", ""))
-
-
-def _as_number(text: str) -> Fraction | None:
-    """``text`` as a number when it is one and nothing else: "1,234", "-7", "0.5", "3/4", "46%"."""
-    cleaned = _unwrapped(text).removesuffix("%").strip()
-    if NUMBER.fullmatch(cleaned):
-        return _literal(cleaned)
-    fraction = re.fullmatch(r"(-?\d+)/(\d+)", cleaned)
-    if fraction and int(fraction.group(2)) != 0 and len(cleaned) <= LONGEST_LITERAL:
-        return Fraction(int(fraction.group(1)), int(fraction.group(2)))
-    return None
-
-
-def _names_number(word: str) -> bool:
-    """Whether a word names a number: "twelve", "dozens", "XIII"."""
-    lowered = word.lower()
-    return lowered in NUMBER_WORDS or lowered.removesuffix("s") in NUMBER_WORDS or bool(ROMAN_NUMERAL.fullmatch(word))
-
-
-def _changes_value(word: str) -> bool:
-    """Whether a word beside a value changes it: a number word or a value word ("not", "about", "or")."""
-    return word.lower() in VALUE_WORDS or _names_number(word)
-
-
-def _value_changed_around(before: str, after: str) -> str:
-    """Why the text around an answer's one literal changes its value, or '' when it does not."""
-    if not PLAIN_TEXT.fullmatch(before + after) or SUFFIX_MARK.search(before):
-        return "an expression, not a number: an operator, relation or symbol beside the number"
-    sides = before.split("=")[:-1] + after.split("=")[1:]
-    if not all(NAME.fullmatch(side) for side in sides):
-        return "an equation whose other side is not a name"
-    around = before + " " + after
-    if (
-        any(word.lower() in VALUE_WORDS for word in WORD.findall(around))
-        or any(word.lower() in BOUNDS_BEFORE for word in WORD.findall(before))
-        or NEGATION_OR_BOUND.search(around)
-    ):
-        return "a word that negates, bounds, hedges or changes the number"
-    factor = re.search(f"(?<![{WORD_CHARS}])[{WORD_CHARS}]\\s*$|[{WORD_CHARS}]$", before)  # "e 12", "x12"
-    unit = re.match(f"\\s*([{WORD_CHARS}]+)", after)
-    if factor or (unit and len(unit[1]) == 1 and unit[1] not in UNIT_LETTERS):
-        return "a letter beside the number: a variable, a constant or a scale (12x, 12i, 12k), not a number"
-    return ""
-
-
-def numeric_answer(text: str) -> tuple[Fraction | None, str]:
-    """(the number an answer states, '') or (None, why it states none): one numeric literal, words
-    around it allowed, and nothing that changes its value (see the module docstring)."""
-    number = _as_number(text)
-    if number is not None:
-        return number, ""
-    cleaned = _unwrapped(text)
-    literals = list(NUMBER.finditer(cleaned))
-    if not literals:
-        return None, "no number in the answer"
-    if len(literals) > 1 or any(_names_number(word) for word in WORD.findall(cleaned)):
-        return None, "several numbers: an expression or several answers, not one number"
-    literal = literals[0]
-    if reason := _value_changed_around(cleaned[: literal.start()], cleaned[literal.end() :]):
-        return None, reason
-    number = _literal(literal.group())
-    return number, "" if number is not None else "a number too long to be an answer"
-
-
-def _distinct_numbers(text: str) -> set[str]:
-    return {n.replace(",", "") for n in NUMBER.findall(text)}
-
-
-def _value_changers(latex: str) -> set[str]:
-    """The relations, marks, non-ASCII symbols and value words (in ``\\text{}``) of a LaTeX answer."""
-    symbols = {char for char in latex if ord(char) > 127 and not char.isalpha() and not char.isspace()}
-    words = {
-        word.lower() for _, text in LATEX_TEXT.findall(latex) for word in WORD.findall(text) if _changes_value(word)
-    }
-    return set(RELATION.findall(latex)) | symbols | words
-
-
-def unsupported_by_reference(candidate: str, reference: str) -> str:
-    """Why a LaTeX answer is refused before math-verify reads it, or '': it uses a relation, mark, symbol
-    or value word that the reference does not (math-verify would read past it)."""
-    extra = _value_changers(_ascii_minus(candidate)) - _value_changers(_ascii_minus(reference))
-    return f"changes the value with {' '.join(sorted(extra))}, which the reference has not" if extra else ""
-
-
 def _without_units(match: re.Match) -> str:
-    """A value and the \\text{} words after it, less its unit words (words that combine or change values
-    stay); dropped words between two values ("12 \\text{ cm by } 5") leave a comma, not a product."""
+    """A value and the \\text{} words after it, less its unit and framing words (words the reference uses,
+    "and", "e" and "i" stay); dropped words between two values ("12 \\text{ cm by } 5") leave a comma, not
+    a product."""
     kept = [
         text.group()
         for text in LATEX_TEXT.finditer(match["units"])
-        if _changes_value(text[2]) or text[2].lower() in KEPT_AFTER_VALUE
+        if text[2].lower() in KEPT_AFTER_VALUE
+        or not (is_unit_word(text[2]) or text[2] in UNIT_LETTERS or text[2].lower() in ANSWER_WORDS)
     ]
     separator = "," if not kept and re.match(r"\s*-?\d", match.string[match.end() :]) else ""
     return " ".join([match["value"], *kept, separator])
@@ -278,36 +205,56 @@ def _latex_match(candidate: str, reference: str) -> bool:
         return False
     sides = _equation_sides(prediction[0]) if isinstance(prediction[0], Basic) else None
     if sides is None or any(isinstance(value, Relational | And) for value in gold):
-        return verify(gold, prediction)
+        return verify(gold, prediction, numeric_precision=EXACT_DIGITS)
     values = [side for side in sides if not isinstance(side, Symbol | AppliedUndef)]
-    return bool(values) and all(verify(gold, value) for value in values)
+    return bool(values) and all(verify(gold, value, numeric_precision=EXACT_DIGITS) for value in values)
+
+
+def _exact_decimals(latex: str) -> str:
+    """``latex`` with each decimal as the fraction it is ("1.41" as \\frac{141}{100}): math-verify rounds
+    decimals to 6 places, which made 1.4142136 equal \\sqrt{2}."""
+    return DECIMAL.sub(lambda m: f"\\frac{{{int(m[1] + m[2])}}}{{{10 ** len(m[2])}}}", latex)
 
 
 def answers_match(candidate: str, reference: str) -> bool:
-    """Whether two final answers are equal: as numbers when the reference is one (see
-    ``numeric_answer``), else by math-verify on the whole answer (see ``unsupported_by_reference``)."""
-    expected = _as_number(reference)
+    """Whether two final answers are equal: as numbers when the reference is one (see ``numeric_answer``),
+    else by math-verify on the whole answer (see ``unsupported_by_reference``)."""
+    expected = reference_number(reference)
     if expected is not None:
-        return numeric_answer(candidate)[0] == expected
+        stated = numeric_answer(candidate)[0]
+        return stated is not None and numbers_equal(stated, expected)
     if unsupported_by_reference(candidate, reference):
         return False
-    return _latex_match(candidate, reference)
+    return _latex_match(_exact_decimals(without_framing_words(candidate)), _exact_decimals(reference))
+
+
+def _refusal(answer: str, reference: str) -> str:
+    """Why one final answer is refused before it is compared, or ''."""
+    if reference_number(reference) is not None:
+        return numeric_answer(answer)[1]
+    return unsupported_by_reference(answer, reference)
 
 
 class MathVerifier:
-    """Correct if the extracted final answer equals the reference; score 1.0 or 0.0."""
+    """Correct if every final answer the response states equals the reference; score 1.0 or 0.0."""
 
     def __call__(self, response: str, reference: str) -> RewardResult:
-        answer, how = extract_answer(_ascii_minus(response))
-        if answer is None:
+        reference = _ascii_minus(reference)
+        answers, how = final_answers(_ascii_minus(response))
+        if not answers:
             return RewardResult(0.0, False, {"extracted": None, "reason": "no answer found"})
-        if _as_number(reference) is not None:
-            reason = numeric_answer(answer)[1]
-        elif how == "answer_line" and _as_number(answer) is None and len(_distinct_numbers(answer)) > 1:
-            reason = "several different answers"
+        main, distinct = answers[-1], list(dict.fromkeys(answers))
+        if len(distinct) > MOST_FINAL_ANSWERS:
+            return RewardResult(0.0, False, {"extracted": main, "reason": "too many final answers"})
+        verdicts = [
+            (answer, _refusal(answer, reference) or ("" if answers_match(answer, reference) else "not the reference"))
+            for answer in distinct
+        ]
+        wrong = [(answer, reason) for answer, reason in verdicts if reason]
+        if not wrong:
+            return RewardResult(1.0, True, {"extracted": main, "found_by": how})
+        if len(wrong) < len(verdicts):
+            reason = f"several final answers that disagree: {wrong[0][0]!r} is wrong"
         else:
-            reason = unsupported_by_reference(answer, reference)
-        if reason:
-            return RewardResult(0.0, False, {"extracted": answer, "reason": reason})
-        correct = answers_match(answer, reference)
-        return RewardResult(float(correct), correct, {"extracted": answer, "found_by": how})
+            reason = dict(wrong).get(main, wrong[-1][1])
+        return RewardResult(0.0, False, {"extracted": main, "reason": reason})

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from reasonrl.config.validate import finite_number
+
 if TYPE_CHECKING:
     from reasonrl.data.examples import Example
+
+
+def reward_number(value: Any) -> float:
+    """A reward from user code (a reward function, an environment) as the float the batch holds: a real number
+    that is finite in float32.  Raises TypeError for anything else (NaN, an infinity, 1e39: a finite Python
+    float that would be inf in the batch and turn every advantage of it NaN), which fails that sample only."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"a reward is a finite number, not {value!r}"[:200])
+    number = float(value)
+    if not finite_number(number):
+        raise TypeError(f"a reward is a finite number within float32's range (±3.4e38), not {value!r}"[:200])
+    return number
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
 from reasonrl.data.control_tokens import control_tokens
 from reasonrl.data.examples import Example
 from reasonrl.data.prompts import chat_token_ids
+from reasonrl.reward.verifier_protocol import reward_number
 from reasonrl.rollout.engine_protocol import RolloutEngine, SamplingParams
 from reasonrl.rollout.episodes import (
     ROLE_INJECTED,
@@ -384,12 +384,9 @@ def take_step(tokenizer, c: Conversation, step: Step | Failure, *, last_turn: bo
 
 
 def reward_value(reward) -> float | None:
-    """An environment's reward as a float (None stays None); raises for anything but a finite number."""
-    if reward is None:
-        return None
-    if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-        raise TypeError(f"a reward is a finite number or None, not {reward!r}"[:200])
-    return float(reward)
+    """An environment's reward as a float (None stays None); raises for anything but a number the batch holds
+    (``reward_number``: finite in float32)."""
+    return None if reward is None else reward_number(reward)
 
 
 def checked_step(step) -> Step:

@@ -157,6 +157,11 @@ def batch_started() -> float | None:
     return getattr(_BATCH, "started", None)
 
 
+class OutOfTime(TimeoutError):
+    """A call that ran out of the environment's time (``rollout.environment_timeout_seconds``), which ends its
+    episode: a tool's function that raises it is no tool error told to the model (``tool_calls.call_tool``)."""
+
+
 @dataclass(frozen=True)
 class Failure:
     """A contained call that raised or ran out of time: why."""
@@ -167,7 +172,8 @@ class Failure:
 def contained(calls: Sequence[Callable[[], T]], timeout_s: float) -> list[T | Failure]:
     """Run ``calls`` concurrently (at most MAX_ENVIRONMENT_THREADS at once, in daemon threads) within
     ``timeout_s`` seconds in all: each one's result, or a ``Failure`` for one that raised or had not returned
-    when the time was up (a call that never returns is left behind in its thread; it holds nothing of the run)."""
+    when the time was up (a call that never returns is left behind in its thread; it holds nothing of the run).
+    Limit: a call into C code that holds the GIL stops every thread, this one's clock too, until it returns."""
     results: list[Any] = [PENDING] * len(calls)
     pending = iter(range(len(calls)))
     lock, stopped, started = threading.Lock(), threading.Event(), time.monotonic()

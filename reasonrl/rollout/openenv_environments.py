@@ -51,26 +51,41 @@ NOT_DATA = ("metadata", "done", "reward")  # fields of OpenEnv's base classes, n
 
 
 class OpenEnvError(ValueError):
-    """An OpenEnv server that cannot serve the run (unreachable, or an action a turn's text cannot fill)."""
+    """An OpenEnv server that cannot serve the run (unreachable, a malformed schema, or an action a turn's text
+    cannot fill)."""
 
 
 def action_field(schema: dict, chosen: str) -> str:
     """The field of the server's action ``schema`` (JSON schema) that carries a turn's text: ``chosen``, or
-    its one string field (raises OpenEnvError when that is ambiguous or other fields are required)."""
-    properties = {name: kind for name, kind in schema.get("properties", {}).items() if name not in NOT_DATA}
-    strings = [name for name, kind in properties.items() if isinstance(kind, dict) and kind.get("type") == "string"]
+    its one string field (raises OpenEnvError saying why none can: a malformed schema, an ambiguous choice,
+    other fields required)."""
+    properties, required = schema.get("properties", {}), schema.get("required", [])
+    names = isinstance(required, list) and all(isinstance(name, str) for name in required)
+    if not isinstance(properties, dict) or not names:
+        raise OpenEnvError(
+            "its action schema is malformed: 'properties' must be an object of fields and 'required' a list of "
+            f"field names, not {json_kind(properties)} and {json_kind(required)}"
+        )
+    fields = {name: kind for name, kind in properties.items() if name not in NOT_DATA}
+    strings = [name for name, kind in fields.items() if isinstance(kind, dict) and kind.get("type") == "string"]
     if chosen and chosen not in strings:
-        raise OpenEnvError(f"the OpenEnv action has no string field {chosen!r} (its string fields: {strings})")
+        raise OpenEnvError(f"its action has no string field {chosen!r} (its string fields: {strings})")
     if not chosen and len(strings) != 1:
         raise OpenEnvError(
-            f"the OpenEnv action has {len(strings)} string fields {strings}: name the one a turn's text fills "
+            f"its action has {len(strings)} string fields {strings}: name the one a turn's text fills "
             "after '#' in rollout.environment (openenv:http://host:port#field)"
         )
     field = chosen or strings[0]
-    others = [name for name in schema.get("required", []) if name != field]
+    others = [name for name in required if name != field]
     if others:
-        raise OpenEnvError(f"the OpenEnv action also requires {others}, which a turn's text cannot fill")
+        raise OpenEnvError(f"its action also requires {others}, which a turn's text cannot fill")
     return field
+
+
+def json_kind(value: Any) -> str:
+    """What kind of JSON value ``value`` is, as an error names it ("a list")."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return kinds.get(type(value), "null")
 
 
 def observation_text(observation: Any) -> str:
@@ -111,8 +126,11 @@ def read_schema(base_url: str, timeout_s: float) -> dict:
             schema = json.loads(body)
     except (OSError, ValueError) as exc:
         raise OpenEnvError(f"the OpenEnv server {base_url} did not serve its schema: {exc}") from None
-    if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
-        raise OpenEnvError(f"the OpenEnv server {base_url} serves no action schema at /schema")
+    if not isinstance(schema, dict):
+        raise OpenEnvError(f"the OpenEnv server {base_url} serves {json_kind(schema)} at /schema, not its schemas")
+    if not isinstance(schema.get("action"), dict):
+        got = json_kind(schema["action"]) if "action" in schema else "none"
+        raise OpenEnvError(f"the OpenEnv server {base_url} serves no action schema at /schema (its 'action': {got})")
     return schema
 
 
@@ -156,7 +174,10 @@ class OpenEnvEnvironment(Environment):
         base_url = base_url.rstrip("/")
         client_class()  # OpenEnv is installed: fail now rather than in every episode
         schema = read_schema(base_url, timeout_s / 2)
-        return cls(base_url, action_field(schema["action"], chosen), timeout_s)
+        try:
+            return cls(base_url, action_field(schema["action"], chosen), timeout_s)
+        except OpenEnvError as exc:
+            raise OpenEnvError(f"the OpenEnv server {base_url}: {exc}") from None
 
     def reset(self, row: Example) -> Observation:
         wait_s = self.timeout_s / 2

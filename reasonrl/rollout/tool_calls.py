@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from reasonrl.rollout.episodes import OutOfTime
+
 HERMES_CALL = ("<tool_call>", "</tool_call>")
 LLAMA_CALL = re.compile(r'\s*\{\s*"name"\s*:')  # a turn that opens a JSON object with a name: a Llama 3 call
 CALL_FORMAT_ERROR = (
@@ -198,7 +200,8 @@ def is_json_type(value: Any, kind: str) -> bool:
 
 def call_tool(tools: Mapping[str, FunctionTool], call: FunctionCall) -> ToolOutput:
     """Answer ``call`` with the tool it names: the tool's output, or an error message (the call unreadable, no
-    such tool, arguments that do not fit, the function raising); never raises."""
+    such tool, arguments that do not fit, the function raising); raises only the function's ``OutOfTime`` (an
+    async function past the environment's time), which ends the episode."""
     if call.error:
         return ToolOutput(call.error, failed=True)
     tool = tools.get(call.name)
@@ -208,5 +211,7 @@ def call_tool(tools: Mapping[str, FunctionTool], call: FunctionCall) -> ToolOutp
         return ToolOutput(error, failed=True)
     try:
         return tool.function(**call.arguments)
+    except OutOfTime:  # the episode's time is up: it ends, as the driver's budget says
+        raise
     except Exception as exc:  # the environment's function failing on odd input is the call's error, not the run's
         return ToolOutput(f"Error: {type(exc).__name__}: {exc}", failed=True)

@@ -20,6 +20,10 @@ optional ``get_reward()``.  ``TRLEnvironment`` plays it through the ``Environmen
 - ``finish(episode)``: the instance's ``get_reward()`` (awaited when it is a coroutine, as TRL allows), or,
   without one, None: the row's verifier (or ``reward.functions``) scores the final turn.
 
+An ``async def`` tool or ``get_reward`` runs on one event loop for all episodes (``EventLoops``), within the
+driver's budget: one that runs out of time is cancelled and ends its episode (``OutOfTime``), and a loop that
+one leaves blocked (a blocking call inside an ``async def``) is retired, so later calls run on a new loop.
+
 Loading the class is the user's choice (``environment_class``); a tool call's name and arguments are untrusted
 data, checked, never run, and what a method returns is injected as plain text (the driver's guarantee).
 """
@@ -28,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import inspect
 import threading
 import time
@@ -37,10 +40,11 @@ from typing import Any, ClassVar
 
 from reasonrl.data.examples import Example
 from reasonrl.rollout.conversations import ENVIRONMENT_TIMEOUT_S, tool_answer
-from reasonrl.rollout.episodes import Conversation, Environment, Observation, Step, batch_started
+from reasonrl.rollout.episodes import Conversation, Environment, Observation, OutOfTime, Step, batch_started
 from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput, call_tool, function_call
 
 NOT_TOOLS = ("reset", "get_reward")
+LOOP_CHECK_S = 0.1  # how long a loop has to run a callback after an async call ran out of time, or it is blocked
 
 
 class TRLEnvironmentError(ValueError):
@@ -84,28 +88,63 @@ def trl_environment(cls: type) -> type[TRLEnvironment]:
     return type(cls.__name__, (TRLEnvironment,), body)
 
 
-@functools.cache
-def shared_event_loop() -> asyncio.AbstractEventLoop:
-    """The one event loop every ``async def`` tool and reward of the process runs on (in a daemon thread), as
-    TRL runs them on one loop: what an instance makes in ``reset`` (a client, a lock) stays usable."""
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name="trl-environments", daemon=True).start()
-    return loop
+class EventLoops:
+    """The event loop every ``async def`` tool and reward runs on, in a daemon thread: one for all episodes, as TRL
+    runs them on one loop, so what an instance or a module makes (a client, a lock) stays usable from call to call.
+    A coroutine that blocks the loop's thread (a blocking call inside an ``async def``: ``time.sleep``) would
+    starve every later call; the loop it blocks is retired (``retire``) and later calls get a new one."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.current: asyncio.AbstractEventLoop | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop calls run on now (started on first use)."""
+        with self.lock:
+            if self.current is None:
+                self.current = asyncio.new_event_loop()
+                threading.Thread(target=self.current.run_forever, name="trl-environments", daemon=True).start()
+            return self.current
+
+    def retire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run no more calls on ``loop``, which a coroutine blocks: it stops when that returns, ending its thread."""
+        with self.lock:
+            if self.current is loop:
+                self.current = None
+                loop.call_soon_threadsafe(loop.stop)
+
+
+EVENT_LOOPS = EventLoops()
+
+
+def responsive(loop: asyncio.AbstractEventLoop, wait_s: float) -> bool:
+    """Whether ``loop`` runs a callback within ``wait_s`` (a coroutine that blocks its thread keeps it from any)."""
+    ran = threading.Event()
+    loop.call_soon_threadsafe(ran.set)
+    return ran.wait(wait_s)
 
 
 def resolved(value: Any, timeout_s: float) -> Any:
     """What a method returned, awaited on the shared loop if it is a coroutine (an ``async def`` tool or reward,
-    as TRL allows), within what is left of the driver's budget (``timeout_s`` from ``batch_started``): one that
-    runs out of time is cancelled and raises TimeoutError, so nothing of it is left running."""
+    as TRL allows), within what is left of the driver's budget (``timeout_s`` from ``batch_started``).  One that
+    runs out of time is cancelled and raises OutOfTime (its episode ends) 2 LOOP_CHECK_S before the budget does:
+    time to see whether it left the loop blocked (a blocked loop is retired), and to return within the budget."""
     if not inspect.iscoroutine(value):
         return value
-    started = batch_started() or time.monotonic()
-    future = asyncio.run_coroutine_threadsafe(value, shared_event_loop())
+    started, loop = batch_started() or time.monotonic(), EVENT_LOOPS.loop()
+    future = asyncio.run_coroutine_threadsafe(value, loop)
     try:
-        return future.result(max(0.0, timeout_s - (time.monotonic() - started)))
+        return future.result(max(0.0, timeout_s - 2 * LOOP_CHECK_S - (time.monotonic() - started)))
     except concurrent.futures.TimeoutError:
         future.cancel()
-        raise TimeoutError(f"no answer within the environment's {timeout_s:g} s") from None
+    late = f"no answer within the environment's {timeout_s:g} s"
+    if responsive(loop, LOOP_CHECK_S):
+        raise OutOfTime(late)
+    EVENT_LOOPS.retire(loop)
+    raise OutOfTime(
+        f"{late}, and the event loop of async calls stayed blocked: an async call blocks it (a blocking call inside "
+        "an async def, such as time.sleep); later calls run on a new loop"
+    )
 
 
 def text_output(method: Callable[..., Any], timeout_s: float) -> Callable[..., ToolOutput]:

@@ -10,7 +10,10 @@ directories hold the merged weights plus ``adapter/``, which is what a resumed r
 frozen base.  It is assembled in
 ``step-NNNNNN.tmp`` and renamed into place, then ``checkpoints/latest`` is replaced atomically: a
 run killed mid-checkpoint leaves the previous checkpoint intact and a ``.tmp`` directory that the
-next start removes; a write that fails (a full disk) removes its ``.tmp`` at once.  With
+next start removes (``remove_unfinished``, under the run's lock: reading a run, as ``latest_checkpoint``
+and ``reasonrl push`` do, removes nothing); a write that fails (a full disk) removes its ``.tmp`` at once.
+Nothing here follows a symbolic link: a ``checkpoints`` that is one is refused, and a checkpoint, ``latest``
+or ``.tmp`` that is one is no checkpoint (a leftover link is removed, never what it points to).  With
 SmolLM2-135M a checkpoint takes about 1.6 GB, ``trainer.pt`` 1.08 GB of it (AdamW's two fp32
 moments per weight); each save logs its size.  A run's ``final/`` is its last checkpoint's policy, hard-linked
 (``export_model``): the weights are stored once, and the optimiser state stays for a run continued longer.
@@ -26,6 +29,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -34,19 +38,37 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file
 
+from reasonrl.config import ConfigError
 from reasonrl.models.lora import has_lora, load_lora_adapter, save_lora_model
 from reasonrl.models.untrusted import load_tensor_file, safe_dcp_load
 from reasonrl.models.value import HEAD_FILE, ValueModel
 
 STATE_FILE = "state.json"  # written last: its presence marks a complete checkpoint
+STEP_NAME = re.compile(r"step-\d+")  # a checkpoint's directory name; its .tmp while it is written
 CRITIC_DIR = "critic"
 NEARLY_FULL_BYTES = 64 * 2**20  # a failed write with less free space than this is a full disk
 
 log = logging.getLogger(__name__)
 
 
+class LinkedCheckpointsError(ConfigError):
+    """A run directory whose ``checkpoints/`` is a symbolic link: nothing is read, written or removed through it."""
+
+
 def _checkpoint_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
+    """The run's ``checkpoints/``, refused when it is a link: a run reads, writes and removes only its own files."""
+    root = run_dir / "checkpoints"
+    if root.is_symlink():
+        raise LinkedCheckpointsError(
+            f"{root} is a symbolic link (to {os.readlink(root)}); a run keeps its checkpoints in a directory of its "
+            "own and follows no link: move them there or remove the link"
+        )
+    return root
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """The checkpoint directories in ``root``, oldest first: ``step-NNNNNN`` directories, no ``.tmp`` nor link."""
+    return sorted(p for p in root.iterdir() if STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
 
 
 def rng_state() -> dict[str, Any]:
@@ -116,7 +138,7 @@ def _commit(tmp: Path, target: Path, keep: int) -> Path:
     latest_tmp = root / "latest.tmp"
     latest_tmp.write_text(target.name)
     os.replace(latest_tmp, root / "latest")
-    for old in sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
+    for old in _step_dirs(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("saved the checkpoint of step %d: %s (%s)", int(target.name.split("-")[1]), target, _describe_size(target))
     return target
@@ -270,15 +292,16 @@ def _describe_size(checkpoint: Path) -> str:
 def export_model(checkpoint: Path, directory: Path) -> Path:
     """``directory`` as the policy of ``checkpoint``: its Hugging Face directory (weights, config, tokenizer,
     a LoRA adapter) without what only a resume reads (``RESUME_ONLY``), each file hard-linked (copied where the
-    file system has no links), so the weights are stored once.  Assembled beside ``directory`` and renamed
-    into place: no file is ever rewritten, so the checkpoint keeps its own as they are."""
+    file system has no links), so the weights are stored once; a symbolic link stays a link, never the file it
+    points to.  Assembled beside ``directory`` and renamed into place: no file is ever rewritten, so the
+    checkpoint keeps its own as they are."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
 
     def resume_only(folder: str, names: list[str]) -> set[str]:
         return RESUME_ONLY & set(names) if Path(folder) == checkpoint else set()
 
-    shutil.copytree(checkpoint, tmp, ignore=resume_only, copy_function=_link_or_copy)
+    shutil.copytree(checkpoint, tmp, symlinks=True, ignore=resume_only, copy_function=_link_or_copy)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
     return directory
@@ -300,17 +323,35 @@ def save_pretrained_files(model: torch.nn.Module, tokenizer: Any, directory: Pat
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run (stale ``.tmp`` leftovers are removed), or None."""
+    """The newest complete checkpoint of a run, or None: the one ``latest`` names when it names one, else the
+    newest.  It only reads (a live run's checkpoint being written stays as it is)."""
     root = _checkpoint_dir(run_dir)
     if not root.is_dir():
         return None
-    for stale in root.glob("*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    complete = [p for p in _step_dirs(root) if (p / STATE_FILE).is_file()]
     pointer = root / "latest"
-    if pointer.exists() and (root / pointer.read_text().strip() / STATE_FILE).exists():
-        return root / pointer.read_text().strip()
-    complete = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).exists())
-    return complete[-1] if complete else None
+    named = pointer.read_text().strip() if pointer.is_file() and not pointer.is_symlink() else None
+    return next((p for p in complete if p.name == named), complete[-1] if complete else None)
+
+
+def find_checkpoint(run_dir: Path, name: str) -> Path | None:
+    """The complete checkpoint ``name`` (``step-NNNNNN``) of a run, or None (no such name, or not complete)."""
+    path = _checkpoint_dir(run_dir) / name
+    complete = STEP_NAME.fullmatch(name) and path.is_dir() and not path.is_symlink() and (path / STATE_FILE).is_file()
+    return path if complete else None
+
+
+def remove_unfinished(run_dir: Path) -> None:
+    """Remove what a run killed mid-checkpoint left in ``checkpoints/`` (``*.tmp``); a link is removed itself,
+    never what it points to.  Only a run holding the directory's lock calls it."""
+    root = _checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return
+    for stale in root.glob("*.tmp"):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)  # which removes links inside, never their targets
+        else:
+            stale.unlink(missing_ok=True)
 
 
 def load_checkpoint(

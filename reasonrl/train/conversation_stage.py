@@ -261,6 +261,9 @@ class ConversationCollector:
                 span = reward.correct_score - reward.incorrect_score
                 rewards[row, turn_ends[row][-1]] += reward.incorrect_score + span * float(result.score)
                 correct.append(result.correct)
+            if not torch.isfinite(rewards[row].sum()):  # turn rewards that add up past float32: this episode fails
+                x.fail(f"its rewards {x.rewards} sum past float32's range"[:200])
+                rewards[row], correct[-1] = 0.0, False
         count = len(conversations)
         stats = {
             "multiturn/turns_mean": sum(len(x.turns()) for x in conversations) / count,

@@ -18,7 +18,7 @@ from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
-from reasonrl.train.step import my_micro_batches, shuffled_minibatches
+from reasonrl.train.step import my_micro_batches, refuse_non_finite_weights, shuffled_minibatches
 
 
 class CriticUpdater:
@@ -131,6 +131,9 @@ class CriticUpdater:
                 totals[key] += value
             steps += 1
         self.model.eval()
+        refuse_non_finite_weights(
+            self.model, self.parallel, "critic", self.optimizer.param_groups[0]["lr"], "critic.lr"
+        )
         metrics |= {k: v if k.startswith(FORWARD_TALLY_PREFIXES) else v / steps for k, v in totals.items()}
         metrics["critic/skipped_steps"] = float(self.skipped_steps)
         return metrics

@@ -47,8 +47,10 @@ from reasonrl.train.policy import TokenLogprobs, head_tokens
 from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
 from reasonrl.train.rollout_stage import hash_seed
 from reasonrl.train.rollout_stats import ground_truth_stats
+from reasonrl.train.run_health import engine_gap
 from reasonrl.train.rundir import RunRecord, claim, custom_objects, script_functions
 from reasonrl.train.setup import Run, data_spec, setup
+from reasonrl.train.step import first_epoch_row_groups
 from reasonrl.train.trackers import Tracker, open_trackers
 from reasonrl.train.value_pretrain import pretrain_critic
 
@@ -141,14 +143,18 @@ def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]
     return {"value_pretrain_steps": done, "value_pretrain_explained_variance": explained, **timing}
 
 
-def logprob_stage(run: Run, batch: RolloutBatch) -> dict[str, float]:
+def logprob_stage(run: Run, batch: RolloutBatch, seed: int) -> dict[str, float]:
     """Behaviour (old) log-probs from the trainer's own forward, and reference log-probs if a KL is on.
 
-    The LM head runs only where they are read (T-PPO's token filtering): old log-probs on every response
-    token but earlier windows' (those keep their stored behaviour log-probs), reference log-probs also on
-    those when the KL is in the reward (every token's reward) or in a loss that trains on them."""
-    packed = run.updater.policy.packed
-    groups = run.parallel.row_groups(batch, run.microbatch_tokens, packed)  # data-parallel: this rank's rows
+    Both run over the micro-batches of the update's first epoch (its ``seed``; ``first_epoch_row_groups``), so
+    at identical weights they equal the update's own log-probs to the bit.  The LM head runs only where they
+    are read (T-PPO's token filtering): old log-probs on every response token but earlier windows' (those
+    keep their stored behaviour log-probs), reference log-probs also on those when the KL is in the reward
+    (every token's reward) or in a loss that trains on them."""
+    packed, updater = run.updater.policy.packed, run.updater
+    groups = first_epoch_row_groups(  # data-parallel: this rank's rows
+        batch, updater.minibatch_sequences, seed, run.parallel, run.microbatch_tokens, packed
+    )
     stale = None if batch.pool_window is None else batch.pool_window.stale_mask  # [B, T]
     fresh = batch.response_mask if stale is None else batch.response_mask & ~stale
     lm_head_tokens = 0
@@ -234,9 +240,12 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     cfg, kl_coef, seed = run.cfg, float(run.kl.coef), hash_seed(run.cfg.run.seed, step)
     phase("rollout")
     batch, metrics = run.rollout.collect(step)
+    rewarded = batch.rewards if batch.pool_window is None else batch.rewards[~batch.pool_window.running]
+    run.health.check_rewards(step, rewarded)  # the same reward for every response, step after step: stop
     if run.plan.separate_old_logprob_pass:
         with timed(metrics, "perf/logprob_seconds"):
-            metrics |= logprob_stage(run, batch)
+            metrics |= logprob_stage(run, batch, seed)
+        run.health.check_engine(step, engine_gap(batch, step))  # did the last weight update reach the engine?
     if run.critic is not None:
         with timed(metrics, "perf/value_seconds"):
             batch.values = run.critic.values(batch, values_tally := ForwardTally("values"))
@@ -245,8 +254,14 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     phase(UPDATE_PHASE)
     if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
         run.engine.sleep()
+    signal = bool(batch.advantages[batch.policy_loss_mask.bool()].any())
+    metrics["train/no_signal_step"] = float(not signal)
     with timed(metrics, "perf/update_seconds"):
-        metrics |= run.updater.update(batch, seed=seed, kl_coef=kl_coef)
+        if signal:  # every advantage zero: no update (a KL's float noise or an entropy bonus alone moves nothing)
+            metrics |= run.updater.update(batch, seed=seed, kl_coef=kl_coef)
+            run.health.check_gradients(step, metrics["train/grad_norm"])
+            if not run.plan.separate_old_logprob_pass and batch.policy_versions is None:
+                run.health.check_engine(step, metrics.get("rollout/logprob_abs_diff"))  # the update's own gap
     metrics["perf/batch_tokens"] = float(batch.prompt_mask.sum() + batch.response_mask.sum())
     metrics["perf/update_tokens_per_second"] = metrics["perf/batch_tokens"] / max(1e-9, metrics["perf/update_seconds"])
     if run.critic is not None:

@@ -11,6 +11,7 @@ window and trains on every sequence it advanced, finished or not (docs/algorithm
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ from reasonrl.rollout.tppo_pool import PoolSequence, RolloutPool
 from reasonrl.timing import timed
 from reasonrl.train.process_rewards import all_failed_prompt_stats
 from reasonrl.train.rollout_stats import finished_stats, fullness_stats, scoring_errors
+
+log = logging.getLogger(__name__)
 
 
 class DynamicSamplingError(RuntimeError):
@@ -72,6 +75,22 @@ def build_batch(scored: Scored, rewards: torch.Tensor, group_ids: torch.Tensor, 
         policy_versions=versions,
         images=PromptImages.of(prompts),
     )
+
+
+def refuse_unheld_rewards(scored: Scored, rewards: torch.Tensor, failed_reward: float) -> torch.Tensor:
+    """``rewards`` [N] with each row float32 could not hold (a score scaled or shaped past its range) refused as
+    a failed scoring call of that row: its result marked with the error (``scored.results`` in place), its
+    reward ``failed_reward``.  One inf would turn every advantage of the batch NaN."""
+    unheld = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    for row in unheld:
+        result = scored.results[row]
+        error = f"its shaped reward of score {result.score:g} is beyond float32's range"
+        scored.results[row] = RewardResult(0.0, False, {**result.info, "error": error})
+    if unheld:
+        log.warning("a shaped reward is beyond float32's range (%s): its row fails", scored.results[unheld[0]].info)
+        rewards = rewards.clone()
+        rewards[unheld] = failed_reward
+    return rewards
 
 
 @dataclass(frozen=True)
@@ -132,7 +151,7 @@ class RolloutCollector:
             ).to(torch.float32)
             rewards = rewards + penalty
             stats["reward/overlong_penalty"] = penalty.mean().item()
-        return rewards, stats
+        return refuse_unheld_rewards(scored, rewards, reward_cfg.incorrect_score), stats
 
     def sampling_params(self, seed: int) -> SamplingParams:
         """The run's sampling settings, with this call's seed."""
@@ -206,8 +225,8 @@ class RolloutCollector:
             # 4–5: sample G responses per prompt from π_old and score them
             seed = hash_seed(self.settings.seed, seed_step, len(generated.calls) + 1)
             scored = self.generation_pass(examples, seed, generated.timing)
-            generated.add(scored)
             rewards, generated.reward_stats = self.shaped_rewards(scored)
+            generated.add(scored)
             # 6: drop the groups whose accuracy is all 0 or all 1 (eq 11); buffer the others
             keep = self.informative(scored, rewards)
             for g in range(len(scored.completions) // self.group_size):
@@ -313,14 +332,14 @@ class PoolCollector:
                 [c.token_ids for c in scored.completions], skip_special_tokens=True
             )
             scored.results = collector.pool.score_examples(scored.examples, texts) if finished else []
-        generated.calls, generated.results = [window.new_tokens], scored.results
-        generated.check_scoring(step, collector.settings.reward.max_error_fraction)
         rewards = torch.zeros(len(sequences))
         results = [RewardResult(0.0, False) for _ in sequences]
         if finished:
             rewards[finished], generated.reward_stats = collector.shaped_rewards(scored)
             for i, result in zip(finished, scored.results, strict=True):
                 results[i] = result
+        generated.calls, generated.results = [window.new_tokens], scored.results
+        generated.check_scoring(step, collector.settings.reward.max_error_fraction)
         every = Scored([s.example for s in sequences], [s.prompt_ids for s in sequences], completions, results)
         batch = self.pooled_batch(sequences, every, rewards)
         stats = {

@@ -9,9 +9,12 @@
 - A run into a directory that already holds one continues it, with the recorded settings: only the
   ``RESUMABLE_KEYS`` may differ (more steps, cadence, scoring workers, memory knobs); any other
   difference refuses, naming the keys.
+- A run takes a new directory, an empty one, or one that holds a run (its ``run.lock``, which stays after
+  the run, or its ``run.json``); any other directory is refused before anything in it is written or removed.
 - A run that stops raises one exception whose message is the line a user needs: interrupted
   (``TrainingInterrupted``, with the resume command) or out of disk (``DiskFullError``: what was
-  kept, how to resume).  A run that fails before its first step removes the directory it created.
+  kept, how to resume).  A run that fails before its first step removes the directory it created, and
+  no other.
 """
 
 from __future__ import annotations
@@ -216,7 +219,7 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock, or refuse naming the pid of the run that holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a planted link: ELOOP
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -327,20 +330,60 @@ def _unwritable(run_dir: Path, exc: OSError) -> RunDirError:
     )
 
 
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run's: it has the ``run.lock`` every run leaves, or a ``run.json``."""
+    return (run_dir / LOCK_FILE).exists() or (run_dir / RECORD_FILE).exists()
+
+
+def make_run_dir(run_dir: Path) -> bool:
+    """Make ``run_dir`` for a run, or take an existing one that is empty or holds a run; returns whether it made it.
+
+    Any other directory is refused (RunDirError) before anything in it is written or removed: a run writes
+    its own files there (``final/``, ``summary.md``, checkpoints) and, failing early, removes the directory it
+    made.  A directory taken is marked as a run's by its ``run.lock`` (the Python API writes the run's inputs
+    there before ``fit`` claims it).  One that cannot be made or written is a RunDirError saying why.
+    """
+    try:
+        run_dir.mkdir(parents=True)
+    except FileExistsError as exc:
+        if not run_dir.is_dir():
+            raise _unwritable(run_dir, exc) from None
+        if holds_a_run(run_dir):
+            return False
+        if any(run_dir.iterdir()):
+            raise RunDirError(
+                f"{run_dir} is not empty and holds no run (no {LOCK_FILE} or {RECORD_FILE}); a run takes only a new "
+                "or empty directory, or one of its own: choose another run.name (or run_dir)"
+            ) from None
+        created = False
+    except OSError as exc:
+        raise _unwritable(run_dir, exc) from None
+    else:
+        created = True
+    try:
+        (run_dir / LOCK_FILE).touch()
+    except OSError as exc:
+        if created:
+            run_dir.rmdir()
+        raise _unwritable(run_dir, exc) from None
+    return created
+
+
 @contextlib.contextmanager
 def claim(
     run_dir: Path, cfg: Config, preset: str, overrides: Sequence[str], custom: Sequence[str] = ()
 ) -> Iterator[RunRecord]:
     """Hold ``run_dir`` for one run of ``cfg``; yields the run's record (kept from an earlier start).
 
-    A directory that cannot be made or written (read-only, a file in the way) is a RunDirError saying so.
+    The directory is taken as ``make_run_dir`` takes it; then what a run killed mid-checkpoint left is removed.
     On the way out, a run that failed before its first step removes the directory if it created it,
     and a Ctrl-C or a full disk becomes ``TrainingInterrupted`` / ``DiskFullError`` with the line to show.
     """
-    created = not run_dir.exists()
+    from reasonrl.train.checkpoint import remove_unfinished
+
+    created = make_run_dir(run_dir)
     lock = RunLock(run_dir)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire()
     except BaseException as exc:
         if created:
@@ -350,6 +393,7 @@ def claim(
         raise
     try:
         record = _claim_identity(run_dir, cfg, preset, overrides, custom)
+        remove_unfinished(run_dir)
     except BaseException:
         lock.release()
         if created:

@@ -31,7 +31,7 @@ from reasonrl.models.load import (
     vision_processor,
 )
 from reasonrl.models.lora import add_lora
-from reasonrl.models.memory_plan import check_memory
+from reasonrl.models.memory_plan import check_memory, engine_name
 from reasonrl.models.optim import adamw, trainable_parameters
 from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
@@ -51,6 +51,7 @@ from reasonrl.train.parallel import DataParallel, RankZeroEngine, RemoteWorkers
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.process_rewards import ProcessRewards
 from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
+from reasonrl.train.run_health import RunHealth
 from reasonrl.train.step import PolicyUpdater, RolloutCorrection
 from reasonrl.train.trackers import Tracker, TrackerError, check_trackers
 
@@ -98,6 +99,8 @@ class Run:
     """The rollout producer process of an asynchronous run (rollout.max_staleness ≥ 1), stopped by ``close``."""
     trackers: list[Tracker] = field(default_factory=list)
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
+    health: RunHealth = field(default_factory=lambda: RunHealth("engine", 0))
+    """The checks that stop a run training on nothing or on weights other than its own (``run_health``)."""
 
     def close(self) -> None:
         """Stop what the run started beside this process: the rollout producer, the scoring workers."""
@@ -313,7 +316,9 @@ def setup(
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
     reference = None
     if separate_reference:
-        frozen = load_model(cfg.model.name_or_path, dtype, attention, device)
+        # the reference computes as the policy does (its weights' dtype, the same autocast and packing): at
+        # identical weights the two log-probs of a row are equal to the bit, and the KL's gradient is 0
+        frozen = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)
         reference = TokenLogprobs(frozen, policy.temperature, dtype, policy.packed)
     backend.place(policy, dtype, cfg.train.offload_optimizer)
     if reference is not None:
@@ -366,6 +371,7 @@ def setup(
         critic=critic,
         microbatch_tokens=microbatch_tokens,
         offline=offline,
+        health=RunHealth(engine_name(cfg, device.type), cfg.train.constant_reward_stop_steps),
     )
 
 

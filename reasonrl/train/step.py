@@ -22,7 +22,7 @@ from reasonrl.algo.off_policy import behaviour_log_ratio, correction_stats, impo
 from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
-from reasonrl.models.optim import apply_gradients
+from reasonrl.models.optim import NonFiniteWeightsError, apply_gradients, has_non_finite_weights
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
 from reasonrl.train.policy import TokenLogprobs, head_tokens
 
@@ -98,12 +98,16 @@ class PolicyUpdater:
             # the LM head only where the loss reads (T-PPO's token filtering: earlier windows' tokens are out)
             logprobs, entropy = self.policy(micro, head_mask=micro_mask)
             sums["perf/lm_head_tokens_policy"] += head_tokens(micro, micro_mask)
-            # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch)
+            # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch): its gap to
+            # the engine's log-probs is the step's engine-vs-trainer gap
             old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             per_token, stats = ppo_clip(
                 logprobs, old_logprobs, micro.advantages, micro_mask, spec.eps_low, spec.eps_high, spec.dual_clip
             )
             share = micro_mask.sum().item() / max(1, int(tokens))
+            if micro.old_logprobs is None and micro_mask.any():
+                gap = (old_logprobs - micro.rollout_logprobs.to(old_logprobs.device)).abs()
+                sums["rollout/logprob_abs_diff"] += masked_mean(gap, micro_mask).item() * share
             if self.correction.mode != "none":  # each token's loss weighted by π_prox / π_behav
                 log_ratio = behaviour_log_ratio(old_logprobs, micro.rollout_logprobs, micro_mask)
                 c = self.correction
@@ -151,11 +155,24 @@ class PolicyUpdater:
                     maxima[key] = max(maxima.get(key, value), value)
             steps += 1
         self.model.eval()
+        refuse_non_finite_weights(self.model, self.parallel, "policy", self.scheduler.get_last_lr()[0], "train.lr")
         metrics = {key: value if key.startswith(STEP_TOTALS) else value / steps for key, value in totals.items()}
         metrics |= {key: maximum for key, maximum in maxima.items()}
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/skipped_steps"] = float(self.skipped_steps)
         return metrics
+
+
+def refuse_non_finite_weights(
+    model: torch.nn.Module, parallel: DataParallel, role: str, lr: float, setting: str
+) -> None:
+    """Stop the run (NonFiniteWeightsError, on every rank) when an update left ``model``'s weights NaN or
+    infinite: the run ends before a checkpoint, the export or a weight sync could take them."""
+    if parallel.max(int(has_non_finite_weights(model))):
+        raise NonFiniteWeightsError(
+            f"the {role}'s weights hold NaN or infinity after its update (learning rate {lr:g}): the run stopped "
+            f"before saving them; lower {setting}"
+        )
 
 
 def my_micro_batches(
@@ -171,10 +188,35 @@ def my_micro_batches(
     return parallel.lockstep(mine, minibatch, device)
 
 
+def epoch_order(rows: int, seed: int, epoch: int) -> list[int]:
+    """The order an epoch visits a batch's ``rows`` in (seeded, reshuffled each epoch)."""
+    order = list(range(rows))
+    random.Random(seed * 1000 + epoch).shuffle(order)
+    return order
+
+
 def shuffled_minibatches(batch: RolloutBatch, size: int, epochs: int, seed: int) -> Iterator[RolloutBatch]:
     """``epochs`` passes over ``batch`` in mini-batches of ``size`` sequences, reshuffled each epoch (seeded)."""
     for epoch in range(epochs):
-        order = list(range(len(batch)))
-        random.Random(seed * 1000 + epoch).shuffle(order)
+        order = epoch_order(len(batch), seed, epoch)
         for start in range(0, len(order), size):
             yield batch.select(order[start : start + size])
+
+
+def first_epoch_row_groups(
+    batch: RolloutBatch, size: int, seed: int, parallel: DataParallel, token_budget: int, packed: bool
+) -> list[list[int]]:
+    """The rows of ``batch`` in each micro-batch this rank's update runs in its first epoch (mini-batches of
+    ``size`` sequences, as ``shuffled_minibatches`` and ``my_micro_batches`` make them), in its order, then
+    empty groups up to the busiest rank's count.  A forward-only pass over these groups lays every row out as
+    the update's first forward does (same neighbours, lanes and shapes), so at identical weights the two
+    compute a row's log-probs equal to the bit: the first ratio is exactly 1 and a KL to an identical
+    reference exactly 0, with its gradient."""
+    groups: list[list[int]] = []
+    order = epoch_order(len(batch), seed, 0)
+    for start in range(0, len(order), size):
+        rows = order[start : start + size]
+        mine = [rows[i] for i in parallel.share(len(rows))] if parallel.active else rows
+        if mine:
+            groups += [[mine[i] for i in g] for g in batch.select(mine).micro_batch_rows(token_budget, packed)]
+    return groups + [[] for _ in range(parallel.max(len(groups)) - len(groups))]

@@ -39,9 +39,10 @@ def test_weights_gradients_and_adamw_states_are_counted_per_parameter():
     assert (bf16["policy weights"], bf16["optimizer states (AdamW)"]) == (2 * params, 8 * params)
 
 
-def test_a_kl_term_adds_the_reference_in_the_compute_dtype_unless_lora_is_its_base():
+def test_a_kl_term_adds_the_reference_in_the_policys_dtype_unless_lora_is_its_base():
     params = tiny_parameters()
     assert plan(preset="grpo").components["reference weights"] == 4 * params
+    assert plan("model.dtype=bfloat16", preset="grpo").components["reference weights"] == 4 * params  # as the policy
     assert plan("model.lora_rank=4", preset="grpo").components["reference weights"] == 0
 
 
@@ -127,3 +128,30 @@ def test_the_planned_lm_head_chunk_is_the_trainers():
     from reasonrl.train import policy
 
     assert memory_plan.DEFAULT_CHUNK_TOKENS == policy.DEFAULT_CHUNK_TOKENS
+
+
+HUGE_STEP = ["rollout.rollout_prompts=20000", "rollout.max_response_tokens=4096", "train.minibatch_sequences=20000"]
+
+
+def test_a_step_whose_sequences_exceed_the_cpus_memory_is_refused_naming_them(monkeypatch):
+    """The plan once counted one micro-batch and never the rollout batch: a step of 20000 × 8 sequences of 4k tokens
+    (83 GiB of completions and batch tensors, 166 GiB with one more generation pass) started on a 24 GiB machine."""
+    cfg = load_config("dr_grpo", [*CPU, *HUGE_STEP])
+    parts = plan_memory(cfg, TINY, device_type="cpu").components
+    assert parts["rollout batch (host)"] == (160000 + 20000 * 8) * (256 + 4096) * 128  # the batch and one more pass
+    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (24 * GIB, 24 * GIB))
+    with pytest.raises(ConfigError, match=r"a rollout step's sequences alone take 166\.02 GiB: lower rollout"):
+        check_memory(load_config("dr_grpo", [*CPU, *HUGE_STEP, "model.name_or_path=tiny-random"]), torch.device("cpu"))
+
+
+def test_a_gpu_steps_sequences_are_checked_against_the_hosts_memory(monkeypatch, caplog):
+    monkeypatch.setattr(memory_plan, "host_memory", lambda local_ranks=1: (24 * GIB, 32 * GIB))
+    cfg = load_config("dr_grpo", [*HUGE_STEP, "model.name_or_path=tiny-random"])
+    with pytest.raises(
+        ConfigError, match=r"sequences take about 166\.02 GiB of host memory .* more than the 24\.00 GiB"
+    ):
+        check_memory(cfg, torch.device("cuda"))
+    warned = load_config("dr_grpo", [*HUGE_STEP, "model.name_or_path=tiny-random", "train.memory_check=warn"])
+    with caplog.at_level(logging.WARNING):
+        check_memory(warned, torch.device("cuda"))
+    assert "166.02 GiB of host memory" in caplog.text

@@ -136,3 +136,34 @@ def test_the_config_checks_entries_and_weights_before_anything_loads():
     assert "reward.functions entry 'score' is not 'module:function'" in str(caught.value)
     cfg = load_config("grpo", ["reward.functions=[verifier, 'pkg.mod:fn']", "reward.weights=[1, 0.2]"])
     assert cfg.reward.functions == ("verifier", "pkg.mod:fn") and cfg.reward.weights == (1.0, 0.2)
+
+
+def test_a_reward_the_float32_batch_cannot_hold_fails_that_sample_only():
+    """1e39 is a finite Python float but inf in the batch, where it would turn every advantage NaN: refused as
+    a non-finite reward is, for its sample only; so is a weight that takes a sum past float32's range."""
+    rewards = scorer(["verifier", f"{FUNCTIONS}:overflows_on_huge"], [1.0, 1.0])
+    weighted = scorer(["verifier", f"{FUNCTIONS}:overflows_on_huge"], [1.0, 1e30])
+    try:
+        fine, huge = rewards.score_examples([example()] * 2, ["7", "huge 7"])
+        (past,) = weighted.score_examples([example()], ["7"])
+    finally:
+        rewards.close()
+        weighted.close()
+    assert fine.score == 1 + 1e10 and "error" not in fine.info
+    assert huge.score == 1.0 and list(huge.info["term_errors"]) == ["overflows_on_huge"]
+    assert "returned 1e+39; a reward is a finite number within float32's range" in huge.info["error"]
+    assert past.score == 1.0 and "takes the sum past float32" in past.info["term_errors"]["overflows_on_huge"]
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, float("inf"), float("nan"), True, "1.0", None])
+def test_reward_number_takes_only_what_float32_holds(value):
+    from reasonrl.reward.verifier_protocol import reward_number
+
+    with pytest.raises(TypeError, match="a reward is a finite number"):
+        reward_number(value)
+
+
+def test_reward_number_keeps_what_float32_holds():
+    from reasonrl.reward.verifier_protocol import reward_number
+
+    assert reward_number(3.4e38) == 3.4e38 and reward_number(-2) == -2.0 and reward_number(0.25) == 0.25

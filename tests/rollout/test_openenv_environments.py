@@ -4,6 +4,7 @@ episodes within the budget and never the run, and a server whose actions a turn'
 OpenEnv) is refused when the run starts."""
 
 import contextlib
+import http.server
 import re
 import socket
 import sys
@@ -208,6 +209,50 @@ def test_an_action_a_turns_text_cannot_fill_or_a_missing_client_is_refused_when_
     monkeypatch.setitem(sys.modules, "openenv.core.generic_client", None)  # OpenEnv not installed
     with pytest.raises(OpenEnvError, match=re.escape("pip install 'reasonrl[openenv]'")):
         OpenEnvEnvironment.connect(f"openenv:{url}", timeout_s=2.0)
+
+
+@contextlib.contextmanager
+def serving_schema(body: bytes):
+    """A local HTTP server that answers ``body`` to every GET (a server's /schema): yields its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+MALFORMED_SCHEMAS = {
+    b"[1, 2]": "serves a list at /schema, not its schemas",
+    b"null": "serves null at /schema",
+    b'{"observation": {}}': "serves no action schema at /schema (its 'action': none)",
+    b'{"action": "guess"}': "serves no action schema at /schema (its 'action': a string)",
+    b'{"action": {"properties": ["guess"]}}': "its action schema is malformed: 'properties' must be an object of "
+    "fields and 'required' a list of field names, not a list and a list",
+    b'{"action": {"properties": {"guess": {"type": "string"}}, "required": "guess"}}': "not an object and a string",
+    b'{"action": {"properties": {"guess": {"type": "string"}}, "required": [1]}}': "not an object and a list",
+    b'{"action": {"properties": {"guess": "string"}}}': "its action has 0 string fields []",
+}
+
+
+@pytest.mark.parametrize("body", MALFORMED_SCHEMAS, ids=[b.decode() for b in MALFORMED_SCHEMAS])
+def test_a_malformed_schema_is_refused_naming_the_server_and_what_was_wrong(body):
+    with serving_schema(body) as url, pytest.raises(OpenEnvError) as refused:
+        OpenEnvEnvironment.connect(f"openenv:{url}", timeout_s=2.0)
+    message = str(refused.value)
+    assert message.startswith(f"the OpenEnv server {url}") and MALFORMED_SCHEMAS[body] in message
 
 
 def test_an_observation_reads_as_its_one_string_field_or_the_json_of_its_fields_cut_to_the_cap():

@@ -108,6 +108,19 @@ class HungJudge(NoReward):
         return 1.0
 
 
+RELEASE = threading.Event()  # lets the blocking tool return when its test ends
+
+
+class Blocker(NoReward):
+    """An async tool that blocks the event loop's thread: a blocking call inside ``async def``, as ``time.sleep``
+    would be."""
+
+    async def nap(self) -> str:
+        """Nap."""
+        RELEASE.wait(30)
+        return "rested"
+
+
 class ImageReset(NoReward):
     """A ``reset`` that returns content blocks (an image for a VLM), which a text episode cannot show."""
 
@@ -282,3 +295,31 @@ def test_async_tools_share_one_loop_and_a_hung_reward_is_cancelled_within_the_bu
     assert all(e.end == "error" and "no answer within" in e.error for e in episodes)
     time.sleep(0.2)  # the cancelled coroutines' threads return
     assert time.monotonic() - started < 5 and threading.active_count() <= threads + 1  # + the loop's own thread
+
+
+def loop_threads() -> int:
+    return sum(thread.name == "trl-environments" for thread in threading.enumerate())
+
+
+def test_an_async_call_that_blocks_the_loop_ends_its_own_episode_and_later_calls_get_a_new_loop(chat, caplog):
+    def environment(name, **options):
+        return environment_class(f"tests.rollout.test_trl_environments:{name}")(timeout_s=0.5, **options)
+
+    ping = {"name": "ping", "arguments": {}}
+    try:
+        started = time.monotonic()
+        (blocked,) = play(environment("Blocker"), chat, [ROW], calls({"name": "nap", "arguments": {}}), timeout_s=0.5)
+        took = time.monotonic() - started
+        (pinged,) = play(environment("Pinger", max_tool_calls=3), chat, [ROW], calls(ping, ping), timeout_s=0.5)
+        (rewarded,) = play(environment("AsyncReward"), chat, [ROW], calls(), timeout_s=0.5)
+    finally:
+        RELEASE.set()
+    assert blocked.end == "error" and blocked.error.startswith("step: OutOfTime: no answer within the environment's")
+    assert "stayed blocked" in blocked.error and "stayed blocked" in caplog.text  # its episode ends, saying why
+    assert took < 1.5  # the 0.5 s budget, not the 30 s the tool blocks for
+    assert [m["content"] for m in pinged.messages if m["role"] == "tool"] == ["pong", "pong"] and not pinged.error
+    assert rewarded.final_reward == 0.25 and not rewarded.error
+    deadline = time.monotonic() + 5
+    while loop_threads() > 1 and time.monotonic() < deadline:  # the blocked loop stops once its call returns
+        time.sleep(0.05)
+    assert loop_threads() == 1

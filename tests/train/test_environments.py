@@ -8,7 +8,7 @@ import pytest
 from reasonrl.config import load_config
 from reasonrl.data.countdown import Puzzle
 from reasonrl.models.load import load_tokenizer
-from reasonrl.rollout.episodes import Environment, Step
+from reasonrl.rollout.episodes import ROLE_POLICY, Environment, Injection, Step
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
@@ -102,6 +102,33 @@ def test_a_users_environment_that_fails_costs_its_episodes_and_the_run_goes_on(t
     assert 0 < m["multiturn/environment_error_fraction"] < 1
     assert m["reward/mean"] == 1 - m["multiturn/environment_error_fraction"]  # a failed episode is rewarded 0
     assert "the scorer of this game crashed" in caplog.text
+
+
+class HugeTurns(Environment):
+    """A two-turn game whose every turn's reward is 3e38: each within float32's range, their sum (6e38) beyond it,
+    for the episodes whose first turn says "huge"; the others get 1.0 a turn."""
+
+    def step(self, episode):
+        huge = "huge" in episode.turns()[0].text
+        return (
+            Step(None, 3e38 if huge else 1.0)
+            if len(episode.turns()) >= 2
+            else Step(Injection("go on", ROLE_POLICY), 3e38 if huge else 1.0)
+        )
+
+    def finish(self, episode):
+        return 0.0
+
+
+def test_turn_rewards_that_sum_past_float32_fail_their_episode_only(tmp_path, caplog):
+    environment = "rollout.environment=tests.train.test_environments:HugeTurns"
+    overrides = [*PAG_TINY, "reward.timeout_seconds=300", "rollout.multiturn=env", environment]
+    engine = scripted(lambda text, rng: "huge" if rng.random() < 0.5 else "fine")
+    fit(load_config("grpo", overrides), tmp_path, engine=engine, show_progress=False)
+    (m,) = steps(tmp_path)
+    assert 0 < m["multiturn/environment_error_fraction"] < 1
+    assert m["reward/mean"] == 2 * (1 - m["multiturn/environment_error_fraction"])  # finite: 2.0, or 0 when failed
+    assert "sum past float32's range" in caplog.text
 
 
 class Abacus:

@@ -107,9 +107,9 @@ def test_a_killed_checkpoint_leaves_the_previous_one_usable(tmp_path):
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"trunc")
     found = latest_checkpoint(tmp_path)
-    assert found == root / "step-000002" and not partial.exists()
+    assert found == root / "step-000002" and partial.exists()  # reading removes nothing; the next start does
     assert json.loads((found / "state.json").read_text())["step"] == 2
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001", "step-000002"]
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001", "step-000002", "step-000003.tmp"]
 
 
 def test_a_hanging_reward_function_does_not_stall_the_run(tmp_path):

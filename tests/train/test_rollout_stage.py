@@ -171,3 +171,23 @@ def test_the_shared_rollout_statistics_hand_computed():
     # slot utilisation per call: 6 / (2·4) = 0.75 over 4 decode steps, 8 / (4·3) = 2/3 over 3 steps
     assert stats["rollout/slot_utilisation"] == pytest.approx((4 * 0.75 + 3 * 2 / 3) / 7)
     assert stats["rollout/idle_slot_steps"] == (2 * 4 - 6) + (4 * 3 - 8)
+
+
+def test_a_shaped_reward_past_float32_fails_its_row_only(caplog):
+    """A score mapped onto a reward scale float32 cannot hold is inf (or NaN) in the batch, where one would turn
+    every advantage NaN: that row fails as a failed scoring call does (counted by the step's error share), the
+    others keep their rewards."""
+    from reasonrl.train.rollout_stage import refuse_unheld_rewards
+
+    results = [RewardResult(1.0, True, {"extracted": "7"}), RewardResult(0.0, False)]
+    scored = Scored([example_row()] * 2, [[1, 2]] * 2, [Completion([3], [0.0], "stop")] * 2, results)
+    rewards = refuse_unheld_rewards(scored, torch.tensor([float("inf"), -1.0]), failed_reward=-2.0)
+    assert rewards.tolist() == [-2.0, -1.0]
+    assert not scored.results[0].correct and "beyond float32's range" in scored.results[0].info["error"]
+    assert scored.results[0].info["extracted"] == "7" and scored.results[1] is results[1]
+    assert Generated([[1, 1]], scored.results).stats()["reward/error_fraction"] == 0.5
+    assert "a shaped reward is beyond float32's range" in caplog.text
+
+
+def example_row():
+    return Example("a:7", "What is 3 + 4?", "7")

@@ -3,6 +3,8 @@
 import errno
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import torch
 
 from reasonrl.cli import main
 from reasonrl.config import load_config
-from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint
+from reasonrl.train.checkpoint import LinkedCheckpointsError, latest_checkpoint, save_checkpoint
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.rundir import DiskFullError, RunDirError, RunLock, claim
@@ -56,7 +58,7 @@ def test_resume_keeps_the_recorded_settings_accepts_more_steps_and_refuses_the_r
     assert steps(run_dir) == [0, 1, 2]
     err = capsys.readouterr().err
     assert "INFO     continuing" in err and "INFO     resuming from" in err and "WARNING" not in err  # notices
-    assert "saved the checkpoint of step 2:" in err and "trainer.pt 0.8 MB" in err  # each checkpoint's size
+    assert re.search(r"saved the checkpoint of step 2: .*\(0\.\d MB: model.safetensors 0\.\d MB, trainer.pt", err, re.S)
 
     # other settings are refused, naming the keys, whichever way they are given
     assert main(["train", "--resume", str(run_dir), "algo.eps_high=0.3", "--quiet"]) == 2
@@ -350,3 +352,107 @@ def test_a_metrics_line_cut_short_by_a_full_disk_is_dropped_on_resume(tmp_path):
     assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "a": 1}, {"step": 1, "a": 2}]
     MetricsWriter(tmp_path, resume_step=1).close()
     assert steps(tmp_path) == [0, 1]
+
+
+def files_under(root):
+    """Every path under ``root`` (a link as its target's name) with a file's text: what a test checks is kept."""
+    return {
+        str(p.relative_to(root)): os.readlink(p) if p.is_symlink() else p.read_text() if p.is_file() else None
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_a_run_refuses_a_directory_of_other_files_before_a_model_loads_and_removes_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    import reasonrl.train.loop as loop
+
+    mine = tmp_path / "r"  # run.output_dir/run.name: a directory someone made, holding no run
+    theirs = {"final/model.safetensors": "my model", "summary.md": "my notes", "checkpoints/a.tmp": "x"}
+    for name, text in theirs.items():
+        (mine / name).parent.mkdir(parents=True, exist_ok=True)
+        (mine / name).write_text(text)
+    kept = files_under(mine)
+    monkeypatch.setattr(loop, "setup", lambda *args, **kwargs: pytest.fail("a model loaded"))
+    assert cli_train(tmp_path, "train.rollout_steps=1") == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"reasonrl: error: {mine} is not empty and holds no run (no run.lock or run.json); a run takes only a new "
+        "or empty directory, or one of its own: choose another run.name (or run_dir)"
+    )
+    with pytest.raises(RunDirError, match="is not empty and holds no run"):
+        fit(load_config("grpo", TINY), mine, verifier=DigitFraction(), show_progress=False)
+    assert files_under(mine) == kept  # nothing written, nothing removed
+
+
+def test_run_name_is_one_directory_inside_run_output_dir(tmp_path, capsys):
+    output_dir = tmp_path / "runs"
+    output_dir.mkdir()
+    for name in ["..", "../escaped", "a/b", str(tmp_path / "absolute")]:
+        assert main(["train", "grpo", *TINY, f"run.output_dir={output_dir}", f"run.name={name}", "--quiet"]) == 2
+        assert (
+            f"run.name={name!r} must be one directory name inside run.output_dir (no '/', not '.' or '..')"
+            in capsys.readouterr().err
+        )
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"] and not any(output_dir.iterdir())
+
+
+def checkpointed_run(run_dir, *steps):
+    """A run directory (its record, as a start writes it) with a checkpoint of a small model at each step."""
+    with claim(run_dir, load_config("grpo", TINY), "grpo", []):
+        pass
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    for step in steps:
+        save_checkpoint(run_dir, step, model, optimizer, scheduler, {}, keep=1)
+    return lambda step: save_checkpoint(run_dir, step, model, optimizer, scheduler, {}, keep=1)
+
+
+def someone_elses_files(root):
+    """Files outside the run: a directory and a file named like a checkpoint's leftovers, and a checkpoint."""
+    (root / "step-000007.tmp").mkdir(parents=True)
+    (root / "step-000007.tmp" / "weights").write_text("theirs")
+    (root / "notes.tmp").write_text("theirs")
+    (root / "step-000009").mkdir()
+    (root / "step-000009" / "state.json").write_text('{"step": 9}')
+    return files_under(root)
+
+
+def test_a_linked_checkpoints_directory_is_refused_and_nothing_is_removed_through_it(tmp_path, capsys):
+    elsewhere, run_dir = tmp_path / "elsewhere", tmp_path / "runs" / "r"
+    kept = someone_elses_files(elsewhere)
+    checkpointed_run(run_dir, 1)
+    shutil.rmtree(run_dir / "checkpoints")
+    (run_dir / "checkpoints").symlink_to(elsewhere)
+    refused = f"{run_dir}/checkpoints is a symbolic link (to {elsewhere}); a run keeps its checkpoints in a directory"
+    with pytest.raises(LinkedCheckpointsError, match=re.escape(refused)):
+        latest_checkpoint(run_dir)
+    for resume in (["--resume", str(run_dir)], ["grpo", *TINY, f"run.output_dir={run_dir.parent}", "--resume", "auto"]):
+        assert main(["train", *resume, "--quiet"]) == 2
+        assert f"reasonrl: error: {refused}" in capsys.readouterr().err
+    with (
+        pytest.raises(LinkedCheckpointsError, match=re.escape(refused)),
+        claim(run_dir, load_config("grpo", TINY), "grpo", []),
+    ):
+        pass
+    assert files_under(elsewhere) == kept
+
+
+def test_links_in_checkpoints_are_no_checkpoints_and_a_start_removes_leftover_links_not_their_targets(tmp_path):
+    elsewhere, run_dir = tmp_path / "elsewhere", tmp_path / "r"
+    kept = someone_elses_files(elsewhere)
+    save = checkpointed_run(run_dir, 1)
+    root = run_dir / "checkpoints"
+    (root / "step-000002.tmp").symlink_to(elsewhere / "step-000007.tmp")  # leftovers a start removes
+    (root / "latest.tmp").symlink_to(elsewhere / "notes.tmp")
+    (root / "step-000009").symlink_to(elsewhere / "step-000009")  # a complete checkpoint, but through a link
+    (root / "latest").write_text("../../elsewhere/step-000009")  # names a checkpoint outside the run
+    assert latest_checkpoint(run_dir) == root / "step-000001"
+    (root / "latest").write_text("step-000009")
+    assert latest_checkpoint(run_dir) == root / "step-000001"
+    with claim(run_dir, load_config("grpo", TINY), "grpo", []):
+        assert not (root / "step-000002.tmp").is_symlink() and not (root / "latest.tmp").is_symlink()
+        save(3)  # keeps 1: drops step 1, neither the link nor what it points to
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000003", "step-000009"]
+    assert latest_checkpoint(run_dir) == root / "step-000003"
+    assert files_under(elsewhere) == kept

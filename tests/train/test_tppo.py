@@ -225,11 +225,11 @@ def test_the_old_logprob_pass_runs_the_lm_head_where_its_log_probs_are_read(kl_p
         plan=resolve(cfg),
         parallel=SINGLE_PROCESS,
         microbatch_tokens=768,
-        updater=SimpleNamespace(policy=policy),
+        updater=SimpleNamespace(policy=policy, minibatch_sequences=len(batch)),
         reference=policy,  # the same weights: reference log-probs = the policy's
         kl=SimpleNamespace(coef=0.1),
     )
-    stats = logprob_stage(run, batch)
+    stats = logprob_stage(run, batch, seed=0)
     with torch.no_grad():
         every, _ = policy(batch)
     fresh, stale = batch.response_mask & ~batch.pool_window.stale_mask, batch.pool_window.stale_mask
