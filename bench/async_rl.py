@@ -55,8 +55,9 @@ PROFILES = {
     "slow_engine": ["rollout.engine=hf"],
     # time on one GPU, not accuracy: a random-weight model (``RANDOM_MODELS``) generating with transformers'
     # generate (vLLM where installed); it rarely emits its end token, so answers run long-tailed to the cap
+    # (a reward that varies with the answer's length, as a random model solves nothing: every step updates)
     "gpu": ["model.device=cuda", "rollout.max_response_tokens=512", "algo.dynamic_sampling=false",
-            "data.eval_prompts=8", "run.eval_every=1000"],
+            "data.eval_prompts=8", "run.eval_every=1000", "reward.functions=[bench/rewards.py:response_length]"],
 }  # fmt: skip
 # Profiles that train a random-weight model built from a published config (bench/train_side.py's SHAPES) with
 # reasonrl's byte-level test tokenizer: the embedded model's weights cannot travel to a GPU machine.

@@ -104,6 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.train.async_rollouts import ProducerError
     from reasonrl.train.loop import data_spec, fit
     from reasonrl.train.rollout_stage import DynamicSamplingError, RewardFailureError
+    from reasonrl.train.run_health import RunHealthError
     from reasonrl.train.rundir import DiskFullError
 
     preset, overrides = _preset_and_overrides(args)
@@ -144,6 +145,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         DynamicSamplingError,
         RewardFailureError,
         NonFiniteWeightsError,
+        RunHealthError,
         DiskFullError,
         ClusterError,
         WorkerDiedError,

@@ -154,9 +154,12 @@ def fit_on_ray(
     from reasonrl.train.checkpoint import latest_checkpoint
     from reasonrl.train.parallel import RemoteWorkers
 
+    from reasonrl.train.rundir import make_run_dir
+
     ray = import_ray()
     d = cfg.dist
     run_dir = run_dir.resolve()  # trainer workers on other nodes start in another working directory
+    make_run_dir(run_dir)  # a directory that holds no run is refused before any worker loads a model
     if Path(cfg.model.name_or_path).exists():
         cfg = dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, name_or_path=str(Path(cfg.model.name_or_path).resolve()))

@@ -21,7 +21,7 @@ import torch
 
 from reasonrl.algo.preference import bradley_terry_loss, pairwise_accuracy
 from reasonrl.batch import pad_rows
-from reasonrl.data.loaders import DataError, json_object
+from reasonrl.data.loaders import DataError, chat_messages, json_object
 from reasonrl.data.preferences import parse_transcript
 from reasonrl.data.prompts import chat_token_ids, text_token_ids
 from reasonrl.models.optim import apply_gradients
@@ -54,7 +54,7 @@ def _pair_from_row(row: dict, where: str) -> PreferencePair:
     if "prompt" in row:
         prompt = row["prompt"]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        return PreferencePair(messages, str(row["chosen"]), str(row["rejected"]))
+        return PreferencePair(list(chat_messages(where, "prompt", messages)), str(row["chosen"]), str(row["rejected"]))
     chosen, rejected = parse_transcript(row["chosen"]), parse_transcript(row["rejected"])
     if not chosen or chosen[-1]["role"] != "assistant" or not rejected or rejected[-1]["role"] != "assistant":
         raise DataError(f"{where}: a transcript does not end with an Assistant turn")

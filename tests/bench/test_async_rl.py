@@ -58,3 +58,4 @@ def test_the_gpu_profile_trains_the_random_weight_model_it_builds(tmp_path):
     assert "model.name_or_path=" in run["command"] and "rollout.max_response_tokens=16" in run["command"]
     kept = read_metrics(tmp_path / "gpu_sync_seed0_metrics.jsonl")
     assert [r["step"] for r in kept if "eval/accuracy" in r] == [0, 1]
+    assert [r["train/no_signal_step"] for r in kept if r["step"] > 0] == [0.0]  # the length reward: an update

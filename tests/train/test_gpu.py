@@ -13,7 +13,7 @@ from reasonrl.models.load import ModelError, load_model
 from reasonrl.rollout import build_engine
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
-from tests.helpers import DigitFraction
+from tests.helpers import ResponseLength
 from tests.train.test_loop import TINY
 from tests.train.test_step import rollout_batch, updated_parameters
 
@@ -27,7 +27,7 @@ def test_three_steps_train_on_cuda(tmp_path, preset):
         overrides.append("algo.value_pretrain_steps=1")
     if preset == "t_ppo":
         overrides.append("algo.window_tokens=4")  # windows shorter than the 12-token responses
-    fit(load_config(preset, overrides), tmp_path, verifier=DigitFraction(), show_progress=False)
+    fit(load_config(preset, overrides), tmp_path, verifier=ResponseLength(), show_progress=False)
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
     assert len(records) == 3
     assert all(0 < r["perf/peak_gpu_memory_gb"] < 80 for r in records)
@@ -72,7 +72,7 @@ def test_grpo_on_a_visual_task_trains_the_vlm_on_cuda(tmp_path):
     from tests.train.test_vlm_training import VLM_RUN
 
     fit(load_config("grpo", [*VLM_RUN, "model.device=cuda", "train.rollout_steps=2", "run.eval_every=100"]),
-        tmp_path, show_progress=False)  # fmt: skip
+        tmp_path, verifier=ResponseLength(), show_progress=False)  # fmt: skip
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
     assert len(records) == 2
     assert all(0 < r["perf/peak_gpu_memory_gb"] < 80 for r in records)
@@ -83,7 +83,7 @@ def test_an_asynchronous_run_trains_on_cuda_with_its_producer_beside_it(tmp_path
     """rollout.max_staleness=1 with the policy on CUDA: the producer (a spawned process) builds its own CUDA
     engine, on a spare GPU where the machine has one, and takes the weights the trainer publishes."""
     overrides = [*TINY, "model.device=cuda", "train.rollout_steps=3", "run.eval_every=100", "rollout.max_staleness=1"]
-    fit(load_config("grpo", overrides), tmp_path, verifier=DigitFraction(), show_progress=False)
+    fit(load_config("grpo", overrides), tmp_path, verifier=ResponseLength(), show_progress=False)
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(0 <= r["rollout/staleness_max"] <= 1 and math.isfinite(r["loss/policy"]) for r in records)
