@@ -18,6 +18,9 @@ class _CallableTrainingPackage(types.ModuleType):
 
     def __call__(self, *args, **kwargs):
         """``reasonrl.api.train(*args, **kwargs)``: a run from Python (docs/python-api.md)."""
+        from reasonrl.train.cpu_threads import sleeping_openmp_threads
+
+        sleeping_openmp_threads()  # before reasonrl.api loads torch's OpenMP: on a busy machine idle threads sleep
         from reasonrl.api import train
 
         return train(*args, **kwargs)

@@ -25,6 +25,7 @@ not empty and holds no run is refused before anything is written there (``reason
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -40,6 +41,7 @@ from typing import Any
 from reasonrl.config import Config, ConfigError, load_config, resolve
 from reasonrl.data.loaders import DataError, Fields, examples_from_rows
 from reasonrl.data.source import check_sources
+from reasonrl.rollout.environments import given_environment
 from reasonrl.train.loop import fit
 from reasonrl.train.rundir import SCRIPT_MODULE, RunDirError, has_progress, make_run_dir, override
 from reasonrl.train.setup import data_spec
@@ -61,6 +63,15 @@ ARGUMENT_SETTINGS = {
     "environment": "rollout.environment",
 }
 """The setting each argument gives (one or the other, never both)."""
+
+TRL_NAMES = {
+    "environment_factory": "environment=",
+    "train_dataset": "dataset=",
+    "processing_class": "tokenizer=",
+    "reward_weights": "settings={'reward.weights': [...]}",
+    "args": "settings= (dotted keys, e.g. {'train.lr': 1e-6}) or **{'train.lr': 1e-6}",
+}
+"""GRPOTrainer's argument names a TRL user may pass, and what reasonrl.train takes instead."""
 
 MetricsCallback = Callable[[dict[str, Any]], object]
 
@@ -105,6 +116,13 @@ def train(
             "reasonrl.train() was called in a worker process that re-ran your script: guard the script's entry "
             'point with `if __name__ == "__main__":`, as any multiprocessing code'
         )
+    trl_named = [
+        f"{name}= is TRL's name; reasonrl.train takes {ours}"
+        for name, ours in TRL_NAMES.items()
+        if name in dotted_settings
+    ]
+    if trl_named:
+        raise ConfigError("; ".join(trl_named))
     chosen = {**(settings or {}), **dotted_settings}
     given = {
         "model": model,
@@ -117,6 +135,8 @@ def train(
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg, preset)
     named = {**_model_name(model, tokenizer), **_reward_names(reward_funcs), **_environment_name(environment)}
     fields = data_spec(cfg).fields
+    if named.get("rollout.multiturn") == "env":  # an environment run's rows need no answer (data_spec's rule)
+        fields = dataclasses.replace(fields, answer_optional=True)
     rows = {name: _jsonl(name, value, fields) for name, value in given.items() if name in DATASET_FILES}
     callbacks = [callbacks] if callable(callbacks) else list(callbacks)
     created = make_run_dir(run_dir)  # refuses a directory of other files before anything is written there
@@ -187,16 +207,25 @@ def _reward_names(reward_funcs: Any) -> dict[str, list[str]]:
 
 
 def _environment_name(environment: Any) -> dict[str, str]:
-    """``rollout.environment`` of the environment given (a name kept, a class named), with ``rollout.multiturn=env``;
-    the class itself is loaded and checked by name when the run starts, as the command line's."""
+    """``rollout.environment`` of the environment given, with ``rollout.multiturn=env``: a name kept; a class or a
+    function named as another process imports it; any other zero-argument callable (TRL's ``environment_factory``
+    may be a ``functools.partial``) held by this process (``given_environment``).  It is loaded and checked when
+    the run starts, before any model, as the command line's."""
     if environment is None:
         return {}
-    if not isinstance(environment, str | type):
+    if not isinstance(environment, str) and not callable(environment):
         raise ConfigError(
-            "environment= takes an environment class (an Environment subclass or a TRL environment_factory class) "
-            f"or its name ('countdown', 'module:Class', 'file.py:Class'), not a {type(environment).__name__}"
+            "environment= takes an environment class (an Environment subclass or a TRL environment_factory class), "
+            "a function or functools.partial that makes one, or its name ('countdown', 'module:Class', "
+            f"'file.py:Class'), not a {type(environment).__name__}"
         )
-    name = environment if isinstance(environment, str) else importable_name(environment, "environment")
+    if isinstance(environment, str):
+        name = environment
+    else:
+        try:
+            name = importable_name(environment, "environment")
+        except ConfigError:  # a partial, a callable object: this process holds it
+            name = given_environment(environment)
     return {"rollout.environment": name, "rollout.multiturn": "env"}
 
 
@@ -338,6 +367,9 @@ class MetricsCallbacks:
     def __init__(self, callbacks: Iterable[MetricsCallback]) -> None:
         self.callbacks = list(callbacks)
         self._failed: set[int] = set()
+
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """Callbacks get the metrics only (the samples are in the run directory's samples.jsonl)."""
 
     def log(self, stream: str, step: int, metrics: Mapping[str, float]) -> None:
         if stream != MAIN_STREAM:

@@ -96,6 +96,9 @@ def _say_if_finished(run_dir: Path, cfg: Config) -> bool:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from reasonrl.train.cpu_threads import sleeping_openmp_threads
+
+    sleeping_openmp_threads()  # before torch loads OpenMP: on a busy machine its idle threads sleep, not spin
     from reasonrl.data.loaders import DataError
     from reasonrl.data.source import check_sources
     from reasonrl.dist.cluster_errors import ClusterError, WorkerDiedError
@@ -160,7 +163,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     run_dir = Path(summary["run_dir"])
     before, after = summary["accuracy_before"], summary["accuracy_after"]
-    print(f"held-out accuracy: {before:.1%} before -> {after:.1%} after ({(after - before) * 100:+.1f} points)")
+    if summary["eval_prompts"]:
+        print(f"held-out accuracy: {before:.1%} before -> {after:.1%} after ({(after - before) * 100:+.1f} points)")
+        print(f"  (greedy, {summary['eval_prompts']} prompts; accuracy = {summary['accuracy_means']})")
+    else:
+        print("held-out accuracy: not measured (no held-out prompt was evaluated)")
     print(f"wall time {summary['wall_seconds'] / 60:.1f} min, peak RSS {summary['peak_rss_gb']:.2f} GB")
     print(f"plot:    {run_dir / summary['plot']}")
     print(f"summary: {run_dir / 'summary.md'}")

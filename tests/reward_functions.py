@@ -31,15 +31,15 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def raises_on_boom(prompts, completions, **kwargs):
-    if "boom" in completions[0]:
+    if any("boom" in c for c in completions):
         raise ValueError("cannot score a boom")
-    return [1.0]
+    return [1.0] * len(completions)
 
 
 def hangs_on_hang(prompts, completions, **kwargs):
-    if "hang" in completions[0]:
+    if any("hang" in c for c in completions):
         time.sleep(3600)
-    return [1.0]
+    return [1.0] * len(completions)
 
 
 def returns_a_float(prompts, completions, **kwargs):
@@ -47,9 +47,8 @@ def returns_a_float(prompts, completions, **kwargs):
 
 
 def fails_on_odd_length(prompts, completions, **kwargs):
-    if len(completions[0]) % 2:
-        raise RuntimeError("odd length")
-    return [0.5]
+    """TRL shape: 0.5 for a completion of even length; for an odd one a value that is no reward (its sample fails)."""
+    return [0.5 if len(c) % 2 == 0 else "odd length" for c in completions]
 
 
 def has_digit(prompts, completions, **kwargs):
@@ -64,3 +63,12 @@ def always_raises(prompts, completions, **kwargs):
 def overflows_on_huge(prompts, completions, **kwargs):
     """TRL shape: a finite Python float float32 cannot hold (1e39) for a completion saying "huge", else 1e10."""
     return [1e39 if "huge" in c else 1e10 for c in completions]
+
+
+def batch_rank(prompts, completions, completion_ids, trainer_state, **kwargs):
+    """TRL shape, normalised over its batch: each completion's rank by token count, over the batch's size - 1;
+    raises unless called as TRL calls it (the whole batch, its token ids, the trainer state)."""
+    assert len(completions) == len(completion_ids) == 3, (completions, completion_ids)
+    assert (trainer_state.global_step, trainer_state.max_steps) == (3, 10), trainer_state
+    order = sorted(range(len(completion_ids)), key=lambda i: len(completion_ids[i]))
+    return [order.index(i) / (len(order) - 1) for i in range(len(order))]

@@ -13,11 +13,11 @@ from tests.train.test_loop import TINY
 
 PARITY_REWARDS = """
 def odd_answer(prompts, completions, solution, **kwargs):
-    return [float(int(solution[0]) % 2)]
+    return [float(int(s) % 2) for s in solution]
 
 
 def even_answer(prompts, completions, solution, **kwargs):
-    return [1.0 - int(solution[0]) % 2]
+    return [1.0 - int(s) % 2 for s in solution]
 """
 
 
@@ -114,7 +114,7 @@ def test_eval_in_engine_batches_samples_what_one_call_samples():
     from reasonrl.timing import Progress
 
     class Unscored:
-        def score_examples(self, examples, responses):
+        def score_examples(self, examples, responses, context=None):
             return [result(None, False) for _ in responses]
 
     tokenizer = load_tokenizer("tiny-random")
@@ -315,3 +315,33 @@ def test_eval_on_cuda_without_a_gpu_says_so_before_loading(capsys):
     argv = ["eval", "--model", "tiny-random", "--limit", "1", "--max-new-tokens", "2", "--device", "cuda"]
     assert main(argv) != 0
     assert "sees no CUDA device" in capsys.readouterr().err
+
+
+def even_reply(prompts, completions, **kwargs):
+    """TRL shape, for an environment run: 1.0 when the episode's last reply has an even number of characters."""
+    return [float(len(completion[-1]["content"]) % 2 == 0) for completion in completions]
+
+
+def test_eval_of_an_environment_run_plays_its_environment(tmp_path, capsys):
+    """``reasonrl eval RUN`` of an environment run plays the run's episodes (its environment, turns, tools and
+    reward functions) as the run's own evaluation did, instead of one answer scored by the verifier."""
+    rows = tmp_path / "wordle.jsonl"
+    prompt = "Play Wordle, game {}. Use the tool `guess` to make a guess."
+    rows.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": prompt.format(n)}], "game": n}) + "\n"
+                            for n in range(40)))  # fmt: skip
+    environment = "rollout.environment=tests.train.test_environments:WordleEnv"
+    overrides = [*TINY, "train.rollout_steps=1", f"run.output_dir={tmp_path}", "run.name=wordle",
+                 f"data.dataset={rows}", "rollout.multiturn=env", environment,
+                 "reward.functions=[tests.test_eval:even_reply]", "rollout.max_prompt_tokens=2048",
+                 "train.microbatch_tokens=4096", "rollout.max_turns=2"]  # fmt: skip
+    assert main(["train", "grpo", *overrides, "--quiet"]) == 0
+    capsys.readouterr()
+    run_dir = tmp_path / "wordle"
+    assert main(["eval", "--model", str(run_dir)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert result["environment"] == "tests.train.test_environments:WordleEnv" and result["problems"] == 8
+    assert result["greedy_pass@1"] == summary["accuracy_after"]
+    assert result["turns_mean"] >= 1 and "tool_calls_mean" in result
+    assert main(["eval", "--model", str(run_dir), "--k", "2"]) == 2  # an episode's eval is greedy
+    assert "is an environment run: its evaluation plays one greedy episode per problem" in capsys.readouterr().err

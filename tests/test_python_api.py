@@ -22,6 +22,8 @@ from tests.train.test_loop import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {**parse_overrides(TINY[1:]), "reward.timeout_seconds": 60}  # TINY[0] is the model, given as model=
+# tiny-random's template renders no tools: they are written into the system prompt, about 1.3k of its byte tokens
+TOOLS_SHOWN = {"rollout.max_prompt_tokens": 2048, "train.microbatch_tokens": 4096}
 ROWS = [{"question": f"What is {a} + {b}?", "answer": str(a + b), "bonus": 0.25} for a in range(6) for b in range(6)]
 
 
@@ -193,12 +195,41 @@ def test_an_environment_class_becomes_the_runs_environment_by_its_name(tmp_path)
 
     result = reasonrl.train(
         "grpo", model="tiny-random", dataset=ROWS, environment=Vault, run_dir=tmp_path / "run", progress=False,
-        settings={**SMALL, "train.rollout_steps": 1, "rollout.max_turns": 2},
+        settings={**SMALL, **TOOLS_SHOWN, "train.rollout_steps": 1, "rollout.max_turns": 2},
     )  # fmt: skip
     config = (result.run_dir / "config.yaml").read_text()
     assert "environment: tests.rollout.test_trl_environments:Vault" in config and "multiturn: env" in config
     (record,) = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["step"] == 1]
     assert record["multiturn/environment_error_fraction"] == 0.0  # each episode played a Vault of its own
+
+
+def test_trls_argument_names_point_at_reasonrls(tmp_path):
+    """GRPOTrainer's names, as a TRL user passes them, are refused naming what reasonrl.train takes."""
+    for trl_name, ours in [("environment_factory", "environment="), ("train_dataset", "dataset="),
+                           ("processing_class", "tokenizer=")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"^{trl_name}= is TRL's name; reasonrl.train takes {ours}"):
+            reasonrl.train("grpo", model="tiny-random", run_dir=tmp_path / "run", **{trl_name: object()})
+    assert not (tmp_path / "run").exists()
+
+
+def test_any_zero_argument_factory_is_an_environment_as_trl_takes_it(tmp_path):
+    """TRL calls ``environment_factory`` with no arguments: a functools.partial (or a class defined in a function)
+    plays in this process; the run records it as an object the command line cannot rebuild."""
+    import functools
+
+    from tests.rollout.test_trl_environments import Vault
+
+    class Local(Vault):
+        """A class no other process can import."""
+
+    for factory in (functools.partial(Vault), Local):
+        result = reasonrl.train(
+            "grpo", model="tiny-random", dataset=ROWS, environment=factory, run_dir=tmp_path / type(factory).__name__,
+            progress=False, settings={**SMALL, **TOOLS_SHOWN, "train.rollout_steps": 1, "rollout.max_turns": 2},
+        )  # fmt: skip
+        (record,) = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["step"] == 1]
+        assert record["multiturn/environment_error_fraction"] == 0.0
+        assert "environment: object:" in (result.run_dir / "config.yaml").read_text()
 
 
 def test_an_environment_that_cannot_be_named_or_set_twice_is_refused_with_what_to_do(tmp_path):
@@ -207,7 +238,6 @@ def test_an_environment_that_cannot_be_named_or_set_twice_is_refused_with_what_t
             return None
 
     refusals = {
-        "is a lambda or is defined inside a function": {"environment": Local},
         "environment= takes an environment class": {"environment": Local()},
         "environment= and rollout.environment name the same thing": {
             "environment": "countdown", "rollout.environment": "countdown"

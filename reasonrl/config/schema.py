@@ -436,10 +436,20 @@ class RunConfig:
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the latest checkpoint in the run directory if there is one."""
 
+    log_samples: int = 2
+    """Samples of each RL step written as text to samples.jsonl and the trackers (TRL's log_completions): the
+    prompt, the completion (a conversation's turns, tool calls and answers), its reward, verdict and advantage.
+    0: none."""
+
     loggers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = ("tensorboard",)
     """Experiment trackers that mirror metrics.jsonl (the source of truth): tensorboard, wandb
     (`pip install 'reasonrl[wandb]'`; WANDB_MODE=offline honoured) and mlflow (`reasonrl[mlflow]`;
     MLFLOW_TRACKING_URI, else a local file store mlruns/ beside the run directories)."""
+
+    threads: int | None = None
+    """Threads torch computes with in the training process; null = OMP_NUM_THREADS where set, else the cores
+    other work leaves free (the usable cores less those busy: the smaller of the 1-minute load average and the
+    tasks running now; at least 1), chosen at the first run of a process. Logged: `threads: N of M cores, load L`."""
 
 
 @dataclass(frozen=True)

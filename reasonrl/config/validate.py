@@ -109,6 +109,11 @@ def _ranges(cfg: Config) -> list[str]:
         (cfg.run.eval_every >= 1, "run.eval_every must be >= 1"),
         (cfg.run.save_every >= 1, "run.save_every must be >= 1"),
         (cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
+        (cfg.run.log_samples >= 0, "run.log_samples must be >= 0 (0 = none)"),
+        (
+            cfg.run.threads is None or cfg.run.threads >= 1,
+            "run.threads must be >= 1 (or null: chosen from the free cores)",
+        ),
     ]
     return [message for ok, message in checks if not ok]
 

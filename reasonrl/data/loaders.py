@@ -28,7 +28,7 @@ from reasonrl.data.visual_tasks import PROBLEMS as VISUAL_PROBLEMS
 from reasonrl.data.visual_tasks import visual_examples
 from reasonrl.hub_access import hub_unreachable
 
-HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by a stable hash) for evaluation
+HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by its position) for evaluation
 
 
 class DataError(ValueError):
@@ -46,6 +46,9 @@ class Fields:
     named_by: Literal["config", "options"] = "config"
     """How the user names the fields, which a missing field's error tells them to set: the config's
     ``data.question_field`` (train and the data commands), or a command's ``--question-field`` (eval)."""
+    answer_optional: bool = False
+    """A row may lack the answer (its reference is then ""): an environment run, which the environment or the
+    reward functions reward (TRL needs only a ``prompt``); the verifier refuses to score such a row."""
 
     def setting(self, kind: Literal["question", "answer"]) -> str:
         """The setting that names the field of ``kind``."""
@@ -251,6 +254,8 @@ def _answer(location: str, row: dict[str, Any], fields: Fields) -> str:
     value = _lookup(row, fields.answer)
     if value is MISSING and fields.answer == Fields.answer:
         value = _lookup(row, "reward_model.ground_truth")
+    if value is MISSING and fields.answer_optional:
+        return ""
     if value is MISSING:
         present = ", ".join(map(str, row)) or "none"
         raise DataError(
@@ -370,10 +375,14 @@ def has_split(source: str, split: str) -> bool:
     return name in BUILTIN_DATASETS and split in BUILTIN_DATASETS[name].files
 
 
-def in_holdout(example: Example) -> bool:
-    """The stable one-in-five hold-out of single-split sources (by question text)."""
-    digest = hashlib.sha256(example.question.encode()).hexdigest()
-    return int(digest, 16) % HOLDOUT_BUCKETS == 0
+def in_holdout(index: int) -> bool:
+    """Whether row ``index`` (its position in its source) is in the stable one-in-five hold-out of a single-split
+    source: of each block of HOLDOUT_BUCKETS consecutive rows, the one a hash of the block's number picks.  By
+    row, not by text: a source that repeats one prompt (TRL's ``[prompt] * 1000``) is split as any other, and
+    rows added at the end leave the hold-out of the rows before them as it was."""
+    block, place = divmod(index, HOLDOUT_BUCKETS)
+    digest = hashlib.sha256(f"reasonrl-holdout:{block}".encode()).hexdigest()
+    return int(digest, 16) % HOLDOUT_BUCKETS == place
 
 
 def read_records(path: Path) -> list[dict]:

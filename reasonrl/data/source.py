@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import random
+import statistics
 from dataclasses import dataclass, field, replace
 from itertools import zip_longest
+from typing import TYPE_CHECKING
 
 from reasonrl.data.arithmetic import ArithmeticTask
 from reasonrl.data.curriculum import TaskMixSampler, parse_task_mix
 from reasonrl.data.examples import Example
-from reasonrl.data.loaders import DataError, Fields, check_dataset_name, has_split, in_holdout, load_examples
+from reasonrl.data.loaders import (
+    HOLDOUT_BUCKETS,
+    DataError,
+    Fields,
+    check_dataset_name,
+    has_split,
+    in_holdout,
+    load_examples,
+)
+
+if TYPE_CHECKING:
+    from reasonrl.data.prompts import PromptEncoder
 
 ARITHMETIC = "arithmetic"
 
@@ -71,6 +84,13 @@ class TrainingStream:
         self.consumed += count
         return examples
 
+    def peek(self, count: int, step: int = 0) -> list[Example]:
+        """The examples the next ``take(count, step)`` returns, without moving the stream."""
+        state = self.state_dict()
+        examples = self.take(count, step)
+        self.load_state_dict(state)
+        return examples
+
     def state_dict(self) -> dict:
         """The stream position (for checkpoints)."""
         return {"consumed": self.consumed, **({"mix": self._mix.state_dict()} if self._mix is not None else {})}
@@ -107,7 +127,7 @@ def training_examples(spec: DataSpec) -> list[Example]:
     if has_split(spec.dataset, "train"):
         return load_examples(spec.dataset, "train", spec.fields)
     rows = _single_split(spec.dataset, spec.fields)
-    return rows if spec.eval_dataset else [row for row in rows if not in_holdout(row)]
+    return rows if spec.eval_dataset else [row for index, row in enumerate(rows) if not in_holdout(index)]
 
 
 def eval_examples(spec: DataSpec, count: int) -> list[Example]:
@@ -122,7 +142,7 @@ def eval_examples(spec: DataSpec, count: int) -> list[Example]:
         ]
         return [row for group in zip_longest(*lists) for row in group if row is not None]
     if spec.eval_dataset is None and source != ARITHMETIC and not has_split(source, "train"):
-        return [row for row in _single_split(source, spec.fields) if in_holdout(row)][:count]
+        return [row for index, row in enumerate(_single_split(source, spec.fields)) if in_holdout(index)][:count]
     return benchmark_examples(source, count, spec)
 
 
@@ -132,3 +152,82 @@ def benchmark_examples(source: str, count: int | None, spec: DataSpec = DataSpec
         return ArithmeticTask(spec.arithmetic_digits, spec.arithmetic_operations).eval_examples(count or 200)
     rows = _single_split(source, spec.fields)
     return rows if count is None else rows[:count]
+
+
+# --- checks at a run's start, before any model loads --------------------------------------------------------
+
+PROMPT_SAMPLE = 64
+"""How many of the training prompts a run draws first are measured against rollout.max_prompt_tokens at its start."""
+
+
+def prompt_length(encoder: PromptEncoder, example: Example) -> int:
+    """The tokens of ``example``'s prompt as ``encoder`` renders it (chat template included), without the
+    encoder's cache or its warning about a prompt over the cap."""
+    from reasonrl.data.prompts import chat_token_ids  # (imports torch, which naming the data does not need)
+
+    return len(chat_token_ids(encoder.tokenizer, encoder.messages(example), encoder.tools))
+
+
+def check_prompt_lengths(stream: TrainingStream, encoder: PromptEncoder) -> str | None:
+    """Measure the first PROMPT_SAMPLE prompts ``stream`` will give (text prompts; it is not moved): a DataError
+    when most are longer than the encoder's cap (the run would skip nearly every prompt), a warning line when
+    some are, else None."""
+    sample = {e.id: e for e in stream.peek(PROMPT_SAMPLE) if not e.images}.values()
+    lengths = [prompt_length(encoder, e) for e in sample]
+    cap = encoder.max_prompt_tokens
+    over = sum(n > cap for n in lengths)
+    if not over:
+        return None
+    longest, median = max(lengths), statistics.median_low(lengths)
+    measured = f"{over} of the first {len(lengths)} training prompts"
+    if 2 * over > len(lengths):
+        raise DataError(
+            f"{measured} are longer than rollout.max_prompt_tokens={cap} (median {median}, longest {longest} tokens, "
+            f"chat template included) and would be skipped; set rollout.max_prompt_tokens={longest} to fit them"
+        )
+    return (
+        f"{measured} ({over / len(lengths):.0%}) are longer than rollout.max_prompt_tokens={cap} (longest {longest} "
+        f"tokens) and will be skipped; rollout.max_prompt_tokens={longest} keeps them"
+    )
+
+
+def held_out_source(spec: DataSpec) -> str:
+    """Where a run's held-out prompts come from, as a message names it."""
+    if spec.eval_dataset:
+        return f"data.eval_dataset={spec.eval_dataset}"
+    if spec.dataset == ARITHMETIC:
+        return "the arithmetic task's held-out problems"
+    if MIXTURE_SEPARATOR not in spec.dataset and has_split(spec.dataset, "train"):
+        return f"the test split of data.dataset={spec.dataset}"
+    return f"the hold-out of data.dataset={spec.dataset} (one row in {HOLDOUT_BUCKETS}, by position)"
+
+
+def check_held_out(spec: DataSpec, count: int, encoder: PromptEncoder) -> tuple[bool, str] | None:
+    """What a run's start says of its held-out evaluation of ``count`` prompts (data.eval_prompts): (True, a
+    warning) when no prompt is left to evaluate, (False, a notice) when fewer than ``count``, else None."""
+    if count == 0:  # the user skips the evaluation
+        return None
+    held = eval_examples(spec, count)
+    cap = encoder.max_prompt_tokens
+    lengths = [0 if e.images else prompt_length(encoder, e) for e in held]
+    kept = sum(n <= cap for n in lengths)
+    where = held_out_source(spec)
+    if not held:
+        return True, (
+            f"no held-out prompt to evaluate on: {where} is empty, so the held-out accuracy would be measured on "
+            f"0 prompts; give held-out rows with data.eval_dataset, at least {HOLDOUT_BUCKETS} rows in data.dataset, "
+            "or set data.eval_prompts=0 to skip the evaluation"
+        )
+    if not kept:
+        return True, (
+            f"all {len(held)} held-out prompts ({where}) are longer than rollout.max_prompt_tokens={cap} (longest "
+            f"{max(lengths)} tokens), so the held-out accuracy would be measured on 0 prompts; set "
+            f"rollout.max_prompt_tokens={max(lengths)}, or data.eval_prompts=0 to skip the evaluation"
+        )
+    if kept < count:
+        too_long = (
+            f", {len(held) - kept} of them longer than rollout.max_prompt_tokens={cap}" if kept < len(held) else ""
+        )
+        notice = f"the held-out evaluation uses {kept} prompts, not data.eval_prompts={count}: {where} holds"
+        return False, f"{notice} {len(held)}{too_long}"
+    return None

@@ -37,7 +37,7 @@ from reasonrl.dist.cluster import (
 from reasonrl.dist.cluster_errors import WorkerDiedError
 from reasonrl.dist.engines import EngineSettings, RayRolloutEngines
 from reasonrl.dist.scoring import RayScorer
-from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
 from reasonrl.rollout.engine_protocol import Completion, SamplingParams
 
 RUN_SECONDS = 10.0**9  # a training call has no time limit of its own; its workers' calls have
@@ -74,8 +74,10 @@ class SharedScorer:
     def __init__(self, scorer: RayScorer) -> None:
         self.scorer = scorer
 
-    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
-        return self.scorer.score_examples(examples, responses)
+    def score_examples(
+        self, examples: Sequence[Example], responses: Sequence[str], context: ScoringContext | None = None
+    ) -> list[RewardResult]:
+        return self.scorer.score_examples(examples, responses, context)
 
     def close(self) -> None:
         pass

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from reasonrl.data.examples import Example
 from reasonrl.dist.cluster import Placement, WorkerHost, gather, kill_workers, start_workers
 from reasonrl.dist.cluster_errors import WorkerDiedError
-from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
 
 CLOSE_TIMEOUT_S = 30.0  # a worker's scorer gets this long to stop its processes before the actor is killed
 
@@ -28,10 +28,12 @@ class ScorerHost(WorkerHost):
     def setup(self) -> None:
         self.scorer = self.factory()
 
-    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
+    def score_examples(
+        self, examples: Sequence[Example], responses: Sequence[str], context: ScoringContext | None = None
+    ) -> list[RewardResult]:
         if self.scorer is None:
             raise RuntimeError("the scoring worker has no scorer: call setup() first")
-        return self.scorer.score_examples(examples, responses)
+        return self.scorer.score_examples(examples, responses, context)
 
     def close(self) -> None:
         if self.scorer is not None:
@@ -72,13 +74,22 @@ class RayScorer:
             self.placement.release()
             raise
 
-    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
-        """One result per (example, response), in order."""
+    def score_examples(
+        self, examples: Sequence[Example], responses: Sequence[str], context: ScoringContext | None = None
+    ) -> list[RewardResult]:
+        """One result per (example, response), in order: each worker scores a contiguous share."""
         if len(examples) != len(responses):
             raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
         chunks = even_chunks(len(examples), len(self.workers))
         calls = [
-            (worker, worker.actor.score_examples.remote([examples[i] for i in chunk], [responses[i] for i in chunk]))
+            (
+                worker,
+                worker.actor.score_examples.remote(
+                    [examples[i] for i in chunk],
+                    [responses[i] for i in chunk],
+                    None if context is None else context.rows(chunk),
+                ),
+            )
             for worker, chunk in zip(self.workers, chunks, strict=True)
             if len(chunk)
         ]

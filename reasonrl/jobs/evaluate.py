@@ -376,7 +376,9 @@ def recorded_by(recorded: Path, setting: str, instead: str) -> str:
 def eval_problems(settings: EvalSettings, cfg: Config, recorded: Path | None) -> tuple[str, list[Example]]:
     """The dataset's name and its problems: every row of ``settings.dataset`` (or the first ``limit``); with
     none set, a run's held-out problems as its own evaluation took them (data.eval_prompts unless ``limit``)."""
-    spec = replace(data_spec(cfg), fields=Fields(settings.question_field, settings.answer_field, named_by="options"))
+    optional = cfg.rollout.multiturn == "env" and settings.dataset is None  # an environment run's own rows
+    fields = Fields(settings.question_field, settings.answer_field, named_by="options", answer_optional=optional)
+    spec = replace(data_spec(cfg), fields=fields)
     if settings.dataset is not None:
         return settings.dataset, benchmark_examples(settings.dataset, settings.limit, spec)
     assert recorded is not None  # only a run leaves the dataset unset
@@ -412,6 +414,60 @@ def check_scorable(dataset: str, examples: list[Example], cfg: Config, terms: li
         )
 
 
+def check_episode_eval(settings: EvalSettings, cfg: Config) -> None:
+    """Refuse, before any model loads, what an environment run's evaluation cannot do (it plays one greedy episode
+    per problem), and an environment that cannot be loaded (ConfigError, one line)."""
+    from reasonrl.rollout.environments import EnvironmentLoadError, environment_class
+    from reasonrl.rollout.openenv_environments import OPENENV_PREFIX
+
+    unplayable = [
+        option
+        for option, asked in (("--k/--n", settings.k > 1 or (settings.samples or 1) > 1), ("--protocol pag",
+            settings.protocol == "pag"), ("--self-verify-bon", settings.self_verify_bon), ("--fire", settings.fire))
+        if asked
+    ]  # fmt: skip
+    if unplayable:
+        raise ConfigError(
+            f"{settings.model} is an environment run: its evaluation plays one greedy episode per problem, as the run "
+            f"evaluated; {', '.join(unplayable)} need single answers (give --dataset to evaluate single answers)"
+        )
+    name = cfg.rollout.environment if cfg.rollout.multiturn == "env" else None
+    if name and not name.startswith(OPENENV_PREFIX):
+        try:
+            environment_class(name)
+        except EnvironmentLoadError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def environment_eval(
+    settings: EvalSettings, cfg: Config, dataset: str, examples: list[Example], engine, tokenizer, pool, started: float
+) -> dict[str, Any]:
+    """A run's held-out problems played as its own evaluation plays them (``rollout.multiturn`` env or tool): one
+    greedy episode each of the run's environment, with its turns, tools and rewards (``greedy_pass@1``: the
+    episodes the environment or the verifier counts as solved, as the run's ``eval/accuracy``)."""
+    from reasonrl.config import resolve
+    from reasonrl.data.source import TrainingStream
+    from reasonrl.train.conversation_stage import ConversationCollector
+    from reasonrl.train.rollout_stage import RolloutCollector, RolloutSettings
+    from reasonrl.train.setup import prompt_encoder
+
+    encoder = prompt_encoder(cfg, tokenizer, vision_processor(settings.model))
+    synchronous = RolloutCollector(
+        RolloutSettings.of(cfg, resolve(cfg)), engine, tokenizer, pool, TrainingStream(data_spec(cfg), 0), encoder
+    )
+    played = ConversationCollector(synchronous).evaluate(examples, SamplingParams(settings.max_new_tokens, 0.0))
+    return {
+        "model": settings.model,
+        "dataset": dataset,
+        "environment": cfg.rollout.environment if cfg.rollout.multiturn == "env" else "python",
+        "reward_functions": list(cfg.reward.functions),
+        "problems": len(examples),
+        "greedy_pass@1": played["eval/accuracy"],
+        **{key.removeprefix("eval/"): value for key, value in played.items() if key != "eval/accuracy"},
+        "wall_seconds": time.perf_counter() - started,
+    }
+
+
 def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str, Any]:
     """Evaluate a model spec on a dataset; returns the metrics (what ``reasonrl eval`` prints).
     A run directory's own settings (dataset, fields, prompt, response cap, reward functions) fill in
@@ -424,7 +480,12 @@ def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str,
     settings = settings.completed(cfg, of_run=recorded is not None)
     dataset, examples = eval_problems(settings, cfg, recorded)
     terms = eval_reward_terms(cfg, recorded, settings.overrides)
-    check_scorable(dataset, examples, cfg, terms)
+    # a run of an environment evaluates as it did: episodes (on its held-out problems; --dataset: single answers)
+    episodes = recorded is not None and settings.dataset is None and cfg.rollout.multiturn in ("env", "tool")
+    if episodes:
+        check_episode_eval(settings, cfg)
+    else:
+        check_scorable(dataset, examples, cfg, terms)
     samples = settings.samples or settings.k
     device, dtype = resolve_device(settings.device), compute_dtype(settings.dtype)
     tokenizer = load_tokenizer(settings.model)
@@ -437,6 +498,11 @@ def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str,
     # as training scores: the reward router's verifiers (math answers, code run against its tests in the
     # sandbox), and with reward.functions their weighted sum (judge-scored prompts were refused above)
     pool = build_scorer(cfg, dtype, device, terms=terms)
+    if episodes:  # the run's evaluation plays episodes of its environment
+        try:
+            return environment_eval(settings, cfg, dataset, examples, engine, tokenizer, pool, started)
+        finally:
+            pool.close()
     greedy_params = SamplingParams(settings.max_new_tokens, temperature=0.0)
     sampled_params = SamplingParams(
         settings.max_new_tokens,

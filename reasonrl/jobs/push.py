@@ -171,6 +171,23 @@ def _percent(value: Any) -> str:
     return f"{value * 100:.1f}%" if isinstance(value, int | float) else "n/a"
 
 
+def _results_table(results: dict[str, Any], held_out: Any, configured: Any) -> list[str]:
+    """The card's greedy accuracy before and after training, over the held-out prompts the run evaluated (a
+    checkpoint of an unfinished run: the ``configured`` data.eval_prompts), and what it counts; a line saying so
+    where it evaluated none."""
+    prompts = results.get("eval_prompts", configured)
+    if prompts == 0:
+        return ["The run evaluated no held-out prompt: no accuracy was measured."]
+    meaning = f" (accuracy = {results['accuracy_means']})" if results.get("accuracy_means") else ""
+    return [
+        f"Greedy accuracy on {prompts or 'the'} held-out prompts of `{held_out}`{meaning}:",
+        "",
+        "| before training | after training |",
+        "|---|---|",
+        f"| {_percent(results.get('accuracy_before'))} | {_percent(results.get('accuracy_after'))} |",
+    ]
+
+
 def model_card(run_dir: Path, model_dir: Path, repo_id: str) -> str:
     """The README.md of a pushed model: metadata, what it was trained from and on, results, the config."""
     from reasonrl.config import list_presets
@@ -191,7 +208,6 @@ def model_card(run_dir: Path, model_dir: Path, repo_id: str) -> str:
         metadata["datasets"] = [dataset]
     metadata["tags"] = ["reasonrl", "reinforcement-learning", preset]
     which = "the final policy" if model_dir.name == FINAL_DIR else f"the checkpoint `{model_dir.name}`"
-    before, after = results.get("accuracy_before"), results.get("accuracy_after")
     held_out = data.get("eval_dataset") or data.get("dataset")
     lines = [
         "---",
@@ -214,11 +230,7 @@ def model_card(run_dir: Path, model_dir: Path, repo_id: str) -> str:
         "",
         "## Results",
         "",
-        f"Greedy accuracy on {data.get('eval_prompts', 'the')} held-out prompts of `{held_out}`:",
-        "",
-        "| before training | after training |",
-        "|---|---|",
-        f"| {_percent(before)} | {_percent(after)} |",
+        *_results_table(results, held_out, data.get("eval_prompts")),
         "",
         "## Use",
         "",

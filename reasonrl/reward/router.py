@@ -34,7 +34,7 @@ from reasonrl.config.routes import (  # the routing table and its rules are conf
 )
 from reasonrl.data.examples import Example
 from reasonrl.reward.scoring_pool import ScoringPool
-from reasonrl.reward.verifier_protocol import RewardResult, Verifier
+from reasonrl.reward.verifier_protocol import RewardResult, ScoringContext, Verifier
 
 if TYPE_CHECKING:
     import torch
@@ -88,8 +88,10 @@ class RewardRouter:
             self._models[source] = self._model_factories[source]()
         return self._models[source]
 
-    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
-        """One result per response, each tagged with ``info["source"]``."""
+    def score_examples(
+        self, examples: Sequence[Example], responses: Sequence[str], context: ScoringContext | None = None
+    ) -> list[RewardResult]:
+        """One result per response, each tagged with ``info["source"]`` (verifiers and judges read no ``context``)."""
         sources = [route(e.task_type, self.routes) for e in examples]
         results: list[RewardResult | None] = [None] * len(examples)
         for source in dict.fromkeys(sources):

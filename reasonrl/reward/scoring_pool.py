@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 
 from reasonrl.data.examples import Example
-from reasonrl.reward.verifier_protocol import RewardResult, Verifier
+from reasonrl.reward.verifier_protocol import RewardResult, ScoringContext, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ def _worker(verifier: Verifier, conn: Connection) -> None:
         task_id, *arguments = task
         try:
             result = verifier(*arguments)
-            if not isinstance(result, RewardResult):
+            batch = isinstance(result, list) and all(isinstance(r, RewardResult) for r in result)  # a batch's call
+            if not isinstance(result, RewardResult) and not batch:
                 raise TypeError(f"verifier returned {type(result).__name__}, not RewardResult")
             conn.send((task_id, result, None))
         except Exception as exc:  # any verifier failure is reported, never fatal to the worker
@@ -123,8 +124,10 @@ class ScoringPool:
             )  # fmt: skip
         return RewardResult(self.error_score, False, {"error": reason})
 
-    def score(self, pairs: Sequence[tuple]) -> list[RewardResult]:
-        """One result per (response, reference) pair (or other arguments tuple), in order."""
+    def score(self, pairs: Sequence[tuple], timeout: float | None = None) -> list[RewardResult]:
+        """One result per (response, reference) pair (or other arguments tuple), in order; each call within
+        ``timeout`` seconds (default: the pool's).  A scorer of whole batches returns a list of results per call."""
+        timeout = self.timeout if timeout is None else timeout
         results: list[RewardResult | None] = [None] * len(pairs)
         pending = list(range(len(pairs)))[::-1]  # popped from the end, i.e. in order
         busy: dict[Connection, _Worker] = {}
@@ -132,7 +135,7 @@ class ScoringPool:
             for worker in self._workers:
                 if worker.task_id is None and pending:
                     task_id = pending.pop()
-                    worker.task_id, worker.deadline = task_id, time.monotonic() + self.timeout
+                    worker.task_id, worker.deadline = task_id, time.monotonic() + timeout
                     worker.conn.send((task_id, *pairs[task_id]))
                     busy[worker.conn] = worker
             next_deadline = min(w.deadline for w in busy.values())
@@ -151,15 +154,18 @@ class ScoringPool:
             now = time.monotonic()
             for conn, worker in list(busy.items()):
                 if worker.task_id is not None and now >= worker.deadline:
-                    seconds = f"{self.timeout:g}s"
+                    seconds = f"{timeout:g}s"
                     failed = self._failed(worker.task_id, f"timeout after {seconds}", f"timed out after {seconds}")
                     results[worker.task_id] = failed
                     del busy[conn]
                     self._replace(worker)
         return results  # type: ignore[return-value]
 
-    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
-        """Score each response against its example's reference answer (the ``Scorer`` protocol)."""
+    def score_examples(
+        self, examples: Sequence[Example], responses: Sequence[str], context: ScoringContext | None = None
+    ) -> list[RewardResult]:
+        """Score each response against its example's reference answer (the ``Scorer`` protocol; a verifier reads
+        no ``context``)."""
         return self.score([(response, e.answer) for e, response in zip(examples, responses, strict=True)])
 
     def _replace(self, worker: _Worker) -> None:

@@ -48,11 +48,31 @@ class Verifier(Protocol):
     def __call__(self, response: str, reference: str) -> RewardResult: ...
 
 
+@dataclass(frozen=True)
+class ScoringContext:
+    """What a batch of responses brings besides their texts, for the reward functions that read it (TRL's
+    ``completion_ids`` and ``trainer_state``).  Per-response fields hold one entry per response, in order."""
+
+    completion_ids: tuple[tuple[int, ...], ...] | None = None
+    """Each response's token ids, as the engine generated them."""
+    step: int = 0
+    """The rollout step the responses train (0: outside training, e.g. an evaluation)."""
+    max_steps: int = 0
+    """The run's last rollout step (train.rollout_steps; 0 outside training)."""
+
+    def rows(self, index: Sequence[int]) -> ScoringContext:
+        """The context of the responses ``index`` (a share of the batch scored elsewhere)."""
+        ids = None if self.completion_ids is None else tuple(self.completion_ids[i] for i in index)
+        return ScoringContext(ids, self.step, self.max_steps)
+
+
 class Scorer(Protocol):
     """What the rollout stage scores with: a verifier pool or the reward router."""
 
-    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
-        """One result per (example, response)."""
+    def score_examples(
+        self, examples: Sequence[Example], responses: Sequence[str], context: ScoringContext | None = None
+    ) -> list[RewardResult]:
+        """One result per (example, response); ``context`` for the reward functions that read more of the batch."""
         ...
 
     def close(self) -> None:

@@ -15,7 +15,9 @@ answer, and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its 
 (always revise, no verify turn).  ``ToolRule`` runs a python tool called with a fenced python block or the
 chat template's own tool-call format (``rollout/tool_calls.py``); the calls of one turn of every
 conversation run together, and a call that cannot be read or fails is answered with an error message
-(counted in ``Conversation.tool_errors``), never an error of the run.  The shipped game environments are in
+(counted in ``Conversation.tool_errors``), never an error of the run.  The calls a turn makes in the template's
+format are answered together, a "tool" message each, in order (``tool_answers``; ``answer_tool_calls`` for an
+environment's ``FunctionTool``s), as TRL answers them.  The shipped game environments are in
 ``rollout/environments.py``.
 """
 
@@ -25,7 +27,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -50,7 +52,16 @@ from reasonrl.rollout.episodes import (
     Step,
     contained,
 )
-from reasonrl.rollout.tool_calls import TOOL_OUTPUT_CHARS, ToolOutput, block_ending, function_call, native_tool_format
+from reasonrl.rollout.tool_calls import (
+    TOOL_NAME_CHARS,
+    TOOL_OUTPUT_CHARS,
+    FunctionTool,
+    ToolOutput,
+    block_ending,
+    call_tool,
+    function_calls,
+    native_tool_format,
+)
 
 # The PAG release's prompts (quick_start/qwen1p5b_pag.sh's rollout): verify, then revise after "wrong".
 PAG_VERIFY_PROMPT = (
@@ -69,6 +80,7 @@ INJECTED_TURN_TOKENS = 128  # room left per injected turn in the default convers
 VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
 FENCED_CALL = ("```python\n", "```")  # a fenced python block ending the turn
 NATIVE_CALL_ERROR = 'Error: a tool call must be {"name": "python", "arguments": {"code": "<program>"}}'
+CALLS_SPENT = "Error: this episode's tool calls are spent; this call was not run"
 # the python tool as a function schema, what `apply_chat_template(tools=...)` renders into the prompt
 PYTHON_TOOL = {
     "type": "function",
@@ -154,49 +166,103 @@ class DirectRevisionRule(Environment):
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A python tool call that ends a turn: its code, or why the call cannot run."""
+    """A python tool call of a turn: the name it calls, its code, or why the call cannot run."""
 
+    name: str
     code: str | None
     native: bool  # the chat template's format (the output goes back as a "tool" message), else a fenced block
     error: str = ""
 
 
-def python_call(text: str) -> ToolCall | None:
-    """The python tool call that ends ``text``, or None: a fenced python block, or a call of the chat
-    template's format (``tool_calls.function_call``) ``{"name": "python", "arguments": {"code": ...}}``.  A
-    native call that is not that is still a call, whose output is an error message saying what was
-    expected.  Never raises, and takes time linear in the text: generated text decides nothing about how
-    its parsing ends."""
+def python_calls(text: str) -> list[ToolCall]:
+    """The python tool calls of ``text``, in order, or [] (the turn is an answer): a fenced python block that
+    ends it, or the calls of the chat template's format (``tool_calls.function_calls``), each ``{"name":
+    "python", "arguments": {"code": ...}}``.  A native call that is not that is still a call, whose output is
+    an error message saying what was expected.  Never raises, and takes time linear in the text: generated
+    text decides nothing about how its parsing ends."""
     fenced = block_ending(text, *FENCED_CALL)
     if fenced is not None:
-        return ToolCall(fenced, native=False)
-    call = function_call(text)
-    if call is None:
-        return None
-    code = call.arguments.get("code")
-    if call.error or call.name != "python" or not isinstance(code, str):
-        return ToolCall(None, native=True, error=NATIVE_CALL_ERROR)
-    return ToolCall(code, native=True)
+        return [ToolCall("python", fenced, native=False)]
+    calls = []
+    for call in function_calls(text):
+        code = call.arguments.get("code")
+        if call.error or call.name != "python" or not isinstance(code, str):
+            calls.append(ToolCall(call.name, None, native=True, error=NATIVE_CALL_ERROR))
+        else:
+            calls.append(ToolCall(call.name, code, native=True))
+    return calls
 
 
-def tool_answer(output: ToolOutput, native: bool = True) -> Step:
-    """The step that answers a tool call with its output (cut to ``TOOL_OUTPUT_CHARS``) and lets the policy go
-    on: a native call's as a "tool" message (what the template expects), a fenced block's as a user message."""
-    text = output.text[:TOOL_OUTPUT_CHARS]
-    if native:
-        return Step(Injection(text, ROLE_POLICY, message_role="tool", tool_error=output.failed, tool_call=True))
-    return Step(Injection(f"Output:\n```\n{text}\n```", ROLE_POLICY, tool_error=output.failed, tool_call=True))
+def fenced_answer(output: ToolOutput) -> Step:
+    """The step that answers a fenced python block with its output (cut to ``TOOL_OUTPUT_CHARS``) in a user
+    message, and lets the policy go on."""
+    text = f"Output:\n```\n{output.text[:TOOL_OUTPUT_CHARS]}\n```"
+    return Step(Injection(text, ROLE_POLICY, tool_error=output.failed, tool_call=True))
+
+
+@dataclass(frozen=True)
+class ToolAnswers(Injection):
+    """The "tool" messages that answer the calls of one turn, one per call in the order of the calls
+    (``messages``), injected together: the chat template renders them as it renders consecutive tool messages
+    (Qwen's: one user turn of ``<tool_response>`` blocks).  ``text`` is their contents (the injected segment's
+    text); ``calls`` the calls that ran (each counts toward the episode's limit), ``errors`` the calls answered
+    with an error."""
+
+    messages: tuple[dict[str, str], ...] = ()
+    calls: int = 0
+    errors: int = 0
+
+
+def tool_answers(names: Sequence[str], outputs: Sequence[ToolOutput]) -> Step:
+    """The step that answers the calls of a turn in the chat template's format (``names``: the tool each names, in
+    order), as TRL does: a "tool" message per call, with the output of each call that ran (``outputs``: those of
+    the first calls, each cut to ``TOOL_OUTPUT_CHARS``), and for each call past them, which the episode's limit
+    left unrun, ``CALLS_SPENT``; the policy goes on."""
+    answers = [*outputs, *[ToolOutput(CALLS_SPENT, failed=True)] * (len(names) - len(outputs))]
+    messages = tuple(
+        {"role": "tool", "name": name[:TOOL_NAME_CHARS], "content": answer.text[:TOOL_OUTPUT_CHARS]}
+        for name, answer in zip(names, answers, strict=True)
+    )
+    text = "\n\n".join(message["content"] for message in messages)
+    errors = sum(answer.failed for answer in answers)
+    return Step(
+        ToolAnswers(
+            text,
+            ROLE_POLICY,
+            message_role="tool",
+            tool_error=errors > 0,
+            tool_call=True,
+            messages=messages,
+            calls=len(outputs),
+            errors=errors,
+        )
+    )
+
+
+def answer_tool_calls(episode: Conversation, tools: Mapping[str, FunctionTool], max_tool_calls: int) -> Step:
+    """What follows a turn of an environment whose ``tools`` the policy calls in the chat template's format: each
+    of the turn's calls (``function_calls``) answered by its tool (``call_tool``), in order, in a message of its
+    own (``tool_answers``); at most ``max_tool_calls`` calls run per episode, and a call past them is told so.
+    A turn without a call, or one made once the episode's calls are spent, is the end."""
+    if episode.tool_calls >= max_tool_calls:
+        return Step()
+    calls = function_calls(episode.turns()[-1].text)
+    if not calls:
+        return Step()
+    outputs = [call_tool(tools, call) for call in calls[: max_tool_calls - episode.tool_calls]]
+    return tool_answers([call.name for call in calls], outputs)
 
 
 @dataclass(frozen=True)
 class ToolRule(Environment):
-    """The python tool, as an environment: a turn that ends with a tool call (``python_call``) gets its output as
-    the next turn (``tool_answer``), and the policy goes on; at most ``max_tool_calls`` per conversation.  A
-    turn without a call ends it; the row's verifier scores that final turn.  ``run_python`` runs programs in
-    the code sandbox (``train/conversation_stage.sandboxed_python``): the driver runs the steps of one turn of
-    every conversation together, so their programs run together, under one time budget.  A call that cannot
-    be read or that fails comes back as an error message (``Injection.tool_error``), never as an error of the
-    run."""
+    """The python tool, as an environment: a turn that calls it (``python_calls``) gets the output of each call,
+    a fenced block's as the next user message (``fenced_answer``), the calls in the chat template's format each
+    in a "tool" message (``tool_answers``), and the policy goes on; at most ``max_tool_calls`` calls run per
+    conversation (a call past them is told so).  A turn without a call ends it; the row's verifier scores that
+    final turn.  ``run_python`` runs programs in the code sandbox (``train/conversation_stage.sandboxed_python``):
+    the driver runs the steps of one turn of every conversation together, so their programs (all a turn's) run
+    together, under one time budget.  A call that cannot be read or that fails comes back as an error message
+    (``Injection.tool_error``), never as an error of the run."""
 
     run_python: Callable[[Sequence[str]], Sequence[ToolOutput]]
     max_tool_calls: int = 2
@@ -205,25 +271,36 @@ class ToolRule(Environment):
     def step(self, episode: Conversation) -> Step:
         if episode.tool_calls >= self.max_tool_calls:
             return Step()
-        call = python_call(episode.turns()[-1].text)
-        if call is None:
+        calls = python_calls(episode.turns()[-1].text)
+        if not calls:
             return Step()
-        output = self.run_python([call.code])[0] if call.code is not None else ToolOutput(call.error, failed=True)
-        return tool_answer(output, call.native)
+        run = calls[: self.max_tool_calls - episode.tool_calls]
+        ran = iter(self.run_python([call.code for call in run if call.code is not None]))
+        outputs = [next(ran) if call.code is not None else ToolOutput(call.error, failed=True) for call in run]
+        if not calls[0].native:
+            return fenced_answer(outputs[0])
+        return tool_answers([call.name for call in calls], outputs)
+
+
+def injected_messages(injection: Injection) -> list[dict[str, str]]:
+    """The chat messages ``injection`` appends: a tool answer per call of ``ToolAnswers``, else its one message."""
+    if isinstance(injection, ToolAnswers):
+        return list(injection.messages)
+    return [{"role": injection.message_role, "content": injection.text}]
 
 
 def injected_ids(tokenizer, conversation: Conversation, injection: Injection) -> tuple[list[int], list[dict[str, str]]]:
     """The tokens that close the last generated turn and open the next one after ``injection``'s
-    message, rendered by the chat template (with the conversation's tools); and the chat with both
-    messages added.
+    messages, rendered by the chat template (with the conversation's tools); and the chat with the last
+    turn and those messages added.
 
-    The template renders the whole chat twice, with the injected message and without it; the difference
-    is the new turn and the assistant header.  Before it goes whatever the template puts after an
+    The template renders the whole chat twice, with the injected messages and without them; the difference
+    is the new turn(s) and the assistant header.  Before it goes whatever the template puts after an
     assistant message (e.g. "<|im_end|>\\n"), less the stop token the model already generated.
     """
     last = conversation.turns()[-1]
     chat = [*conversation.messages, {"role": "assistant", "content": last.text}]
-    with_message = [*chat, {"role": injection.message_role, "content": injection.text}]
+    with_message = [*chat, *injected_messages(injection)]
     controls = control_tokens(tokenizer)  # what the messages spell stays text: a tool's output cannot open a turn
     if not tokenizer.chat_template:  # plain text models: blank lines between turns
         return controls.text_ids(f"\n\n{injection.text}\n\n"), with_message
@@ -364,7 +441,8 @@ def take_step(tokenizer, c: Conversation, step: Step | Failure, *, last_turn: bo
     if injection is None:
         c.done, c.end = True, "rule"
         return
-    c.tool_errors += injection.tool_error
+    calls, errors = answered_calls(injection)
+    c.tool_errors += errors
     if last_turn:
         c.done, c.end = True, "turn_limit"
         return
@@ -380,7 +458,15 @@ def take_step(tokenizer, c: Conversation, step: Step | Failure, *, last_turn: bo
         return
     c.messages = messages
     c.segments.append(Segment(ids, [0.0] * len(ids), ROLE_INJECTED, injection.text))
-    c.next_role, c.tool_calls = injection.next_role, c.tool_calls + injection.tool_call
+    c.next_role, c.tool_calls = injection.next_role, c.tool_calls + calls
+
+
+def answered_calls(injection: Injection) -> tuple[int, int]:
+    """The tool calls ``injection`` answers that count toward the episode's limit, and those it answers with an
+    error."""
+    if isinstance(injection, ToolAnswers):
+        return injection.calls, injection.errors
+    return int(injection.tool_call), int(injection.tool_error)
 
 
 def reward_value(reward) -> float | None:

@@ -18,19 +18,20 @@ ever loaded or run) and built with no arguments; docs/environments.md says what 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from reasonrl.data.countdown import ExpressionError, Puzzle, calculate
 from reasonrl.data.examples import Example
 from reasonrl.data.guess_number import HIGHEST, LOWEST
 from reasonrl.reward.custom import RewardFunctionError, load_named
-from reasonrl.rollout.conversations import ToolRule, tool_answer
+from reasonrl.rollout.conversations import ToolRule, answer_tool_calls
 from reasonrl.rollout.episodes import ROLE_POLICY, Conversation, Environment, Injection, Observation, Step
 from reasonrl.rollout.openenv_environments import OPENENV_PREFIX, OpenEnvEnvironment
-from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput, call_tool, function_call
+from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput
 from reasonrl.rollout.trl_environments import TRLEnvironmentError, is_trl_environment, trl_environment
 
 WHOLE_NUMBER = re.compile(r"\d+")
@@ -59,8 +60,9 @@ CALCULATOR = FunctionTool(
 
 @dataclass(frozen=True)
 class Countdown(Environment):
-    """Countdown with a calculator: a turn that ends with a calculator call gets the result and the policy goes
-    on, at most ``max_tool_calls`` calls; a turn without one is the final answer, rewarded by ``finish``."""
+    """Countdown with a calculator: a turn that calls the calculator gets each call's result and the policy goes
+    on, at most ``max_tool_calls`` calls (``answer_tool_calls``); a turn without one is the final answer, rewarded
+    by ``finish``."""
 
     max_tool_calls: int = 2
     tools: ClassVar = (CALCULATOR.schema,)
@@ -69,10 +71,7 @@ class Countdown(Environment):
         return Observation(row.messages, state=Puzzle.from_reference(row.answer))
 
     def step(self, episode: Conversation) -> Step:
-        if episode.tool_calls >= self.max_tool_calls:
-            return Step()
-        call = function_call(episode.turns()[-1].text)
-        return Step() if call is None else tool_answer(call_tool({CALCULATOR.name: CALCULATOR}, call))
+        return answer_tool_calls(episode, {CALCULATOR.name: CALCULATOR}, self.max_tool_calls)
 
     def finish(self, episode: Conversation) -> float:
         return float(episode.state.solved_by(episode.turns()[-1].text))
@@ -105,8 +104,28 @@ class GuessNumber(Environment):
 
 
 SHIPPED: dict[str, type] = {"python": ToolRule, "countdown": Countdown, "guess_number": GuessNumber}
+GIVEN_PREFIX = "object:"
+"""``rollout.environment=object:<what>`` names a factory object given to ``reasonrl.train(environment=...)`` that no
+name can import (a ``functools.partial``, a callable instance): it lives in that process only."""
+GIVEN: dict[str, Any] = {}
+"""This process's factory objects by their ``rollout.environment`` (``given_environment``)."""
 
 
+def given_environment(factory: Any) -> str:
+    """The ``rollout.environment`` of a factory object this process holds (the same for an equal partial, so a
+    run continued by the same call is the same run)."""
+    inner = getattr(factory, "func", factory)
+    name = f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__name__)}"
+    arguments = [
+        *map(repr, getattr(factory, "args", ())),
+        *(f"{k}={v!r}" for k, v in getattr(factory, "keywords", {}).items()),
+    ]
+    key = f"{GIVEN_PREFIX}{name}({', '.join(arguments)})"
+    GIVEN[key] = factory
+    return key
+
+
+@functools.cache  # loaded once per process: a TRL factory is called once to describe its tools, as TRL does
 def environment_class(name: str) -> type:
     """The class of ``rollout.environment=name``: a shipped one, an OpenEnv server's (``openenv:<url>``), or the
     user's ``module:Class`` or ``path/to/file.py:Class`` (raises EnvironmentLoadError saying why it cannot be used)."""
@@ -114,10 +133,19 @@ def environment_class(name: str) -> type:
         return SHIPPED[name]
     if name.startswith(OPENENV_PREFIX):
         return OpenEnvEnvironment
-    try:
-        named = load_named(name, os.getcwd(), "environment")
-    except RewardFunctionError as exc:
-        raise EnvironmentLoadError(str(exc)) from None
+    if name.startswith(GIVEN_PREFIX):
+        if name not in GIVEN:
+            raise EnvironmentLoadError(
+                f"rollout.environment={name} is an object given to reasonrl.train(environment=...) in another process; "
+                "a process of its own (a command line, an asynchronous producer process) cannot rebuild it: give a "
+                "class or function by name ('module:Class'), or call reasonrl.train with the object again"
+            )
+        named = GIVEN[name]
+    else:
+        try:
+            named = load_named(name, os.getcwd(), "environment")
+        except RewardFunctionError as exc:
+            raise EnvironmentLoadError(str(exc)) from None
     if is_trl_environment(named):
         try:
             return trl_environment(named)
@@ -127,8 +155,8 @@ def environment_class(name: str) -> type:
     if not isinstance(named, type) or missing:
         raise EnvironmentLoadError(
             f"environment {name!r} is not a class with reset, step and finish (missing: {', '.join(missing)}); "
-            "subclass reasonrl.rollout.episodes.Environment, or give a TRL environment_factory class (reset and "
-            "tool methods, no step or finish) (docs/environments.md)"
+            "subclass reasonrl.rollout.episodes.Environment, or give a TRL environment_factory (a class with reset "
+            "and tool methods and no step or finish, or a function that makes one) (docs/environments.md)"
         )
     tools = getattr(named, "tools", ())
     if not isinstance(tools, list | tuple) or not all(isinstance(tool, dict) for tool in tools):

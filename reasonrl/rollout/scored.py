@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from reasonrl.data.examples import Example
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
 from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams
 from reasonrl.timing import timed
 
@@ -46,9 +46,12 @@ def sample_and_score(
     params: SamplingParams,
     repeats: int = 1,
     timing: dict[str, float] | None = None,
+    step: int = 0,
+    max_steps: int = 0,
 ) -> Scored:
-    """Generate ``repeats`` completions per example (consecutive) and score them; the seconds spent go
-    to ``timing``'s ``perf/generate_seconds`` and ``perf/score_seconds``."""
+    """Generate ``repeats`` completions per example (consecutive) and score them (the scorer sees their token ids
+    and the run's ``step`` of ``max_steps``: ``ScoringContext``); the seconds spent go to ``timing``'s
+    ``perf/generate_seconds`` and ``perf/score_seconds``."""
     timing = {} if timing is None else timing
     kept = [e for e in examples if encoder(e) is not None]
     expanded = [e for e in kept for _ in range(repeats)]
@@ -60,5 +63,6 @@ def sample_and_score(
         texts = (
             tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True) if completions else []
         )
-        results = pool.score_examples(expanded, texts)
+        context = ScoringContext(tuple(tuple(c.token_ids) for c in completions), step, max_steps)
+        results = pool.score_examples(expanded, texts, context)
     return Scored(expanded, prompts, completions, results)  # type: ignore[arg-type]

@@ -1,16 +1,20 @@
 """Tool calls in the chat template's own format, read from a policy turn, and the tools that answer them.
 
 Two formats, both always read (the one the model's template renders is the one it is trained to write):
-- Hermes (Qwen2.5/3, SmolLM3, Hermes models): the turn ends with
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+- Hermes (Qwen2.5/3, SmolLM3, Hermes models): each ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  block of the turn is a call, wherever it stands (reasoning before it, text after it stay in the turn); several
+  blocks are several calls, in order (Qwen models call in parallel);
 - Llama 3 (3.1-3.3 JSON tool calling): the whole turn is one JSON object ``{"name": ..., "parameters": {...}}``
   (the ``<|python_tag|>`` the model may emit first is a special token, not in the decoded text).
 
-One call per turn.  A call's name and arguments come from generated text: untrusted data.  They are parsed as
-JSON (never evaluated), checked against the tool's parameter schema (the required names, no others, each
-value fitting its schema: ``fits_schema``), and only then passed to the tool's function, which is the
-environment's own code.  A call that cannot be read, names no tool or has bad arguments is answered with an
-error message, never an error of the run.  Parsing takes time linear in the text and never raises.
+A call's name and arguments come from generated text: untrusted data.  They are parsed as JSON (never
+evaluated), checked against the tool's parameter schema (the required names, no others, each value fitting its
+schema: ``fits_schema``), and only then passed to the tool's function, which is the environment's own code.  A
+call that cannot be read, names no tool or has bad arguments is answered with an error message, never an error
+of the run.  Parsing takes time linear in the text and never raises.
+
+A chat template without a tool-call format (SmolLM2's) drops ``tools=``; ``with_tool_prompt`` writes the tools
+and the Hermes call into the chat's system message instead.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,9 +32,10 @@ HERMES_CALL = ("<tool_call>", "</tool_call>")
 LLAMA_CALL = re.compile(r'\s*\{\s*"name"\s*:')  # a turn that opens a JSON object with a name: a Llama 3 call
 CALL_FORMAT_ERROR = (
     'Error: a tool call is one JSON object {"name": <tool>, "arguments": {<name>: <value>, ...}}, '
-    "in <tool_call></tool_call> at the end of the turn"
+    "in <tool_call></tool_call>"
 )
 TOOL_OUTPUT_CHARS = 1000  # a tool's output is cut to this many characters before it is injected
+TOOL_NAME_CHARS = 100  # a name a call gives is cut to this many characters where it is shown (untrusted text)
 JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -54,6 +59,29 @@ def native_tool_format(tokenizer) -> Literal["hermes", "llama3"] | None:
     return "llama3" if "ipython" in template else None
 
 
+def hermes_tool_prompt(tools: Sequence[dict]) -> str:
+    """The tools and how to call them, for a system prompt, in the Hermes format ``function_calls`` reads (as
+    Qwen2.5's chat template writes them): each function schema as JSON in ``<tools></tools>``, then the call."""
+    schemas = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>"
+        "\n\nFor each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+        "\n</tool_call>"
+    )
+
+
+def with_tool_prompt(messages: Sequence[dict[str, str]], tools: Sequence[dict]) -> list[dict[str, str]]:
+    """The chat with the tools written into its system message (``hermes_tool_prompt``): after what its first
+    message says when that is a system message, else as a system message of their own before the chat."""
+    chat, prompt = [dict(message) for message in messages], hermes_tool_prompt(tools)
+    if chat and chat[0]["role"] == "system":
+        chat[0]["content"] = f"{chat[0]['content']}\n\n{prompt}"
+        return chat
+    return [{"role": "system", "content": prompt}, *chat]
+
+
 def block_ending(text: str, opening: str, closing: str) -> str | None:
     """What lies between the first ``opening`` and the ``closing`` that ends ``text`` (trailing whitespace
     allowed), or None.  Two string searches: a lazy regex tried from every opening is quadratic."""
@@ -65,27 +93,40 @@ def block_ending(text: str, opening: str, closing: str) -> str | None:
     return None if start < 0 else body[start + len(opening) :]
 
 
+def blocks(text: str, opening: str, closing: str) -> list[str]:
+    """What lies inside each complete ``opening`` ... ``closing`` block of ``text``, in order (an opening without
+    its closing opens none).  String searches that only move forward: time linear in the text."""
+    found, start = [], text.find(opening)
+    while start >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            break
+        found.append(text[start + len(opening) : end])
+        start = text.find(opening, end + len(closing))
+    return found
+
+
 @dataclass(frozen=True)
 class FunctionCall:
-    """A function call that ends a policy turn: the tool's name and its arguments (untrusted JSON values), or
-    why the call cannot be read (``error``, the message the model gets)."""
+    """A function call of a policy turn: the tool's name and its arguments (untrusted JSON values), or why the
+    call cannot be read (``error``, the message the model gets)."""
 
     name: str
     arguments: dict[str, Any]
     error: str = ""
 
 
-def function_call(text: str) -> FunctionCall | None:
-    """The function call that ends ``text`` in the Hermes or the Llama 3 format, or None (no call: the turn is
-    an answer).  Text that is a call but not its JSON (malformed, too deep, a number past any float, a lone
-    surrogate, a wrong shape) is a call whose ``error`` says what a call looks like."""
-    hermes = block_ending(text, *HERMES_CALL)
-    if hermes is not None:
-        payload = hermes
-    elif LLAMA_CALL.match(text):
-        payload = text
-    else:
-        return None
+def function_calls(text: str) -> list[FunctionCall]:
+    """The function calls of a turn, in order: each complete Hermes block, else the whole turn as one Llama 3
+    call; [] where it makes none (the turn is an answer).  A block or turn that is a call but not its JSON
+    (malformed, too deep, a number past any float, a lone surrogate, a wrong shape) is a call whose ``error``
+    says what a call looks like."""
+    payloads = blocks(text, *HERMES_CALL) or ([text] if LLAMA_CALL.match(text) else [])
+    return [read_call(payload) for payload in payloads]
+
+
+def read_call(payload: str) -> FunctionCall:
+    """The call a block's JSON makes, or an unreadable call (``CALL_FORMAT_ERROR``); never raises."""
     try:
         name, arguments = _name_and_arguments(payload.strip())
     except Exception:  # whatever the JSON makes the decoder raise (deep nesting: RecursionError) is a bad call
@@ -206,7 +247,8 @@ def call_tool(tools: Mapping[str, FunctionTool], call: FunctionCall) -> ToolOutp
         return ToolOutput(call.error, failed=True)
     tool = tools.get(call.name)
     if tool is None:
-        return ToolOutput(f"Error: there is no tool {call.name[:100]!r}; the tools are {', '.join(tools)}", failed=True)
+        name = call.name[:TOOL_NAME_CHARS]
+        return ToolOutput(f"Error: there is no tool {name!r}; the tools are {', '.join(tools)}", failed=True)
     if error := tool.argument_error(call.arguments):
         return ToolOutput(error, failed=True)
     try:

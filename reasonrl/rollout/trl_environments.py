@@ -1,24 +1,30 @@
 """TRL's ``environment_factory`` classes as environments, unchanged (``rollout.environment=module:Class``).
 
-TRL's contract (``GRPOTrainer(environment_factory=Class)``): a class built with no arguments, one instance per
-episode, with a ``reset(**row)`` that may return a string, public methods the model calls as tools, and an
-optional ``get_reward()``.  ``TRLEnvironment`` plays it through the ``Environment`` protocol:
+TRL's contract (``GRPOTrainer(environment_factory=...)``): something it calls with no arguments (a class, a
+function, a ``functools.partial``) for an instance per episode, with a ``reset(**row)`` that may return a string,
+public methods the model calls as tools, and an optional ``get_reward()``; its reward functions get the episodes'
+instances (``reward_func(environments, **kwargs)``).  ``TRLEnvironment`` plays it through the ``Environment`` protocol:
 
-- ``tools``: each public method's function schema, written by transformers' ``get_json_schema`` as TRL has it
-  written (a Google-style docstring with a description and an ``Args:`` line per argument, a type hint on every
-  argument); ``reset``, ``get_reward`` and ``_private`` methods are no tools.  A method it cannot describe is
-  refused when the class is loaded, naming the method and what it lacks.
+- ``tools``: each public method's function schema (of an instance made when the factory is loaded, as TRL makes
+  one), written by transformers' ``get_json_schema`` as TRL has it written (a Google-style docstring with a
+  description and an ``Args:`` line per argument, a type hint on every argument); ``reset``, ``get_reward`` and
+  ``_private`` methods are no tools.  A method it cannot describe is refused when the factory is loaded, before
+  any model, naming the method and what it lacks.
 - ``reset(row)``: a new instance for the episode (its state), whose ``reset`` gets the row as TRL passes a
   dataset row, its columns as keywords: the row's own columns (``Example.fields``), ``prompt`` the chat the
   episode starts from (a list of {role, content} messages), ``ground_truth`` the reference answer and
   ``data_source``, as reward functions get them.  A string it returns is appended to the last user message.
-- ``step(episode)``: a turn that ends with a tool call (``tool_calls.function_call``) gets the output of the
-  method it names, ``str()`` of what it returns, as a tool message; the arguments are checked against the
-  method's schema before the method sees them, and a method that raises is answered with the error
-  (``call_tool``).  A turn without a call is the answer and ends the episode, as does the
-  ``rollout.max_tool_calls``-th call.
-- ``finish(episode)``: the instance's ``get_reward()`` (awaited when it is a coroutine, as TRL allows), or,
-  without one, None: the row's verifier (or ``reward.functions``) scores the final turn.
+- ``step(episode)``: each tool call of a turn (``tool_calls.function_calls``: every ``<tool_call>`` block, as
+  TRL runs them all) gets the output of the method it names, ``str()`` of what it returns, in a tool message of
+  its own, in order (``conversations.answer_tool_calls``); the arguments are checked against the method's schema
+  before the method sees them, and a method that raises is answered with the error (``call_tool``).  At most
+  ``rollout.max_tool_calls`` calls run per episode; a call past them is told so, and a turn that calls once they
+  are spent ends the episode, as does a turn without a call (the answer).
+- ``finish(episode)``: the instance's ``get_reward()`` (awaited when it is a coroutine, as TRL allows), added to
+  what ``reward.functions`` give (TRL adds it as one more reward function, weight 1); without one, in a run with
+  no ``reward.functions``, the instance's ``reward`` attribute (what TRL's reward functions read); else None: the
+  reward functions (given the episodes' instances as ``environments``, as TRL gives them) or the row's verifier
+  score the episode.
 
 An ``async def`` tool or ``get_reward`` runs on one event loop for all episodes (``EventLoops``), within the
 driver's budget: one that runs out of time is cancelled and ends its episode (``OutOfTime``), and a loop that
@@ -39,9 +45,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from reasonrl.data.examples import Example
-from reasonrl.rollout.conversations import ENVIRONMENT_TIMEOUT_S, tool_answer
+from reasonrl.rollout.conversations import ENVIRONMENT_TIMEOUT_S, answer_tool_calls
 from reasonrl.rollout.episodes import Conversation, Environment, Observation, OutOfTime, Step, batch_started
-from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput, call_tool, function_call
+from reasonrl.rollout.tool_calls import FunctionTool, ToolOutput
 
 NOT_TOOLS = ("reset", "get_reward")
 LOOP_CHECK_S = 0.1  # how long a loop has to run a callback after an async call ran out of time, or it is blocked
@@ -51,27 +57,52 @@ class TRLEnvironmentError(ValueError):
     """A TRL environment class that cannot be played: why."""
 
 
-def is_trl_environment(cls: Any) -> bool:
-    """Whether ``cls`` is a TRL ``environment_factory`` class: a class with ``reset`` and neither of the
-    protocol's ``step`` and ``finish`` (an ``Environment`` has all three)."""
-    has = [callable(getattr(cls, method, None)) for method in ("reset", "step", "finish")]
-    return isinstance(cls, type) and has == [True, False, False]
+def is_trl_environment(named: Any) -> bool:
+    """Whether ``named`` is a TRL ``environment_factory``: a class with ``reset`` and neither of the protocol's
+    ``step`` and ``finish`` (an ``Environment`` has all three), or any other callable (a factory function, a
+    ``functools.partial``: TRL only calls it with no arguments)."""
+    if not isinstance(named, type):
+        return callable(named)
+    has = [callable(getattr(named, method, None)) for method in ("reset", "step", "finish")]
+    return has == [True, False, False]
 
 
-def tool_methods(cls: type) -> list[str]:
-    """The names of the methods TRL offers as tools: the class's public functions, but ``reset`` and
-    ``get_reward``."""
-    functions = [name for name, _ in inspect.getmembers(cls, inspect.isfunction)]
-    return [name for name in functions if not name.startswith("_") and name not in NOT_TOOLS]
+def factory_name(factory: Any) -> str:
+    """How errors name a factory: its class or function name (a partial's function's)."""
+    inner = getattr(factory, "func", factory)  # functools.partial
+    return getattr(inner, "__qualname__", None) or type(factory).__name__
 
 
-def method_schema(cls: type, name: str) -> dict:
+def probe(factory: Callable[[], Any]) -> Any:
+    """An instance of the factory's environment (TRL makes one the same way before training), checked to have a
+    ``reset``; raises TRLEnvironmentError saying why there is none."""
+    name = factory_name(factory)
+    try:
+        instance = factory()
+    except Exception as exc:
+        raise TRLEnvironmentError(
+            f"calling {name}() with no arguments failed ({type(exc).__name__}: {exc}); TRL's environment_factory is "
+            "something it calls with no arguments: a class whose __init__ takes none, a function, a functools.partial"
+        ) from None
+    if not callable(getattr(instance, "reset", None)):
+        raise TRLEnvironmentError(f"{name}() made a {type(instance).__name__} without a reset method")
+    return instance
+
+
+def tool_methods(instance: Any) -> list[str]:
+    """The names of the methods TRL offers as tools: the instance's public bound methods (as TRL finds them with
+    ``inspect.getmembers(instance, inspect.ismethod)``), but ``reset`` and ``get_reward``."""
+    members = [name for name, _ in inspect.getmembers(instance, inspect.ismethod)]
+    return [name for name in members if not name.startswith("_") and name not in NOT_TOOLS]
+
+
+def method_schema(instance: Any, name: str) -> dict:
     """The function schema of method ``name``, written by ``get_json_schema`` (TRL's own way); raises
     TRLEnvironmentError saying what the method lacks."""
     from transformers.utils import get_json_schema
 
     try:
-        return get_json_schema(getattr(cls, name))
+        return get_json_schema(getattr(instance, name))
     except Exception as exc:  # transformers' DocstringParsingException, TypeHintParsingException
         raise TRLEnvironmentError(
             f"its method {name} cannot be a tool: {exc}. A tool method needs a docstring with a description and an "
@@ -80,12 +111,20 @@ def method_schema(cls: type, name: str) -> dict:
         ) from None
 
 
-def trl_environment(cls: type) -> type[TRLEnvironment]:
-    """The environment class that plays TRL class ``cls`` (named as it is), its tools described; raises
-    TRLEnvironmentError for a method that cannot be described."""
-    tools = tuple(method_schema(cls, name) for name in tool_methods(cls))
-    body = {"factory": cls, "tools": tools, "__module__": cls.__module__, "__doc__": cls.__doc__}
-    return type(cls.__name__, (TRLEnvironment,), body)
+def trl_environment(factory: Callable[[], Any]) -> type[TRLEnvironment]:
+    """The environment class that plays TRL factory ``factory`` (a class, a function, a partial; named as it is),
+    its tools described from an instance it makes (as TRL does); raises TRLEnvironmentError for a factory that
+    makes none, or a method that cannot be described."""
+    instance = probe(factory)
+    tools = tuple(method_schema(instance, name) for name in tool_methods(instance))
+    body = {
+        "factory": staticmethod(factory),
+        "tools": tools,
+        "rewards_itself": callable(getattr(instance, "get_reward", None)),
+        "__module__": getattr(factory, "__module__", None) or __name__,
+        "__doc__": getattr(factory, "__doc__", None),
+    }
+    return type(factory_name(factory).rsplit(".", 1)[-1], (TRLEnvironment,), body)
 
 
 class EventLoops:
@@ -175,33 +214,42 @@ def with_observation(messages: Sequence[dict[str, str]], text: str) -> list[dict
 
 
 class TRLEnvironment(Environment):
-    """A TRL ``environment_factory`` class (``factory``) played as an environment; ``trl_environment`` makes the
-    subclass of one class, with its ``tools``."""
+    """A TRL ``environment_factory`` (``factory``: a class, a function, a partial) played as an environment;
+    ``trl_environment`` makes the subclass of one factory, with its ``tools``.
 
-    factory: ClassVar[type]
+    The end's reward (``finish``): the instance's ``get_reward()`` when it has one (TRL adds it to the reward
+    functions with weight 1); else, in a run with no ``reward.functions`` (``reads_reward_attribute``), its
+    ``reward`` attribute, which TRL's reward functions read (``[env.reward for env in environments]``); else None:
+    the run's reward functions, or the verifier, score the episode (also where an instance has no ``reward``)."""
+
+    factory: ClassVar[Callable[[], Any]]
     tools: ClassVar[Sequence[dict]] = ()
+    rewards_itself: ClassVar[bool] = False
+    """Its instances have a ``get_reward``."""
 
-    def __init__(self, max_tool_calls: int = 2, timeout_s: float = ENVIRONMENT_TIMEOUT_S) -> None:
+    def __init__(
+        self, max_tool_calls: int = 2, timeout_s: float = ENVIRONMENT_TIMEOUT_S, reads_reward_attribute: bool = False
+    ) -> None:
         self.max_tool_calls, self.timeout_s = max_tool_calls, timeout_s
+        self.reads_reward_attribute = reads_reward_attribute and not self.rewards_itself
 
     def reset(self, row: Example) -> Observation:
         instance = self.factory()
         shown = instance.reset(**reset_columns(row, instance.reset))
         if shown is not None and not isinstance(shown, str):
             raise TypeError(
-                f"{self.factory.__name__}.reset returned a {type(shown).__name__}; it returns a str or None"
+                f"{factory_name(self.factory)}.reset returned a {type(shown).__name__}; it returns a str or None"
             )
         return Observation(with_observation(row.messages, shown) if shown else row.messages, state=instance)
 
     def step(self, episode: Conversation) -> Step:
-        if episode.tool_calls >= self.max_tool_calls:
-            return Step()
-        call = function_call(episode.turns()[-1].text)
-        return Step() if call is None else tool_answer(call_tool(self.bound_tools(episode.state), call))
+        return answer_tool_calls(episode, self.bound_tools(episode.state), self.max_tool_calls)
 
     def finish(self, episode: Conversation) -> float | None:
         get_reward = getattr(episode.state, "get_reward", None)
-        return None if get_reward is None else resolved(get_reward(), self.timeout_s)  # the driver checks the value
+        if get_reward is not None:
+            return resolved(get_reward(), self.timeout_s)  # the driver checks the value
+        return getattr(episode.state, "reward", None) if self.reads_reward_attribute else None
 
     def bound_tools(self, instance: Any) -> dict[str, FunctionTool]:
         """The tools of an episode by name: each schema answered by that method of the episode's instance (a

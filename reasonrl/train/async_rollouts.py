@@ -329,7 +329,7 @@ class AsyncRollouts:
         if self.gpu is not None:
             log.info("the rollout producer generates on GPU %s, apart from the trainer", self.gpu)
         if self.share_cores:
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - self.cfg.rollout.producer_threads))
+            torch.set_num_threads(max(1, self.trainer_threads - self.cfg.rollout.producer_threads))  # of those chosen
 
     def start_thread(self, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
         """The producer as a thread of this process, generating through ``engine_versions``."""

@@ -17,6 +17,7 @@ and as any environment's (``rollout.multiturn=tool|env``, docs/environments.md):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 
@@ -25,6 +26,7 @@ import torch
 from reasonrl.algo.pag import pag_attempt_rewards, pag_verify_rewards
 from reasonrl.batch import RolloutBatch, TurnLabels, pad_rows
 from reasonrl.data.loaders import DataError
+from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout.conversations import (
@@ -45,10 +47,14 @@ from reasonrl.rollout.conversations import (
 from reasonrl.rollout.environments import Countdown, environment_class
 from reasonrl.rollout.episodes import batch_started
 from reasonrl.rollout.openenv_environments import OPENENV_PREFIX, OpenEnvEnvironment
+from reasonrl.rollout.tool_calls import hermes_tool_prompt, with_tool_prompt
 from reasonrl.rollout.trl_environments import TRLEnvironment
 from reasonrl.timing import timed
+from reasonrl.train.episode_rewards import EpisodeRewards, EpisodeScore
 from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, hash_seed
 from reasonrl.train.rollout_stats import finished_stats
+
+log = logging.getLogger(__name__)
 
 TOOL_CHECK = "assert 1 == 1"  # the sandbox runs a program against tests; a tool call has none to pass
 
@@ -86,7 +92,7 @@ def environment_name(rollout) -> str | None:
     return "python" if rollout.multiturn == "tool" else rollout.environment
 
 
-def build_environment(rollout, evaluation: bool = False) -> Environment:
+def build_environment(rollout, evaluation: bool = False, reward_functions: Sequence[str] = ()) -> Environment:
     """The environment of ``rollout.multiturn`` (a RolloutConfig): PAG's or its baseline's rule, or the
     environment ``rollout.environment`` names (a shipped one with its settings, or a user's class; a TRL class
     with ``rollout.max_tool_calls``)."""
@@ -106,16 +112,73 @@ def build_environment(rollout, evaluation: bool = False) -> Environment:
         return OpenEnvEnvironment.connect(name, rollout.environment_timeout_seconds)
     environment = environment_class(name)
     if issubclass(environment, TRLEnvironment):
-        return environment(rollout.max_tool_calls, rollout.environment_timeout_seconds)
+        played = environment(rollout.max_tool_calls, rollout.environment_timeout_seconds, not reward_functions)
+        if played.reads_reward_attribute:
+            log.info(
+                "%s has no get_reward and the run no reward.functions: each episode's reward is its instance's "
+                "reward attribute at the end, where it has one (what TRL's reward functions read)",
+                name,
+            )
+        return played
     return environment()
 
 
 def prompt_tools(rollout, tokenizer) -> list[dict] | None:
-    """The function schemas every prompt advertises: the environment's tools, where the chat template has a
-    tool-call format (else None: the system prompt says how to call them, a fenced python block say)."""
+    """The function schemas the chat template renders into every prompt: the environment's tools, where the
+    template has a tool-call format (else None: ``episode_encoder`` writes them into the system prompt)."""
     name = environment_name(rollout)
     tools = getattr(environment_class(name), "tools", ()) if name is not None else ()
     return list(tools) if tools and native_tool_format(tokenizer) else None
+
+
+class ToolPromptEncoder(PromptEncoder):
+    """The prompts of ``encoder`` with ``tools`` written into each chat's system message, in the Hermes format the
+    parser reads (``tool_calls.with_tool_prompt``): for a chat template without a tool-call format, which drops
+    ``tools=``."""
+
+    def __init__(self, encoder: PromptEncoder, tools: Sequence[dict]) -> None:
+        super().__init__(
+            encoder.tokenizer,
+            encoder.template,
+            encoder.max_prompt_tokens,
+            encoder.system_prompt,
+            None,
+            encoder.processor,
+        )
+        self.written_tools = list(tools)
+
+    def messages(self, example) -> list[dict[str, str]]:
+        return with_tool_prompt(super().messages(example), self.written_tools)
+
+
+def episode_encoder(encoder: PromptEncoder, tools: Sequence[dict], announce: bool = True) -> PromptEncoder:
+    """The prompt encoder of episodes whose environment offers ``tools``: the run's ``encoder``, whose chat template
+    renders them where it has a tool-call format (``prompt_tools``); where it has none (SmolLM2's), one that writes
+    them and the call into every system message (``ToolPromptEncoder``), unless data.system_prompt is set: that is
+    kept as written, to say how to call them itself.  Either fallback is logged (``announce``)."""
+    if not tools or native_tool_format(encoder.tokenizer):
+        return encoder
+    names = ", ".join(tool["function"]["name"] for tool in tools)
+    if encoder.system_prompt and not announce:
+        return encoder
+    if encoder.system_prompt:
+        log.info(
+            "the chat template has no tool-call format, and data.system_prompt is kept as written: it alone tells "
+            'the model how to call the tools (%s); the calls read are <tool_call>{"name": ..., "arguments": '
+            "{...}}</tool_call> blocks. Unset data.system_prompt to have the tools written into the system prompt",
+            names,
+        )
+        return encoder
+    if not announce:
+        return ToolPromptEncoder(encoder, tools)
+    tokens = len(encoder.tokenizer(hermes_tool_prompt(tools), add_special_tokens=False)["input_ids"])
+    log.info(
+        "the chat template has no tool-call format: the tools (%s) and how to call them (<tool_call> blocks) are "
+        "written into the system prompt, %d tokens of rollout.max_prompt_tokens",
+        names,
+        tokens,
+    )
+    return ToolPromptEncoder(encoder, tools)
 
 
 def generated_turns(rollout) -> int:
@@ -136,14 +199,19 @@ def conversation_token_cap(rollout) -> int:
 
 class ConversationCollector:
     """Produces each step's batch of multi-turn conversations (``rollout.multiturn``), reusing the
-    synchronous collector's engine, stream, prompt encoder and scorer."""
+    synchronous collector's engine, stream, prompt encoder (``episode_encoder``: with the environment's tools in
+    the system prompt where the chat template cannot render them) and scorer."""
 
     def __init__(self, synchronous: RolloutCollector) -> None:
         self.synchronous, self.alpha = synchronous, synchronous.settings.algo.revision_bonus
         rollout = synchronous.settings.rollout
-        self.protocol, self.environment = rollout.multiturn, build_environment(rollout)
+        reward_functions = synchronous.settings.reward.functions
+        self.protocol, self.environment = rollout.multiturn, build_environment(rollout, False, reward_functions)
+        self.encoder = episode_encoder(synchronous.encoder, getattr(self.environment, "tools", ()))
         self.max_turns, self.token_cap = generated_turns(rollout), conversation_token_cap(rollout)
         self.timeout_s = rollout.environment_timeout_seconds
+        settings = synchronous.settings
+        self.end_rewards = EpisodeRewards(settings.reward, synchronous.pool, settings.rollout_steps)
 
     @property
     def stream(self) -> TrainingStream:
@@ -155,16 +223,16 @@ class ConversationCollector:
         # 1. prompts, G episodes each (stream = row: an episode samples the same in any batch)
         rows = [e for e in self.prompts(step) for _ in range(c.group_size)]
         params = c.sampling_params(hash_seed(c.settings.seed, step if seed_step is None else seed_step, 1))
-        conversations, flat, results = self.play(rows, params, generated)
+        conversations, flat, results = self.play(rows, params, generated, step)
         generated.check_scoring(step, c.settings.reward.max_error_fraction)
         # 4. per-turn rewards on each turn's last token
         tensors = conversation_tensors(conversations, c.tokenizer.pad_token_id)
-        last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}  # later attempts overwrite
         if self.protocol in ("pag", "direct"):
+            last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}  # later attempts overwrite
             turn_rewards, stats = self.turn_rewards(conversations, tensors.turn_ends, [r.correct for r in results])
             correct = [last_result[row].correct for row in range(len(conversations))]
         else:
-            turn_rewards, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, last_result)
+            turn_rewards, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, flat)
         batch = self.batch(conversations, tensors, turn_rewards, correct)
         return batch, {
             **stats,
@@ -172,18 +240,22 @@ class ConversationCollector:
             **generated.stats(),
         }
 
-    def play(self, rows: Sequence, params, generated: Generated) -> tuple[list[Conversation], list, list[RewardResult]]:
-        """Episode i on ``rows[i]``, generated and scored: the conversations, the (row, turn) pairs the verifier
-        read and its results (step 1's episodes started, steps 2 and 3 of ``collect``)."""
+    def play(
+        self, rows: Sequence, params, generated: Generated, step: int = 0
+    ) -> tuple[list[Conversation], list, list[RewardResult]]:
+        """Episode i on ``rows[i]``, generated and scored (step 1's episodes started, steps 2 and 3 of ``collect``):
+        the conversations, then PAG's (row, turn) pairs the verifier read and its results, or an environment's
+        ``EpisodeScore`` per episode and their results."""
         c = self.synchronous
-        chats = [dataclasses.replace(e, messages=tuple(c.encoder.messages(e))) for e in rows]
+        chats = [dataclasses.replace(e, messages=tuple(self.encoder.messages(e))) for e in rows]
         conversations = start_conversations(
             self.environment,
             c.tokenizer,
             chats,
-            max_prompt_tokens=c.encoder.max_prompt_tokens,
+            max_prompt_tokens=self.encoder.max_prompt_tokens,
             timeout_s=self.timeout_s,
         )
+        prompt_messages = [len(x.messages) for x in conversations]  # what a reward function's completion follows
         # 2. generate turn by turn
         with timed(generated.timing, "perf/generate_seconds"):
             run_conversations(
@@ -191,16 +263,14 @@ class ConversationCollector:
                 max_turns=self.max_turns, max_response_tokens=self.token_cap, timeout_s=self.timeout_s,
             )  # fmt: skip
         generated.calls.append([len(t.token_ids) for x in conversations for t in x.turns()])
-        # 3. the verifier reads every attempt (pag, direct), or the final turn of an environment's episode that
-        # the environment does not reward at its end
-        pag = self.protocol in ("pag", "direct")
-        judged = [
-            x.turns(ROLE_POLICY) if pag else x.turns()[-1:] if x.final_reward is None and not x.error else []
-            for x in conversations
-        ]
-        flat = [(row, a) for row, turns in enumerate(judged) for a in turns]
+        # 3. PAG: the verifier reads every attempt; an environment: its rewards of each episode's end
         with timed(generated.timing, "perf/score_seconds"):
-            results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
+            if self.protocol in ("pag", "direct"):
+                flat = [(row, a) for row, x in enumerate(conversations) for a in x.turns(ROLE_POLICY)]
+                results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
+            else:
+                flat = self.end_rewards.score(rows, conversations, prompt_messages, step)
+                results = [score.result for score in flat]
         generated.results += results
         return conversations, flat, results
 
@@ -211,10 +281,9 @@ class ConversationCollector:
         tool calls and failures (``eval/turns_mean``...)."""
         if not examples:  # a dataset with no held-out row scores as the single-turn evaluation does
             return {"eval/accuracy": 0.0, "eval/response_length": 0.0}
-        conversations, flat, results = self.play(examples, params, Generated())
+        conversations, scores, _ = self.play(examples, params, Generated())
         tensors = conversation_tensors(conversations, self.synchronous.tokenizer.pad_token_id)
-        last_result = {row: r for (row, _), r in zip(flat, results, strict=True)}
-        _, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, last_result)
+        _, correct, stats = self.episode_rewards(conversations, tensors.turn_ends, scores)
         count = max(1, len(conversations))
         return {
             "eval/accuracy": sum(correct) / count,
@@ -227,40 +296,32 @@ class ConversationCollector:
         c, wanted = self.synchronous, self.synchronous.settings.rollout.rollout_prompts
         examples: list = []
         for _ in range(MAX_SKIPPED_PROMPTS):
-            examples += [e for e in c.stream.take(wanted - len(examples), step) if c.encoder(e) is not None]
+            examples += [e for e in c.stream.take(wanted - len(examples), step) if self.encoder(e) is not None]
             if len(examples) == wanted:
                 return examples
         raise DataError(
             f"{MAX_SKIPPED_PROMPTS} draws of prompts left the step short of rollout.rollout_prompts={wanted}: "
-            f"nearly every prompt is longer than rollout.max_prompt_tokens={c.encoder.max_prompt_tokens}; raise it"
+            f"nearly every prompt is longer than rollout.max_prompt_tokens={self.encoder.max_prompt_tokens}; raise it"
         )
 
     def episode_rewards(
-        self, conversations: Sequence[Conversation], turn_ends, scored: dict[int, RewardResult]
+        self, conversations: Sequence[Conversation], turn_ends, scores: Sequence[EpisodeScore]
     ) -> tuple[torch.Tensor, list[bool], dict[str, float]]:
         """[B, T] rewards of an environment's episodes, each on its turn's last token: the turn's own reward
-        (``Step.reward``), and on the final turn the end's: the environment's (``finish``), else the verifier's
-        score of that turn (``scored`` by row) mapped to [reward.incorrect_score, reward.correct_score].  An
-        episode the environment failed gets 0 everywhere.  Also each row's ``correct``: the verifier's verdict,
-        else whether the episode's return is positive; and the episodes' metrics."""
-        reward = self.synchronous.settings.reward
+        (``Step.reward``), and on the final turn the end's (``EpisodeRewards``: the environment's, the reward
+        functions', the verifier's).  An episode the environment failed gets 0 everywhere.  Also each row's
+        ``correct`` (the end's verdict) and the episodes' metrics."""
         width = max(1, max(x.response_length for x in conversations))
         rewards = torch.zeros(len(conversations), width)
         correct = []
-        for row, x in enumerate(conversations):
+        for row, (x, score) in enumerate(zip(conversations, scores, strict=True)):
             if x.error:
                 correct.append(False)
                 continue
             for end, turn_reward in zip(turn_ends[row], x.rewards, strict=True):
                 rewards[row, end] += turn_reward
-            result = scored.get(row)
-            if result is None:
-                rewards[row, turn_ends[row][-1]] += x.final_reward
-                correct.append(bool(rewards[row].sum() > 0))
-            else:
-                span = reward.correct_score - reward.incorrect_score
-                rewards[row, turn_ends[row][-1]] += reward.incorrect_score + span * float(result.score)
-                correct.append(result.correct)
+            rewards[row, turn_ends[row][-1]] += score.end_reward
+            correct.append(score.correct)
             if not torch.isfinite(rewards[row].sum()):  # turn rewards that add up past float32: this episode fails
                 x.fail(f"its rewards {x.rewards} sum past float32's range"[:200])
                 rewards[row], correct[-1] = 0.0, False

@@ -44,11 +44,12 @@ from reasonrl.train.metrics import (
 from reasonrl.train.offline_steps import REFERENCE_CACHE, compute_reference, offline_step
 from reasonrl.train.parallel import RemoteWorkers, join_data_parallel
 from reasonrl.train.policy import TokenLogprobs, head_tokens
-from reasonrl.train.report import CRITIC_PANELS, plot_metrics, write_summary
+from reasonrl.train.report import CRITIC_PANELS, accuracy_meaning, plot_metrics, write_summary
 from reasonrl.train.rollout_stage import hash_seed
 from reasonrl.train.rollout_stats import ground_truth_stats
 from reasonrl.train.run_health import engine_gap
 from reasonrl.train.rundir import RunRecord, claim, custom_objects, script_functions
+from reasonrl.train.sample_log import SampleLog, step_samples
 from reasonrl.train.setup import Run, data_spec, setup
 from reasonrl.train.step import first_epoch_row_groups
 from reasonrl.train.trackers import Tracker, open_trackers
@@ -85,12 +86,13 @@ def evaluate(run: Run) -> dict[str, float]:
     if run.held_out_episodes is not None:
         with timed(timing, "perf/eval_seconds"):
             episodes = run.held_out_episodes.evaluate(examples, params)
-        return {**episodes, **timing}
+        return {**episodes, "eval/prompts": float(len(examples)), **timing}
     with timed(timing, "perf/eval_seconds"):
         scored = sample_and_score(run.engine, run.tokenizer, run.pool, run.encoder, examples, params)
     lengths = [len(c.token_ids) for c in scored.completions]
     return {
         "eval/accuracy": sum(r.correct for r in scored.results) / max(1, len(scored.results)),
+        "eval/prompts": float(len(scored.results)),  # over-long prompts are skipped
         "eval/response_length": sum(lengths) / max(1, len(lengths)),
         **ground_truth_stats(scored.results, "eval"),
         **timing,
@@ -251,6 +253,8 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
             batch.values = run.critic.values(batch, values_tally := ForwardTally("values"))
         metrics |= run.parallel.sum_metrics(values_tally.metrics())
     metrics |= assign_advantages(batch, cfg.algo, kl_coef)
+    if run.sample_log is not None:  # a few samples as text, before the update (their advantages are the update's)
+        run.sample_log.write(step, step_samples(batch, run.tokenizer, cfg.run.log_samples, seed))
     phase(UPDATE_PHASE)
     if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
         run.engine.sleep()
@@ -374,6 +378,8 @@ def _train(
         if main:
             run.trackers = [*open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg)), *trackers]
         writer = MetricsWriter(run_dir, start_step, trackers=run.trackers) if main else None
+        if main and cfg.run.log_samples:
+            run.sample_log = SampleLog(run_dir, start_step, writer.trackers)
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")
         if start_step == 0:
@@ -431,9 +437,10 @@ def _train(
             "overrides": list(overrides),
             "model": cfg.model.name_or_path,
             "steps": total,
-            "eval_prompts": cfg.data.eval_prompts,
+            "eval_prompts": int(after.get("eval/prompts", cfg.data.eval_prompts)),  # those evaluated
             "accuracy_before": accuracy_before,
             "accuracy_after": after["eval/accuracy"],
+            "accuracy_means": accuracy_meaning(cfg),
             "wall_seconds": elapsed_before + time.perf_counter() - started,
             "peak_rss_gb": peak_rss_gb(),
             "plot": PLOT_NAME,

@@ -29,7 +29,7 @@ from torch import Tensor
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError
 from reasonrl.data.examples import Example
-from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
 from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, share_params
 from reasonrl.rollout.shards import split_at_group_boundaries
 
@@ -279,9 +279,13 @@ class ShardedScorer:
     def __init__(self, scorer: Scorer, parallel: DataParallel) -> None:
         self.scorer, self.parallel = scorer, parallel
 
-    def score_examples(self, examples: Sequence[Example], responses: Sequence[str]) -> list[RewardResult]:
+    def score_examples(
+        self, examples: Sequence[Example], responses: Sequence[str], context: ScoringContext | None = None
+    ) -> list[RewardResult]:
         mine = self.parallel.share(len(responses))
-        local = self.scorer.score_examples([examples[i] for i in mine], [responses[i] for i in mine])
+        local = self.scorer.score_examples(
+            [examples[i] for i in mine], [responses[i] for i in mine], None if context is None else context.rows(mine)
+        )
         return [result for part in self.parallel.gather(local) for result in part]
 
     def close(self) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
+
+from reasonrl.config import Config
+from reasonrl.reward.custom import VERIFIER_TERM
 
 # (title, metric keys drawn on that panel)
 PANELS: list[tuple[str, list[str]]] = [
@@ -60,12 +64,11 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """``summary.json`` (machine-readable) and ``summary.md`` (for people)."""
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     before, after = summary.get("accuracy_before"), summary.get("accuracy_after")
+    command = ["reasonrl", "train", summary["preset"], *summary.get("overrides", [])]
     lines = [
         f"# {summary['preset']} on {summary['model']}",
         "",
-        f"- held-out accuracy (greedy, {summary['eval_prompts']} prompts): "
-        f"{_pct(before)} before → {_pct(after)} after"
-        + (f" ({(after - before) * 100:+.1f} points)" if before is not None and after is not None else ""),
+        _accuracy_line(summary["eval_prompts"], before, after, summary.get("accuracy_means", "")),
         f"- rollout steps: {summary['steps']}; wall time {summary['wall_seconds'] / 60:.1f} min; "
         f"peak RSS {summary['peak_rss_gb']:.2f} GB",
         f"- curves: `{summary['plot']}`; metrics: `metrics.jsonl`; TensorBoard: `tensorboard/`",
@@ -80,9 +83,34 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
         ),
         f"- trained model (Hugging Face format): `{summary['final_model']}`",
         "",
-        f"Reproduce: `{' '.join(['reasonrl train', summary['preset'], *summary.get('overrides', [])])}`",
+        f"Reproduce: `{shlex.join(command)}`",  # each setting quoted as a shell needs it: lists, spaces
     ]
     (run_dir / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def accuracy_meaning(cfg: Config) -> str:
+    """What a run's accuracy counts (``reward/accuracy``, ``eval/accuracy``), as its summary and the command line
+    say it: a verdict (the verifier's, a reward function's), an environment's success, or a reward above 0.5."""
+    functions = cfg.reward.functions
+    if cfg.rollout.multiturn in ("env", "tool"):
+        return "episodes solved: the verifier's verdict where it scores, else a function's, else a positive return"
+    if cfg.rollout.multiturn in ("pag", "direct"):
+        return "the verifier's verdict on the last attempt"
+    if functions and VERIFIER_TERM not in functions:
+        return "a reward function's verdict (verl's acc) where one gives it, else the summed reward above 0.5"
+    return "the verifier's verdict (a judge's or reward model's score above 0.5 for the prompts they score)"
+
+
+def _accuracy_line(prompts: int, before: float | None, after: float | None, meaning: str = "") -> str:
+    """The held-out accuracy before and after, over the ``prompts`` held-out prompts evaluated (none: not measured),
+    and what it counts (``accuracy_meaning``)."""
+    if not prompts:
+        return "- held-out accuracy: not measured (no held-out prompt was evaluated)"
+    change = f" ({(after - before) * 100:+.1f} points)" if before is not None and after is not None else ""
+    counted = f"; accuracy = {meaning}" if meaning else ""
+    return (
+        f"- held-out accuracy (greedy, {prompts} prompts): {_pct(before)} before → {_pct(after)} after{change}{counted}"
+    )
 
 
 def _pct(value: float | None) -> str:

@@ -28,7 +28,7 @@ from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.reward.custom import VERIFIER_TERM
 from reasonrl.reward.format import FormatVerifier
-from reasonrl.reward.verifier_protocol import RewardResult, Scorer
+from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
 from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
@@ -104,11 +104,13 @@ class RolloutSettings:
     seed: int
     prompts_per_generation_pass: int
     overlong_cache_tokens: int | None
+    rollout_steps: int = 0
+    """train.rollout_steps: the run's last step, as reward functions read it (``trainer_state.max_steps``)."""
 
     @classmethod
     def of(cls, cfg: Config, plan: Plan) -> RolloutSettings:
         seed, per_pass, overlong_cache = cfg.run.seed, plan.prompts_per_generation_pass, plan.overlong_cache_tokens
-        return cls(cfg.rollout, cfg.algo, cfg.reward, seed, per_pass, overlong_cache)
+        return cls(cfg.rollout, cfg.algo, cfg.reward, seed, per_pass, overlong_cache, cfg.train.rollout_steps)
 
 
 class RolloutCollector:
@@ -224,7 +226,7 @@ class RolloutCollector:
             examples = self.stream.take(self.settings.prompts_per_generation_pass, step)
             # 4–5: sample G responses per prompt from π_old and score them
             seed = hash_seed(self.settings.seed, seed_step, len(generated.calls) + 1)
-            scored = self.generation_pass(examples, seed, generated.timing)
+            scored = self.generation_pass(examples, seed, generated.timing, step)
             rewards, generated.reward_stats = self.shaped_rewards(scored)
             generated.add(scored)
             # 6: drop the groups whose accuracy is all 0 or all 1 (eq 11); buffer the others
@@ -236,13 +238,16 @@ class RolloutCollector:
         generated.check_scoring(step, self.settings.reward.max_error_fraction)
         return buffer[:wanted]
 
-    def generation_pass(self, examples: Sequence[Example], seed: int, timing: dict[str, float]) -> Scored:
-        """G scored responses to each of ``examples`` (over-long prompts skipped); an error if none is left.
-        The seconds spent generating and scoring are added to ``timing``."""
+    def generation_pass(
+        self, examples: Sequence[Example], seed: int, timing: dict[str, float], step: int = 0
+    ) -> Scored:
+        """G scored responses to each of ``examples`` (over-long prompts skipped) for rollout ``step``; an error if
+        none is left.  The seconds spent generating and scoring are added to ``timing``."""
         params, repeats = self.sampling_params(seed), self.group_size
         scored = sample_and_score(
-            self.engine, self.tokenizer, self.pool, self.encoder, examples, params, repeats, timing
-        )
+            self.engine, self.tokenizer, self.pool, self.encoder, examples, params, repeats, timing,
+            step, self.settings.rollout_steps,
+        )  # fmt: skip
         if not scored.completions:
             raise DataError(
                 f"all {len(examples)} prompts of a generation pass are longer than "
@@ -331,7 +336,10 @@ class PoolCollector:
             texts = collector.tokenizer.batch_decode(
                 [c.token_ids for c in scored.completions], skip_special_tokens=True
             )
-            scored.results = collector.pool.score_examples(scored.examples, texts) if finished else []
+            context = ScoringContext(
+                tuple(tuple(c.token_ids) for c in scored.completions), step, collector.settings.rollout_steps
+            )
+            scored.results = collector.pool.score_examples(scored.examples, texts, context) if finished else []
         rewards = torch.zeros(len(sequences))
         results = [RewardResult(0.0, False) for _ in sequences]
         if finished:

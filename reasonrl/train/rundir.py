@@ -56,9 +56,13 @@ RESUMABLE_KEYS = (
     "train.memory_check",
     "train.offload_optimizer",
     "rollout.engine",
+    "run.threads",
+    "run.log_samples",
+    "train.constant_reward_stop_steps",
 )
-"""Settings a resumed run may change: how long it runs, how often it evaluates and saves, and knobs
-that trade memory or speed without changing what is learnt (and when failing reward calls stop the run)."""
+"""Settings a resumed run may change: how long it runs, how often it evaluates and saves, what it logs, and knobs
+that trade memory or speed without changing what is learnt (and when failing reward calls, or rewards that never
+vary, stop the run)."""
 
 LOCATION_KEYS = ("run.output_dir", "run.name", "run.resume")
 """Where the directory is and whether to resume: the directory itself, not its run's settings."""
@@ -126,10 +130,11 @@ SCRIPT_MODULE = "__main__"
 
 def script_functions(cfg: Config) -> list[str]:
     """How ``run.json`` names the reward functions and the environment of ``cfg`` that live in the script which
-    runs it (``__main__:name``, as the Python API names an object defined there): no command line can rebuild
-    them."""
+    runs it (``__main__:name``, as the Python API names an object defined there, or ``object:...``, a factory
+    object it holds): no command line can rebuild them."""
     named = [*(("reward function", spec) for spec in cfg.reward.functions), ("environment", cfg.rollout.environment)]
-    return [f"{kind} {spec}" for kind, spec in named if spec and spec.startswith(f"{SCRIPT_MODULE}:")]
+    held = (f"{SCRIPT_MODULE}:", "object:")  # a script's, or an object the Python API holds (rollout.environments)
+    return [f"{kind} {spec}" for kind, spec in named if spec and spec.startswith(held)]
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -20,7 +20,7 @@ from reasonrl.config import Config, ConfigError, Plan, resolve
 from reasonrl.config.plan import microbatch_token_budget, vllm_engine_options
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.data.source import DataSpec, TrainingStream
+from reasonrl.data.source import DataSpec, TrainingStream, check_held_out, check_prompt_lengths
 from reasonrl.models.forward import packing_refusal
 from reasonrl.models.load import (
     attention_implementation,
@@ -40,10 +40,13 @@ from reasonrl.reward.router import build_router
 from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.reward.verifier_protocol import Scorer, Verifier
 from reasonrl.rollout import RolloutEngine, build_engine
+from reasonrl.rollout.environments import EnvironmentLoadError, environment_class
+from reasonrl.rollout.openenv_environments import OPENENV_PREFIX
 from reasonrl.rollout.tppo_pool import RolloutPool
 from reasonrl.train.async_rollouts import AsyncRollouts, ProducerPolicy, PublishingEngine, producer_gpu
 from reasonrl.train.backend import SingleProcess, TrainedModels, TrainingBackend
-from reasonrl.train.conversation_stage import ConversationCollector, prompt_tools
+from reasonrl.train.conversation_stage import ConversationCollector, environment_name, episode_encoder, prompt_tools
+from reasonrl.train.cpu_threads import apply_threads
 from reasonrl.train.critic import CriticUpdater
 from reasonrl.train.engine_versions import EngineVersions, EvaluationEngine, ProducerEngine
 from reasonrl.train.offline_batches import OfflineData
@@ -52,6 +55,7 @@ from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.process_rewards import ProcessRewards
 from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
 from reasonrl.train.run_health import RunHealth
+from reasonrl.train.sample_log import SampleLog
 from reasonrl.train.step import PolicyUpdater, RolloutCorrection
 from reasonrl.train.trackers import Tracker, TrackerError, check_trackers
 
@@ -101,6 +105,8 @@ class Run:
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
     health: RunHealth = field(default_factory=lambda: RunHealth("engine", 0))
     """The checks that stop a run training on nothing or on weights other than its own (``run_health``)."""
+    sample_log: SampleLog | None = None
+    """Where a few samples of each step go as text (run.log_samples; rank 0 only, opened by ``fit``)."""
 
     def close(self) -> None:
         """Stop what the run started beside this process: the rollout producer, the scoring workers."""
@@ -127,7 +133,7 @@ def data_spec(cfg: Config) -> DataSpec:
         d.eval_dataset,
         d.arithmetic_digits,
         d.arithmetic_operations,
-        Fields(d.question_field, d.answer_field),
+        Fields(d.question_field, d.answer_field, answer_optional=cfg.rollout.multiturn == "env"),
         d.task_mix,
     )
 
@@ -218,13 +224,39 @@ def forward_dtype(cfg: Config) -> torch.dtype:
 
 
 def preflight(cfg: Config) -> list[RewardTerm]:
-    """What the user plugs in, checked before any model loads: the trackers' packages, and the terms of
-    ``reward.functions`` (each function imported once); a problem is a ConfigError."""
+    """What the user plugs in, checked before any model loads: the trackers' packages, the terms of
+    ``reward.functions`` (each function imported once) and the environment a run names (its class imported, a
+    TRL factory's tools described); a problem is a ConfigError of one line."""
     try:
         check_trackers(cfg.run.loggers)
-        return reward_terms(cfg.reward.functions, cfg.reward.weights)
-    except (RewardFunctionError, TrackerError) as exc:
+        terms = reward_terms(cfg.reward.functions, cfg.reward.weights)
+        name = environment_name(cfg.rollout)
+        if name is not None and not name.startswith(OPENENV_PREFIX):  # an OpenEnv server is asked when it connects
+            environment_class(name)
+        return terms
+    except (RewardFunctionError, TrackerError, EnvironmentLoadError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_prompts(cfg: Config, stream: TrainingStream, encoder: PromptEncoder) -> None:
+    """Before any model loads: refuse a run whose first training prompts are mostly longer than
+    rollout.max_prompt_tokens (a DataError naming the value that fits them), warn when some are, and say when
+    the held-out evaluation has fewer prompts than data.eval_prompts (a warning when it has none)."""
+    if cfg.algo.offline == "none" and (warning := check_prompt_lengths(stream, encoder)):
+        log.warning("%s", warning)
+    if (held_out := check_held_out(data_spec(cfg), cfg.data.eval_prompts, encoder)) is not None:
+        empty, line = held_out
+        log.log(logging.WARNING if empty else logging.INFO, "%s", line)
+
+
+def checked_encoder(cfg: Config, encoder: PromptEncoder) -> PromptEncoder:
+    """The encoder whose prompts ``check_prompts`` measures: an environment run's, with the environment's tools
+    written into the system prompt where the chat template cannot render them (``episode_encoder``: the episodes'
+    prompts; an OpenEnv server's tools are known once it is asked, so its prompts are measured without them)."""
+    name = environment_name(cfg.rollout)
+    if name is None or name.startswith(OPENENV_PREFIX):
+        return encoder
+    return episode_encoder(encoder, getattr(environment_class(name), "tools", ()), announce=False)
 
 
 def check_vision_language(cfg: Config, parallel: DataParallel) -> None:
@@ -257,12 +289,14 @@ def build_scorer(
     terms: list[RewardTerm] | None = None,
 ) -> Scorer:
     """What scores the responses: a user's ``verifier`` for every task, else the reward router of
-    ``cfg``, and with ``reward.functions`` (``terms``) their weighted sum, that scorer as the "verifier" term."""
+    ``cfg``, and with ``reward.functions`` (``terms``) their weighted sum, that scorer as the "verifier" term
+    (an environment's episodes call their reward functions themselves, with the episodes' environments:
+    ``train.episode_rewards``)."""
     if verifier is not None:
         pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
         pool = build_router(cfg.reward, cfg.model.name_or_path, dtype, device)
-    if terms:
+    if terms and cfg.rollout.multiturn not in ("env", "tool"):
         pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
     return pool
 
@@ -279,6 +313,7 @@ def setup(
     placed by ``backend`` (default: this process; FSDP2 ranks shard the models and split the engine's
     and the scorer's calls)."""
     backend = backend or SingleProcess()
+    apply_threads(cfg.run.threads)  # torch's threads: the cores other work leaves free (run.threads chooses)
     plan = resolve(cfg)
     terms = preflight(cfg)
     if cfg.rollout.max_staleness and engine is not None:
@@ -298,6 +333,9 @@ def setup(
     processor = vision_processor(cfg.model.name_or_path)
     if processor is not None:
         check_vision_language(cfg, backend.parallel)
+    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
+    encoder = prompt_encoder(cfg, tokenizer, processor)
+    check_prompts(cfg, stream, checked_encoder(cfg, encoder))  # the prompts and the held-out set, before any model
     offline = None
     if cfg.algo.offline != "none":  # a malformed file fails here, before the models load
         offline = OfflineData(
@@ -325,8 +363,6 @@ def setup(
         backend.place(reference, dtype)
     pool = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
     pool = backend.share_scorer(pool)
-    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    encoder = prompt_encoder(cfg, tokenizer, processor)
     updater = build_policy_updater(cfg, plan, policy, microbatch_tokens, backend)
     a = cfg.algo
     kl = (

@@ -40,9 +40,28 @@ class Tracker(Protocol):
         """Record one step of ``stream``."""
         ...
 
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """Record a few of one RL step's samples as text (``reasonrl.train.sample_log``)."""
+        ...
+
     def close(self) -> None:
         """Flush and finish."""
         ...
+
+
+SAMPLE_COLUMNS = ("prompt", "completion", "reward", "correct", "advantage", "response_tokens", "truncated")
+"""The columns of a samples table (a conversation's turns are in its completion)."""
+
+
+def samples_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
+    """Samples as a markdown table (TensorBoard's text panel renders it)."""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", "<br>")
+
+    rows = [f"| {' | '.join(SAMPLE_COLUMNS)} |", f"|{'---|' * len(SAMPLE_COLUMNS)}"]
+    rows += [f"| {' | '.join(cell(sample.get(c)) for c in SAMPLE_COLUMNS)} |" for sample in samples]
+    return "\n".join(rows)
 
 
 def _installed(module: str) -> bool:
@@ -96,6 +115,11 @@ class TensorBoardTracker:
             writer.add_scalar(key, value, step)
         writer.flush()
 
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        writer = self._writer(MAIN_STREAM)
+        writer.add_text("samples", samples_markdown(samples), step)
+        writer.flush()
+
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
@@ -136,6 +160,13 @@ class WandbTracker:
             self._define(f"{prefix}{key.split('/', 1)[0]}/*" if "/" in key else f"{prefix}{key}", axis)
         self.run.log({axis: step, **{f"{prefix}{k}": v for k, v in metrics.items()}})
 
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        import wandb
+
+        table = wandb.Table(columns=["step", *SAMPLE_COLUMNS], data=[[step, *(s.get(c) for c in SAMPLE_COLUMNS)]
+                                                                      for s in samples])  # fmt: skip
+        self.run.log({"rollout_step": step, "samples": table})
+
     def close(self) -> None:
         self.run.finish()
 
@@ -159,6 +190,9 @@ class MlflowTracker:
     def log(self, stream: str, step: int, metrics: Mapping[str, float]) -> None:
         prefix = "" if stream == MAIN_STREAM else f"{stream}/"
         self.mlflow.log_metrics({f"{prefix}{k}": float(v) for k, v in metrics.items()}, step=step)
+
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        self.mlflow.log_dict({"step": step, "samples": list(samples)}, f"samples/step-{step:06d}.json")
 
     def close(self) -> None:
         self.mlflow.end_run()

@@ -112,10 +112,25 @@ def test_single_split_sources_hold_out_one_in_five(tmp_path):
     path = tmp_path / "qa.jsonl"
     path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(200)))
     spec = DataSpec(dataset=str(path))
-    train = {e.question for e in training_examples(spec)}
-    held = {e.question for e in eval_examples(spec, 1000)}
-    assert train.isdisjoint(held) and len(train) + len(held) == 200 and 20 < len(held) < 60
+    train = {e.id for e in training_examples(spec)}
+    held = [e.id for e in eval_examples(spec, 1000)]
+    assert train.isdisjoint(held) and len(train) + len(held) == 200 and len(held) == 40  # one of every five rows
     assert len(benchmark_examples(str(path), None)) == 200  # `reasonrl eval` uses every row
+    # rows added at the end leave the hold-out of the rows before them as it was
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(300)))
+    assert [e.id for e in eval_examples(spec, 1000)][:40] == held
+
+
+def test_a_prompt_repeated_in_every_row_is_held_out_by_row(tmp_path):
+    # TRL's environment examples train on `[prompt] * 1000`: rows, not texts, are held out
+    path = tmp_path / "same.jsonl"
+    row = {"prompt": [{"role": "user", "content": "Guess the number."}], "answer": "7"}
+    path.write_text("".join(json.dumps(row) + "\n" for _ in range(100)))
+    spec = DataSpec(dataset=str(path))
+    train, held = training_examples(spec), eval_examples(spec, 200)
+    assert len(train) == 80 and len(held) == 20
+    assert {e.id for e in train}.isdisjoint(e.id for e in held)
+    assert [e.id for e in eval_examples(spec, 8)] == [e.id for e in held[:8]]
 
 
 def test_gsm8k_trains_on_train_and_evaluates_on_test():

@@ -15,7 +15,7 @@ class EndsWithAnswer:
 
     closed = False
 
-    def score_examples(self, examples, responses):
+    def score_examples(self, examples, responses, context=None):
         return [
             RewardResult(float(r.endswith(e.answer)), r.endswith(e.answer), {"extracted": r[-1:], "source": "math"})
             for e, r in zip(examples, responses, strict=True)
@@ -82,23 +82,45 @@ def test_trl_functions_get_the_prompt_completion_and_row_fields_as_trl_passes_th
     assert result.score == 1.0
 
 
-def test_a_function_that_raises_hangs_or_returns_the_wrong_shape_costs_that_sample_only(caplog):
+def test_a_function_that_raises_hangs_or_returns_the_wrong_shape_costs_its_call_not_the_run(caplog):
+    """A TRL-shaped function is called once per batch, as TRL calls it: when that call raises, hangs or returns
+    the wrong shape, its term is missing from the batch's samples (an error each, counted), the other terms keep
+    their values, and the next batch is scored afresh."""
     functions = [f"{FUNCTIONS}:raises_on_boom", f"{FUNCTIONS}:hangs_on_hang", f"{FUNCTIONS}:returns_a_float"]
     rewards = scorer(["verifier", *functions], timeout=1.0)
     try:
-        ok, boom, hang = rewards.score_examples([example()] * 3, ["7", "boom 7", "hang 7"])
+        fine = rewards.score_examples([example()] * 2, ["7", "ok 7"])
+        boom, also = rewards.score_examples([example()] * 2, ["boom 7", "7"])
+        (hang,) = rewards.score_examples([example()], ["hang 7"])
     finally:
         rewards.close()
-    assert ok.info["terms"] == {"verifier": 1.0, "raises_on_boom": 1.0, "hangs_on_hang": 1.0, "returns_a_float": 0.0}
-    assert list(ok.info["term_errors"]) == ["returns_a_float"]
+    every = {"verifier": 1.0, "raises_on_boom": 1.0, "hangs_on_hang": 1.0, "returns_a_float": 0.0}
+    for ok in fine:
+        assert ok.info["terms"] == every
+        assert list(ok.info["term_errors"]) == ["returns_a_float"]
     assert "returns_a_float: TypeError: returned 1.0; a TRL-style reward function returns a list" in ok.info["error"]
-    assert boom.score == 2.0 and list(boom.info["term_errors"]) == ["raises_on_boom", "returns_a_float"]
-    assert "raises_on_boom: ValueError: cannot score a boom" in boom.info["error"]
+    for failed in (boom, also):  # the call that saw "boom" raised: both of its samples lose that term
+        assert failed.score == 2.0 and list(failed.info["term_errors"]) == ["raises_on_boom", "returns_a_float"]
+        assert "raises_on_boom: ValueError: cannot score a boom" in failed.info["error"]
     assert hang.score == 2.0 and "hangs_on_hang: timeout after 1s" in hang.info["error"]
     logged = caplog.text
-    assert "reward function 'raises_on_boom' failed on response 1 " in logged
+    assert "reward function 'raises_on_boom' failed on response 0 " in logged
     assert 'reward_functions.py", line 35, in raises_on_boom\n    raise ValueError("cannot score a boom")' in logged
-    assert "reward function 'hangs_on_hang' failed on response 2 " in logged and "timed out after 1s" in logged
+    assert "reward function 'hangs_on_hang' failed on response 0 " in logged and "timed out after 1s" in logged
+
+
+def test_a_trl_function_gets_the_whole_batch_its_token_ids_and_the_trainer_state():
+    """TRL calls a reward function once with every completion of the batch (a reward that normalises over its
+    batch keeps its meaning), with ``completion_ids`` and ``trainer_state``."""
+    from reasonrl.reward.verifier_protocol import ScoringContext
+
+    rewards = scorer([f"{FUNCTIONS}:batch_rank"])
+    context = ScoringContext(completion_ids=((5, 6), (7,), (8, 9, 10)), step=3, max_steps=10)
+    try:
+        results = rewards.score_examples([example()] * 3, ["bb", "a", "ccc"], context)
+    finally:
+        rewards.close()
+    assert [r.info["terms"]["batch_rank"] for r in results] == [0.5, 0.0, 1.0]  # ranks within the batch of 3
 
 
 def test_a_file_path_function(tmp_path):

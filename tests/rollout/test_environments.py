@@ -16,7 +16,7 @@ from reasonrl.data.guess_number import guess_number_examples
 from reasonrl.data.loaders import load_examples
 from reasonrl.models.load import load_tokenizer
 from reasonrl.rollout import SamplingParams
-from reasonrl.rollout.conversations import run_conversations, start_conversations
+from reasonrl.rollout.conversations import CALLS_SPENT, run_conversations, start_conversations
 from reasonrl.rollout.environments import (
     CALCULATOR,
     Countdown,
@@ -26,7 +26,15 @@ from reasonrl.rollout.environments import (
 )
 from reasonrl.rollout.episodes import ROLE_INJECTED, ROLE_POLICY, Environment, Injection, Observation, Step
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.tool_calls import CALL_FORMAT_ERROR, FunctionCall, call_tool, function_call, native_tool_format
+from reasonrl.rollout.tool_calls import (
+    CALL_FORMAT_ERROR,
+    FunctionCall,
+    call_tool,
+    function_calls,
+    hermes_tool_prompt,
+    native_tool_format,
+    with_tool_prompt,
+)
 
 PARAMS = SamplingParams(max_new_tokens=400, temperature=1.0, seed=0)
 
@@ -132,37 +140,57 @@ def expressions(numbers):
     return found
 
 
-# tool calls: (turn, the call read from it, or None for an answer)
+# tool calls: (turn, the calls read from it, in order; none for an answer)
 CALLS = {
     "hermes": ('<tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>',
-               FunctionCall("calculator", {"expression": "1+2"})),
+               [FunctionCall("calculator", {"expression": "1+2"})]),
     "hermes after reasoning, trailing space": ('Let me add.\n<tool_call>\n{"name": "calculator", "arguments": '
                                                '{"expression": "1+2"}}\n</tool_call>\n ',
-                                               FunctionCall("calculator", {"expression": "1+2"})),
+                                               [FunctionCall("calculator", {"expression": "1+2"})]),
     "hermes, arguments as a JSON string": ('<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": '
-                                           '\\"1\\"}"}</tool_call>', FunctionCall("calculator", {"expression": "1"})),
+                                           '\\"1\\"}"}</tool_call>', [FunctionCall("calculator", {"expression": "1"})]),
     "llama 3": ('{"name": "calculator", "parameters": {"expression": "1+2"}}',
-                FunctionCall("calculator", {"expression": "1+2"})),
+                [FunctionCall("calculator", {"expression": "1+2"})]),
     "llama 3 with arguments": ('  {"name": "calculator", "arguments": {"expression": "2"}}\n',
-                               FunctionCall("calculator", {"expression": "2"})),
+                               [FunctionCall("calculator", {"expression": "2"})]),
     "malformed hermes JSON": ('<tool_call>{"name": "calculator", "arguments": {"expression": "1"</tool_call>',
-                              FunctionCall("", {}, CALL_FORMAT_ERROR)),
-    "malformed llama JSON": ('{"name": "calculator", "parameters": {', FunctionCall("", {}, CALL_FORMAT_ERROR)),
+                              [FunctionCall("", {}, CALL_FORMAT_ERROR)]),
+    "malformed llama JSON": ('{"name": "calculator", "parameters": {', [FunctionCall("", {}, CALL_FORMAT_ERROR)]),
     "nesting past the recursion limit": ("<tool_call>" + "[" * 5000 + "</tool_call>",
-                                         FunctionCall("", {}, CALL_FORMAT_ERROR)),
+                                         [FunctionCall("", {}, CALL_FORMAT_ERROR)]),
     "a lone surrogate": ('<tool_call>{"name": "calculator", "arguments": {"expression": "\\ud800"}}</tool_call>',
-                         FunctionCall("", {}, CALL_FORMAT_ERROR)),
-    "two calls in one turn": ('<tool_call>{"name": "c", "arguments": {}}</tool_call><tool_call>{"name": "c", '
-                              '"arguments": {}}</tool_call>', FunctionCall("", {}, CALL_FORMAT_ERROR)),
-    "an answer": ("<answer>3 * 5 + 7</answer>", None),
-    "JSON that is no call": ('{"answer": 22}', None),
-    "a call followed by text": ('<tool_call>{"name": "calculator", "arguments": {}}</tool_call> and so on', None),
+                         [FunctionCall("", {}, CALL_FORMAT_ERROR)]),
+    "parallel calls, in order": ('<tool_call>{"name": "c", "arguments": {"n": 1}}</tool_call>\n<tool_call>'
+                                 '{"name": "d", "arguments": {}}</tool_call>',
+                                 [FunctionCall("c", {"n": 1}), FunctionCall("d", {})]),
+    "a bad call among good ones": ('<tool_call>{"name": "c", "arguments": {}}</tool_call><tool_call>{"name": '
+                                   '</tool_call><tool_call>{"name": "d", "arguments": {}}</tool_call>',
+                                   [FunctionCall("c", {}), FunctionCall("", {}, CALL_FORMAT_ERROR),
+                                    FunctionCall("d", {})]),
+    "a call followed by text": ('<tool_call>{"name": "calculator", "arguments": {}}</tool_call> Let me wait.',
+                                [FunctionCall("calculator", {})]),
+    "a call, then an unclosed block": ('<tool_call>{"name": "c", "arguments": {}}</tool_call><tool_call>{"name":',
+                                       [FunctionCall("c", {})]),
+    "a block opened twice": ('<tool_call><tool_call>{"name": "c", "arguments": {}}</tool_call>',
+                             [FunctionCall("", {}, CALL_FORMAT_ERROR)]),
+    "an answer": ("<answer>3 * 5 + 7</answer>", []),
+    "JSON that is no call": ('{"answer": 22}', []),
+    "an unclosed block": ('<tool_call>{"name": "calculator", "arguments": {}}', []),
+    "a closing without an opening": ('{"answer": 22}</tool_call>', []),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(("text", "call"), CALLS.values(), ids=CALLS.keys())
-def test_function_call_reads_the_hermes_and_llama_formats(text, call):
-    assert function_call(text) == call
+@pytest.mark.parametrize(("text", "calls"), CALLS.values(), ids=CALLS.keys())
+def test_function_calls_reads_every_call_of_a_turn_in_the_hermes_and_llama_formats(text, calls):
+    assert function_calls(text) == calls
+
+
+def test_reading_a_turn_of_many_blocks_takes_linear_time():
+    started = time.monotonic()
+    assert function_calls("<tool_call>" * 20_000 + "x") == []
+    assert len(function_calls("<tool_call></tool_call>" * 20_000)) == 20_000  # each an unreadable call
+    assert len(function_calls("</tool_call><tool_call>" * 20_000)) == 19_999
+    assert time.monotonic() - started < 1.0
 
 
 HOSTILE = {
@@ -185,6 +213,21 @@ def test_hostile_calls_get_an_error_message_and_never_reach_code(call, message):
     output = call_tool({"calculator": tool}, call)
     assert output.failed and message in output.text
     assert reached == ([] if "only numbers" not in message else ["exec('import os')"])  # checked before the call
+
+
+def test_the_tool_prompt_shows_the_schemas_and_a_call_the_parser_reads():
+    prompt = hermes_tool_prompt([CALCULATOR.schema])
+    shown = prompt.split("<tools>\n")[1].split("\n</tools>")[0]
+    assert [json.loads(line) for line in shown.splitlines()] == [CALCULATOR.schema]
+    example = "<tool_call>" + prompt.rsplit("<tool_call>", 1)[1]  # the call's shape, written as the prompt shows it
+    call = example.replace("<function-name>", '"calculator"').replace("<args-json-object>", '{"expression": "1"}')
+    assert function_calls(call) == [FunctionCall("calculator", {"expression": "1"})]
+    chat = [{"role": "user", "content": "q"}]
+    assert with_tool_prompt(chat, [CALCULATOR.schema]) == [{"role": "system", "content": prompt}, *chat]
+    system = [{"role": "system", "content": "Be brief."}, *chat]
+    written = with_tool_prompt(system, [CALCULATOR.schema])
+    assert written == [{"role": "system", "content": f"Be brief.\n\n{prompt}"}, *chat]
+    assert system[0]["content"] == "Be brief."  # the chat it was given is left as it was
 
 
 LLAMA_TEMPLATE = (
@@ -242,7 +285,7 @@ def test_countdown_answers_calculator_calls_in_the_templates_format_and_rewards_
     row = dataclasses.replace(rows_of(countdown_examples("test")[:1])[0], answer=PUZZLE.reference)
     (episode,) = play(Countdown(), chat, [row], reply)
     assert episode.tools == [CALCULATOR.schema] and '"name": "calculator"' in chat.decode(episode.prompt_ids)
-    assert episode.messages[-1] == {"role": "tool", "content": "15"} and episode.tool_calls == 1
+    assert episode.messages[-1] == {"role": "tool", "name": "calculator", "content": "15"} and episode.tool_calls == 1
     assert episode.end == "rule" and episode.final_reward == reward
 
 
@@ -251,6 +294,67 @@ def test_countdown_stops_answering_calls_at_its_limit(tokenizer):
     calls = '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>'
     (episode,) = play(Countdown(max_tool_calls=2), tokenizer, row, lambda text: calls, max_turns=10)
     assert episode.tool_calls == 2 and len(episode.turns()) == 3 and episode.final_reward == 0.0
+
+
+# Qwen2.5's chat template, its tool parts: the tools in the system turn, consecutive tool messages in one user
+# turn of <tool_response> blocks
+QWEN_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}"
+    "You are Qwen.{% endif %}\n\n# Tools\n\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>"
+    '\n\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}{%- if m.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{%- elif m.role != 'system' or not loop.first %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PARALLEL = "".join(
+    f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{e}"}}}}\n</tool_call>\n'
+    for e in ("3 * 5", "2 +")
+)
+
+
+def test_parallel_calls_are_answered_in_order_each_as_the_template_renders_consecutive_tool_messages(tokenizer):
+    qwen = with_template(tokenizer, QWEN_TEMPLATE)
+    assert native_tool_format(qwen) == "hermes"
+    row = dataclasses.replace(rows_of(countdown_examples("test")[:1])[0], answer=PUZZLE.reference)
+    reply = lambda text: "<answer>3 * 5 + 7</answer>" if "<tool_response>" in text else PARALLEL  # noqa: E731
+    (episode,) = play(Countdown(max_tool_calls=3), qwen, [row], reply)
+    assert episode.messages[-2:] == [
+        {"role": "tool", "name": "calculator", "content": "15"},
+        {"role": "tool", "name": "calculator", "content": episode.messages[-1]["content"]},
+    ]
+    assert episode.messages[-1]["content"].startswith("Error: ") and (episode.tool_calls, episode.tool_errors) == (2, 1)
+    assert episode.final_reward == 1.0 and len(episode.turns()) == 2
+    # one injected segment, exactly what the template renders for the two tool messages: one user turn
+    injected = qwen.decode(episode.segments[1].token_ids)
+    assert injected.count("<|im_start|>user") == 1 and injected.count("<tool_response>") == 2
+    rendered = qwen.apply_chat_template(
+        episode.messages, tools=episode.tools, tokenize=False, add_generation_prompt=True
+    )
+    assert qwen.decode(episode.token_ids()[: -len(episode.segments[-1].token_ids)]) == rendered
+
+
+def test_a_call_followed_by_text_is_a_call_and_the_text_stays_in_the_turn(tokenizer):
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3 * 5"}}</tool_call> Let me wait.'
+    row = dataclasses.replace(rows_of(countdown_examples("test")[:1])[0], answer=PUZZLE.reference)
+    reply = lambda text: "<answer>3 * 5 + 7</answer>" if "<|im_start|>tool" in text else call  # noqa: E731
+    (episode,) = play(Countdown(), tokenizer, [row], reply)
+    assert episode.turns()[0].text == call and episode.messages[-2] == {"role": "assistant", "content": call}
+    assert episode.messages[-1] == {"role": "tool", "name": "calculator", "content": "15"}
+    assert episode.tool_calls == 1 and episode.final_reward == 1.0
+
+
+def test_calls_past_the_limit_are_each_told_so_and_the_policy_answers_once_more(tokenizer):
+    row = rows_of(countdown_examples("test")[:1])
+    (episode,) = play(
+        Countdown(max_tool_calls=3), tokenizer, row, lambda text: PARALLEL.replace("2 +", "1"), max_turns=10
+    )
+    tool_messages = [m["content"] for m in episode.messages if m["role"] == "tool"]
+    assert tool_messages == ["15", "1", "15", CALLS_SPENT]  # the second turn's second call: three are spent
+    assert (episode.tool_calls, episode.tool_errors, len(episode.turns()), episode.end) == (3, 1, 3, "rule")
 
 
 def test_guess_number_says_higher_or_lower_and_rewards_the_turn_that_finds_it(tokenizer):
@@ -391,6 +495,13 @@ def test_an_environment_that_raises_or_hangs_ends_only_its_own_episode(tokenizer
     assert "an environment failed an episode" in caplog.text and "no such game" in caplog.text
 
 
+class Halfway:
+    """A class with a step but no reset or finish: neither an Environment nor a TRL factory."""
+
+    def step(self, episode):
+        return Step()
+
+
 def test_a_users_environment_class_is_loaded_by_name_and_checked(tmp_path):
     assert environment_class("tests.rollout.test_environments:Echo") is Echo
     assert environment_class("countdown") is Countdown
@@ -401,7 +512,10 @@ def test_a_users_environment_class_is_loaded_by_name_and_checked(tmp_path):
     refusals = {
         "tests.rollout.test_environments:Missing": "has no 'Missing'",
         "no_such_module_x:Game": "cannot import 'no_such_module_x'",
-        "tests.rollout.test_environments:expressions": "not a class with reset, step and finish",
+        # a function is a TRL factory (called with no arguments): one that needs arguments is refused, saying so
+        "tests.rollout.test_environments:expressions": r"calling expressions\(\) with no arguments failed",
+        "tests.rollout.test_environments:PARAMS": "is not callable",
+        "tests.rollout.test_environments:Halfway": "not a class with reset, step and finish",
         f"{tmp_path}/absent.py:Game": "does not exist",
     }
     for spec, message in refusals.items():

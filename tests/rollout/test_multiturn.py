@@ -226,16 +226,16 @@ def tool(run):
         (NATIVE % '{"code": "print(1)"' + "\n", None, True, CALL_ERROR),  # not JSON: the model is told
         ('<tool_call>{"name": "shell", "arguments": {"code": "ls"}}</tool_call>', None, True, CALL_ERROR),
         (NATIVE % '{"program": "print(1)"}', None, True, CALL_ERROR),
-        (NATIVE % '{"code": "print(1)"}' + " and more", None, None, None),  # the call must end the turn
+        (NATIVE % '{"code": "print(1)"}' + " and more", "print(1)", True, ""),  # text may follow a native call
     ],
 )
-def test_python_call_reads_the_call_that_ends_a_turn(text, code, native, error):
-    from reasonrl.rollout.conversations import python_call
+def test_python_calls_reads_a_fenced_block_that_ends_a_turn_or_the_templates_calls(text, code, native, error):
+    from reasonrl.rollout.conversations import python_calls
 
-    call = python_call(text)
-    assert (call is None) == (native is None)
-    if call is not None:
-        assert (call.code, call.native, call.error) == (code, native, error)
+    calls = python_calls(text)
+    assert len(calls) == (native is not None)
+    if calls:
+        assert (calls[0].code, calls[0].native, calls[0].error) == (code, native, error)
 
 
 def tool_engine(tokenizer, first_reply):
@@ -358,11 +358,31 @@ def test_a_native_tool_call_runs_and_its_output_comes_back_as_a_tool_message(tok
     params = SamplingParams(max_new_tokens=256, temperature=1.0, seed=0)  # the call is ~70 byte tokens
     run_conversations(engine, hermes, [c], rule, params, max_turns=3, max_response_tokens=10_000)
     assert ran == ["print(6 * 7)"] and roles(c) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY]
-    assert c.messages[-1] == {"role": "tool", "content": "42\n"} and c.turns()[-1].text == "12345"
+    assert c.messages[-1] == {"role": "tool", "name": "python", "content": "42\n"} and c.turns()[-1].text == "12345"
     # what the policy read is the template's rendering of the chat, tools and tool response included
     rendered = hermes.apply_chat_template(c.messages, tools=[PYTHON_TOOL], tokenize=False, add_generation_prompt=True)
     assert hermes.decode(c.token_ids()[: -len(c.segments[-1].token_ids)]) == rendered
     assert '"name": "python"' in rendered and "<tool_response>\n42\n\n</tool_response>" in rendered
+
+
+def test_a_turns_native_python_calls_run_together_and_are_answered_in_order(hermes):
+    from reasonrl.rollout.conversations import CALLS_SPENT, ToolOutput, ToolRule
+
+    batches = []
+
+    def run_python(programs):
+        batches.append(list(programs))
+        return [ToolOutput(f"ran {program}") for program in programs]
+
+    parallel = "".join(NATIVE % arguments for arguments in ('{"code": "a"}', '{"program": "b"}', '{"code": "c"}') * 2)
+    c = tool_question(hermes, "q")
+    params = SamplingParams(max_new_tokens=1000, temperature=1.0, seed=0)
+    rule = ToolRule(run_python, max_tool_calls=4)
+    run_conversations(tool_engine(hermes, parallel), hermes, [c], rule, params, max_turns=3, max_response_tokens=10_000)
+    assert batches == [["a", "c", "a"]]  # one sandbox batch: the turn's programs run together, up to the limit
+    answers = [m["content"] for m in c.messages if m["role"] == "tool"]
+    assert answers == ["ran a", CALL_ERROR, "ran c", "ran a", CALLS_SPENT, CALLS_SPENT]
+    assert (c.tool_calls, c.tool_errors) == (4, 3) and roles(c) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY]
 
 
 # Native calls that are not the python tool's JSON: the model is told, whatever the text holds
@@ -380,27 +400,26 @@ MALFORMED_CALLS = {
     "a name of a wrong type": '{"name": ["python"], "arguments": {"code": "print(1)"}}',
     "a tool that is not registered": '{"name": "shell", "arguments": {"code": "ls"}}',
     "binary": "\x00\x01\x7f\ufffd\x1b[2J",
-    "many calls in one turn": '{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>\n<tool_call>' * 50
-    + '{"name": "python", "arguments": {"code": "print(2)"}}',
 }
 
 
 @pytest.mark.parametrize("payload", MALFORMED_CALLS.values(), ids=MALFORMED_CALLS.keys())
 def test_a_malformed_native_call_is_answered_with_an_error_and_never_raises(payload):
-    from reasonrl.rollout.conversations import ToolCall, python_call
+    from reasonrl.rollout.conversations import python_calls
 
-    assert python_call(f"<tool_call>{payload}</tool_call>") == ToolCall(None, native=True, error=CALL_ERROR)
+    (call,) = python_calls(f"<tool_call>{payload}</tool_call>")
+    assert (call.code, call.native, call.error) == (None, True, CALL_ERROR)
 
 
 @pytest.mark.parametrize("opening", ["<tool_call>", "```python\n"])
 def test_a_turn_of_many_call_openings_is_read_in_linear_time(opening):
     import time
 
-    from reasonrl.rollout.conversations import python_call
+    from reasonrl.rollout.conversations import python_calls
 
     started = time.monotonic()
-    assert python_call(opening * 10_000 + "x") is None
-    assert python_call(opening * 10_000) is None
+    assert python_calls(opening * 10_000 + "x") == []
+    assert python_calls(opening * 10_000) == []
     assert time.monotonic() - started < 0.5  # a lazy regex tried from each opening took tens of seconds
 
 
@@ -408,7 +427,7 @@ def test_malformed_calls_get_an_error_message_counted_and_the_rollout_goes_on(he
     from reasonrl.rollout.conversations import ToolRule
 
     stop = hermes.eos_token_id
-    payloads = {q: payload for q, payload in zip("abcdefghijklmn", MALFORMED_CALLS.values(), strict=True)}
+    payloads = {q: payload for q, payload in zip("abcdefghijklm", MALFORMED_CALLS.values(), strict=True)}
 
     def respond(prompt, rng):  # each question's first turn is its malformed call, the next turn answers
         text = hermes.decode(prompt)
@@ -423,7 +442,7 @@ def test_malformed_calls_get_an_error_message_counted_and_the_rollout_goes_on(he
     run_conversations(FakeEngine(respond, [stop]), hermes, conversations, rule, params, max_turns=3)
     for c in conversations:
         assert roles(c) == [ROLE_POLICY, ROLE_INJECTED, ROLE_POLICY] and c.turns()[-1].text == "12345"
-        assert c.messages[-1] == {"role": "tool", "content": CALL_ERROR} and c.tool_errors == 1
+        assert c.messages[-1]["content"] == CALL_ERROR and c.tool_errors == 1
 
 
 def test_a_turns_tool_calls_run_together_so_four_looping_calls_take_about_one_limit(tokenizer):

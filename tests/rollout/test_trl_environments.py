@@ -14,6 +14,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 from reasonrl.data.examples import Example
+from reasonrl.rollout.conversations import CALLS_SPENT
 from reasonrl.rollout.environments import EnvironmentLoadError, environment_class
 from reasonrl.rollout.trl_environments import TRLEnvironment
 from tests.rollout.test_environments import play, with_template
@@ -193,8 +194,9 @@ def test_a_tool_call_runs_the_method_of_the_episodes_instance_and_get_reward_rew
     rows = [ROW, dataclasses.replace(ROW, answer="0000")]
     opened, locked = play(vault(), chat, rows, calls({"name": "try_code", "arguments": {"code": "4821"}}))
     assert '"name": "try_code"' in chat.decode(opened.prompt_ids)  # the template renders the schemas
-    assert opened.messages[-1] == {"role": "tool", "content": "The vault opens."} and opened.tool_calls == 1
-    assert locked.messages[-1] == {"role": "tool", "content": "Nothing happens."}
+    assert opened.messages[-1] == {"role": "tool", "name": "try_code", "content": "The vault opens."}
+    assert locked.messages[-1] == {"role": "tool", "name": "try_code", "content": "Nothing happens."}
+    assert opened.tool_calls == 1
     assert (opened.final_reward, locked.final_reward) == (1.0, 0.0)  # each episode's own instance
     assert opened.state.tries == [("4821", "right", None)]
 
@@ -234,7 +236,7 @@ def test_a_method_that_raises_is_told_to_the_model_and_the_episode_goes_on(chat)
     kick = {"name": "kick", "arguments": {"force": 9}}
     (episode,) = play(vault(), chat, [ROW], calls(kick, {"name": "try_code", "arguments": {"code": "4821"}}))
     error = episode.messages[-3]
-    assert error == {"role": "tool", "content": "Error: RuntimeError: a kick of 9 broke the foot"}
+    assert error == {"role": "tool", "name": "kick", "content": "Error: RuntimeError: a kick of 9 broke the foot"}
     assert episode.tool_errors == 1 and episode.end == "rule" and episode.final_reward == 1.0 and not episode.error
 
 
@@ -242,6 +244,35 @@ def test_tool_calls_stop_at_the_limit(chat):
     wrong = {"name": "try_code", "arguments": {"code": "0000"}}
     (episode,) = play(vault(max_tool_calls=2), chat, [ROW], calls(wrong, wrong, wrong), max_turns=10)
     assert episode.tool_calls == 2 and len(episode.state.tries) == 2 and len(episode.turns()) == 3
+
+
+def test_every_call_of_a_turn_runs_in_order_each_answered_by_its_own_tool_message(chat):
+    kick, wrong = {"name": "kick", "arguments": {"force": 9}}, {"name": "try_code", "arguments": {"code": "0"}}
+    right = {"name": "try_code", "arguments": {"code": "4821", "hand": "left"}}
+    parallel = "".join(f"<tool_call>{json.dumps(call)}</tool_call>\n" for call in (wrong, kick, right))
+    (episode,) = play(
+        vault(max_tool_calls=3), chat, [ROW], lambda text: parallel if "tool_response" not in text else "."
+    )
+    assert episode.state.tries == [("0", "right", None), ("4821", "left", None)]  # in order, on its instance
+    assert episode.messages[-3:] == [
+        {"role": "tool", "name": "try_code", "content": "Nothing happens."},
+        {"role": "tool", "name": "kick", "content": "Error: RuntimeError: a kick of 9 broke the foot"},
+        {"role": "tool", "name": "try_code", "content": "The vault opens."},
+    ]
+    assert (episode.tool_calls, episode.tool_errors, len(episode.turns()), episode.final_reward) == (3, 1, 2, 1.0)
+
+
+def test_calls_past_the_limit_are_told_so_and_the_policy_answers_once_more(chat):
+    wrong = f"<tool_call>{json.dumps({'name': 'try_code', 'arguments': {'code': '0'}})}</tool_call>"
+    (episode,) = play(vault(max_tool_calls=3), chat, [ROW], lambda text: wrong * 2, max_turns=10)
+    assert [m["content"] for m in episode.messages if m["role"] == "tool"] == [
+        "Nothing happens.",
+        "Nothing happens.",
+        "Nothing happens.",
+        CALLS_SPENT,  # the second turn's second call: the episode's three are spent
+    ]
+    assert len(episode.state.tries) == 3 and (episode.tool_calls, episode.tool_errors) == (3, 1)
+    assert len(episode.turns()) == 3 and episode.end == "rule"  # the third turn's calls end the episode, unrun
 
 
 def test_without_get_reward_the_verifier_scores_and_a_coroutine_reward_is_awaited(chat):

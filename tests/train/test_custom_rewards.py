@@ -38,7 +38,7 @@ def test_the_share_of_failed_calls_that_stops_a_run_is_a_setting(tmp_path, capsy
     assert train(tmp_path, fails_sometimes, "reward.max_error_fraction=0.05") == 1
     assert re.search(
         r"reasonrl: error: reward function 'fails_on_odd_length' failed on \d+ of 16 calls at step 1, \d+% >= "
-        r"reward.max_error_fraction=0.05 \(first: RuntimeError: odd length; logged above\)",
+        r"reward.max_error_fraction=0.05 \(first: TypeError: returned 'odd length'; a reward is a finite number",
         capsys.readouterr().err,
     )
     assert train(tmp_path, fails_sometimes, "reward.max_error_fraction=0") == 2
@@ -60,7 +60,7 @@ def test_a_run_logs_each_function_and_survives_one_that_fails(tmp_path, caplog):
     assert all(r["reward/error_fraction"] >= f for r, f in zip(records, failed, strict=True))
     # without dynamic sampling every call is in the trained batch of 16: the count per step is its share
     assert [r["reward/fn/fails_on_odd_length/errors"] for r in records] == [16 * f for f in failed]
-    assert caplog.text.count("failed on response") == 1  # the first failure alone is logged
+    assert caplog.text.count("returned a value that is no reward") == 1  # the first failure alone is logged
     keys = {k.split("/")[2] for r in records for k in r if k.startswith("reward/fn/")}
     assert keys == {"verifier", "digit_share", "fails_on_odd_length"}
     assert not [k for k in undocumented_metrics(tmp_path / "metrics.jsonl") if not k.startswith("reward/fn/")]

@@ -1,6 +1,8 @@
 """Environments through the training loop: the shipped games train from their presets, a user's environment that
 fails costs its episodes and never the run, and PAG and the python tool, now environments, train as before."""
 
+import json
+import logging
 import re
 
 import pytest
@@ -155,16 +157,21 @@ class Abacus:
 
 
 def abacus_player(text, rng):
-    """Adds 1 or 2 (seeded), then answers once the total is in the chat."""
-    if "<|im_start|>tool" not in text:
-        return f'<tool_call>{{"name": "add", "arguments": {{"value": {rng.choice([1, 2])}}}}}</tool_call>'
-    return "Done."
+    """Adds 1 or 2 (seeded) where the system prompt shows the tool, then answers once the total is in the chat."""
+    if "<|im_start|>tool" in text:
+        return "Done."
+    if '"name": "add"' not in text.split("<|im_start|>user")[0]:
+        return "I have no tool."
+    return f'<tool_call>{{"name": "add", "arguments": {{"value": {rng.choice([1, 2])}}}}}</tool_call>'
 
 
 def test_a_trl_environment_class_trains_two_steps_rewarded_by_its_get_reward(tmp_path):
+    # tiny-random's template renders no tools: they are written into the system prompt (669 byte tokens)
     environment = "rollout.environment=tests.train.test_environments:Abacus"
     calls = "rollout.max_response_tokens=96"  # a call is ~70 byte tokens
-    cfg = load_config("grpo", [*TWO_STEPS, "rollout.multiturn=env", environment, calls])
+    cfg = load_config(
+        "grpo", [*TWO_STEPS, "rollout.multiturn=env", environment, calls, "rollout.max_prompt_tokens=1024"]
+    )
     fit(cfg, tmp_path, engine=scripted(abacus_player), show_progress=False)
     logged = steps(tmp_path)
     assert len(logged) == 2
@@ -176,6 +183,124 @@ def test_a_trl_environment_class_trains_two_steps_rewarded_by_its_get_reward(tmp
     before = read_metrics(tmp_path / "metrics.jsonl")[0]  # the held-out episodes play it too
     assert before["eval/tool_calls_mean"] == 1.0 and before["eval/accuracy"] == 1.0  # get_reward > 0: solved
     assert not undocumented_metrics(tmp_path / "metrics.jsonl")
+
+
+WORDS = ("crane", "slate", "pious", "chair")
+
+
+class WordleEnv:
+    """Wordle, written as TRL's docs write an ``environment_factory`` class (docs/source/openenv.md's Wordle: a
+    ``reward`` attribute, a ``done`` flag, a tool that raises once the game is over, no ``get_reward``): no
+    reasonrl in it.  The secret is the row's, so that a test can play it."""
+
+    def reset(self, **kwargs) -> str | None:
+        self.secret = WORDS[int(kwargs["game"]) % len(WORDS)]
+        self.reward = 0.0
+        self.done = False
+        return None
+
+    def guess(self, guess: str) -> str:
+        """
+        Guess the secret five-letter word.
+
+        Args:
+            guess: The guessed word, five lowercase letters.
+        """
+        if self.done:
+            raise ValueError("Game over.")
+        if guess == self.secret:
+            self.reward, self.done = 1.0, True
+            return "You won!"
+        marks = ["G" if g == s else "Y" if g in self.secret else "_" for g, s in zip(guess, self.secret, strict=False)]
+        return f"{guess}: {''.join(marks)}"
+
+
+def reward_from_env(environments, **kwargs) -> list[float]:
+    """TRL's documented reward function of an environment run: each episode's environment's reward."""
+    return [env.reward for env in environments]
+
+
+def reward_guesses(completions, **kwargs) -> list[float]:
+    """A second TRL reward, summed with the first: 0.1 for each guess tool message in the episode's completion."""
+    return [0.1 * sum(m["role"] == "tool" for m in completion) for completion in completions]
+
+
+def wordle_player(text, rng):
+    """Guesses once (the right word half the time, seeded), then says it is done."""
+    if "<|im_start|>tool" in text or "<tool_response>" in text:
+        return "Done."
+    secret = WORDS[int(re.search(r"game (\d+)", text).group(1)) % len(WORDS)]
+    word = secret if rng.random() < 0.5 else "zzzzz"
+    return f'<tool_call>{{"name": "guess", "arguments": {{"guess": "{word}"}}}}</tool_call>'
+
+
+def test_a_trl_environment_written_as_trl_documents_it_trains_with_its_own_reward_functions(tmp_path):
+    """TRL's Wordle pattern, unchanged: the class keeps its reward in ``self.reward`` and has no ``get_reward``;
+    ``reward_from_env(environments, **kwargs)`` reads it, ``reward_guesses`` reads the completions as messages;
+    the rows have a prompt and no answer (TRL needs only a prompt).  Both functions are summed, as TRL sums them."""
+    rows = tmp_path / "wordle.jsonl"
+    prompt = "Play Wordle, game {}. Use the tool `guess` to make a guess."
+    rows.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": prompt.format(n)}], "game": n}) + "\n"
+                            for n in range(40)))  # fmt: skip
+    functions = (
+        "reward.functions=[tests.train.test_environments:reward_from_env,tests.train.test_environments:reward_guesses]"
+    )
+    overrides = [*TWO_STEPS, "rollout.multiturn=env", "rollout.environment=tests.train.test_environments:WordleEnv",
+                 f"data.dataset={rows}", functions, "rollout.max_response_tokens=96", "rollout.max_prompt_tokens=1024",
+                 "train.constant_reward_stop_steps=0"]  # fmt: skip
+    fit(load_config("grpo", overrides), tmp_path / "run", engine=scripted(wordle_player), show_progress=False)
+    logged = steps(tmp_path / "run")
+    assert len(logged) == 2
+    for m in logged:
+        assert m["multiturn/tool_calls_mean"] == 1.0 and m["multiturn/environment_error_fraction"] == 0.0
+        # each episode: its env's reward (1 when it guessed right) + 0.1 for its one guess
+        assert 0.1 < m["reward/mean"] < 1.1 and m["reward/fn/reward_from_env/errors"] == 0.0
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {1, 2} and all(len(s["turns"]) == 3 for s in samples)
+    assert all(s["reward"] in (pytest.approx(0.1), pytest.approx(1.1)) for s in samples)
+
+
+def wordle_run(tmp_path, *overrides):
+    rows = tmp_path / "wordle.jsonl"
+    prompt = "Play Wordle, game {}. Use the tool `guess` to make a guess."
+    rows.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": prompt.format(n)}], "game": n}) + "\n"
+                            for n in range(40)))  # fmt: skip
+    settings = [*TWO_STEPS, "rollout.multiturn=env", f"data.dataset={rows}", "rollout.max_response_tokens=96",
+                "rollout.max_prompt_tokens=1024", "train.constant_reward_stop_steps=0", *overrides]  # fmt: skip
+    fit(load_config("grpo", settings), tmp_path / "run", engine=scripted(wordle_player), show_progress=False)
+    return steps(tmp_path / "run")
+
+
+def test_a_trl_class_without_get_reward_and_without_reward_functions_is_rewarded_by_its_reward_attribute(
+    tmp_path, caplog
+):
+    """Such a run once trained on zeros, silently (the verifier scored the last turn against an answer column): the
+    instance's ``reward`` attribute is the episode's reward, and the run says so."""
+    with caplog.at_level(logging.INFO):
+        logged = wordle_run(tmp_path, "rollout.environment=tests.train.test_environments:WordleEnv")
+    assert all(0 < m["reward/mean"] <= 1 for m in logged) and any(m["reward/mean"] < 1 for m in logged)
+    assert "has no get_reward and the run no reward.functions: each episode's reward is its instance's" in caplog.text
+
+
+class WordleWithGetReward(WordleEnv):
+    def get_reward(self) -> float:
+        return 2 * self.reward
+
+
+def test_a_get_reward_is_summed_with_the_reward_functions(tmp_path):
+    """TRL adds ``get_reward`` to the reward functions (weight 1); it once made reasonrl drop ``reward_funcs``."""
+    functions = "reward.functions=[tests.train.test_environments:reward_guesses]"
+    logged = wordle_run(tmp_path, "rollout.environment=tests.train.test_environments:WordleWithGetReward", functions)
+    for m in logged:  # 2 per win + 0.1 per guess, every episode guessing once
+        assert m["reward/fn/reward_guesses/errors"] == 0.0
+        assert round(m["reward/mean"] - 0.1, 6) in {round(2 * k / 4, 6) for k in range(5)}
+
+
+def test_a_reward_function_that_fails_on_the_episodes_costs_their_term(tmp_path):
+    functions = "reward.functions=[tests.train.test_environments:reward_from_env,tests.reward_functions:always_raises]"
+    logged = wordle_run(tmp_path, "rollout.environment=tests.train.test_environments:WordleEnv", functions,
+                        "reward.max_error_fraction=1.1")  # fmt: skip
+    assert all(m["reward/fn/always_raises/errors"] == 4.0 for m in logged)
 
 
 def pag_or_tool_player(kind):
@@ -275,3 +400,34 @@ def test_an_environment_run_with_no_held_out_row_evaluates_as_a_single_turn_run_
 
     scored = ConversationCollector.evaluate(None, [], SamplingParams(max_new_tokens=8, temperature=0.0))
     assert scored == {"eval/accuracy": 0.0, "eval/response_length": 0.0}  # no row to play: nothing to crash on
+
+
+class NoDocstring:
+    """A TRL class whose tool has no docstring: TRL cannot describe it."""
+
+    def reset(self, **kwargs) -> None:
+        return None
+
+    def poke(self, x: int) -> str:
+        return str(x)
+
+
+@pytest.mark.parametrize(
+    ("environment", "said"),
+    [
+        ("tests.train.test_environments:WordelEnv", "has no 'WordelEnv'; did you mean 'WordleEnv'?"),
+        ("tests.train.test_environments:NoDocstring", "its method poke cannot be a tool"),
+    ],
+)
+def test_a_misspelt_environment_or_an_undescribed_tool_fails_in_one_line_before_any_model_loads(
+    tmp_path, monkeypatch, capsys, environment, said
+):
+    from reasonrl.cli import main
+    from reasonrl.train import setup
+
+    monkeypatch.setattr(setup, "load_model", lambda *a, **k: pytest.fail("a model loaded before the check"))
+    argv = ["train", "grpo", *PAG_TINY, "rollout.multiturn=env", f"rollout.environment={environment}",
+            f"run.output_dir={tmp_path}", "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if line.startswith("reasonrl: error")]) == 1 and said in err[-1]

@@ -283,7 +283,8 @@ def test_a_step_whose_prompts_are_all_too_long_stops_with_the_setting_to_change(
     from reasonrl.data.loaders import DataError
 
     cfg = load_config("pag", [*PAG_TINY, "rollout.max_prompt_tokens=8"])
-    with pytest.raises(DataError, match=r"longer than rollout.max_prompt_tokens=8; raise it"):
+    # (the run's start measures its first prompts and stops before any model loads, naming the value that fits)
+    with pytest.raises(DataError, match=r"longer than rollout.max_prompt_tokens=8 .*set rollout.max_prompt_tokens="):
         fit(
             cfg, tmp_path, engine=scripted_engine("The answer is wrong."), verifier=DigitFraction(), show_progress=False
         )
@@ -301,3 +302,31 @@ def test_tool_prompts_advertise_the_python_tool_only_where_the_chat_template_has
     assert prompt_tools(tool, hermes) == [PYTHON_TOOL]
     assert prompt_tools(tool, plain) is None  # fenced python blocks, as the preset's system prompt asks
     assert prompt_tools(pag, hermes) is None
+
+
+@pytest.mark.parametrize("model", ["tiny-random", pytest.param("smollm2-135m", marks=pytest.mark.slow)])
+def test_tools_a_template_cannot_render_are_written_into_the_system_prompt_unless_data_sets_one(model, caplog):
+    from reasonrl.data.countdown import countdown_examples
+    from reasonrl.data.prompts import PromptEncoder
+    from reasonrl.rollout.environments import Countdown
+    from reasonrl.rollout.tool_calls import hermes_tool_prompt, native_tool_format
+    from reasonrl.train.conversation_stage import episode_encoder
+    from tests.rollout.test_multiturn import HERMES_TEMPLATE
+
+    tokenizer, tools, row = load_tokenizer(model), list(Countdown.tools), countdown_examples("test")[0]
+    assert native_tool_format(tokenizer) is None  # apply_chat_template(tools=...) would drop them
+    with caplog.at_level("INFO", logger="reasonrl"):
+        written = episode_encoder(PromptEncoder(tokenizer, "plain", 4096), tools)
+    assert written.messages(row)[0] == {"role": "system", "content": hermes_tool_prompt(tools)}
+    prompt = tokenizer.decode(written(row))
+    assert '{"name": "calculator", "description": ' in prompt and '<tool_call>\n{"name": <function-name>' in prompt
+    assert "the tools (calculator) and how to call them (<tool_call> blocks) are written into the system" in caplog.text
+    caplog.clear()
+    own = PromptEncoder(tokenizer, "plain", 4096, system_prompt="Call the calculator as <tool_call>...</tool_call>.")
+    with caplog.at_level("INFO", logger="reasonrl"):
+        assert episode_encoder(own, tools) is own  # the user's system prompt, as written
+    assert "data.system_prompt is kept as written: it alone tells the model how to call the tools" in caplog.text
+    hermes = load_tokenizer("tiny-random")
+    hermes.chat_template = HERMES_TEMPLATE
+    rendering = PromptEncoder(hermes, "plain", 4096, tools=tools)
+    assert episode_encoder(rendering, tools) is rendering  # the template renders them itself

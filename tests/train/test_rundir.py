@@ -235,6 +235,7 @@ def test_ctrl_c_at_the_terminal_stops_the_trainer_and_its_scoring_workers_withou
     run_dir = tmp_path / "r"
     command = [sys.executable, "-m", "reasonrl.cli", "train", "grpo", *TINY, "reward.workers=2"]
     command += [f"run.output_dir={tmp_path}", "run.name=r", "train.rollout_steps=100", "--quiet"]
+    command += ["train.constant_reward_stop_steps=0"]  # its rewards never vary: it must run until interrupted
     process = subprocess.Popen(
         command,
         stderr=subprocess.PIPE,
@@ -291,6 +292,7 @@ sys.exit(main(sys.argv[1:]))
 def start_training(tmp_path, *python):
     """``reasonrl train`` of 100 steps (a checkpoint every 10) as a terminal's foreground job."""
     command = [*python, "train", "grpo", *TINY, f"run.output_dir={tmp_path}", "run.name=r", "train.rollout_steps=100"]
+    command += ["train.constant_reward_stop_steps=0"]  # its rewards never vary: it must run until interrupted
     return subprocess.Popen(
         [*command, "--quiet"],
         stderr=subprocess.PIPE,

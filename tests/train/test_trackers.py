@@ -32,6 +32,7 @@ def fake_wandb():
     module = types.ModuleType("wandb")
     module.runs = []
     module.init = lambda **kwargs: module.runs.append(FakeWandbRun(**kwargs)) or module.runs[-1]
+    module.Table = lambda columns, data: types.SimpleNamespace(columns=columns, data=data)
     return module
 
 
@@ -47,6 +48,7 @@ def fake_mlflow():
     module.start_run = record("start_run", types.SimpleNamespace(info=types.SimpleNamespace(run_id="mlflow-run-1")))
     module.log_params = record("log_params")
     module.log_metrics = record("log_metrics")
+    module.log_dict = record("log_dict")
     module.end_run = record("end_run")
     return module
 
@@ -82,8 +84,14 @@ def test_wandb_and_mlflow_mirror_metrics_jsonl_and_a_resumed_run_continues_their
     assert "mode" not in run.init_kwargs  # WANDB_MODE=offline decides, as wandb reads it
     assert run.init_kwargs["dir"] == str(run_dir) and run.init_kwargs["config"]["algo"]["eps_high"] == 0.2
     assert run.init_kwargs["id"] == json.loads((run_dir / "trackers.json").read_text())["wandb_id"]
-    assert [entry["rollout_step"] for entry in run.logged] == [r["step"] for r in records]
-    for entry, record in zip(run.logged, records, strict=True):
+    samples = [entry for entry in run.logged if "samples" in entry]  # a table of each RL step's samples
+    assert [entry["rollout_step"] for entry in samples] == [1, 2]
+    assert (
+        samples[0]["samples"].columns[:3] == ["step", "prompt", "completion"] and len(samples[0]["samples"].data) == 2
+    )
+    metrics = [entry for entry in run.logged if "samples" not in entry]
+    assert [entry["rollout_step"] for entry in metrics] == [r["step"] for r in records]
+    for entry, record in zip(metrics, records, strict=True):
         assert {k: v for k, v in entry.items() if k != "rollout_step"} == {
             k: v for k, v in record.items() if k != "step" and v is not None
         }
@@ -100,12 +108,16 @@ def test_wandb_and_mlflow_mirror_metrics_jsonl_and_a_resumed_run_continues_their
     assert [kwargs["step"] for _, kwargs in logged] == [r["step"] for r in records]
     assert logged[-1][0][0]["reward/mean"] == records[-1]["reward/mean"]
     assert len(calls(mlflow, "end_run")) == 1
+    assert [args[1] for args, _ in calls(mlflow, "log_dict")] == [
+        "samples/step-000001.json",
+        "samples/step-000002.json",
+    ]
 
     fit(tiny_config("train.rollout_steps=3", loggers), run_dir, verifier=DigitFraction(), show_progress=False)
     assert wandb.runs[1].init_kwargs["id"] == run.init_kwargs["id"] and wandb.runs[1].init_kwargs["resume"] == "allow"
     assert calls(mlflow, "start_run")[1][1] == {"run_id": "mlflow-run-1"}  # the same MLflow run continues
     assert len(calls(mlflow, "log_params")) == 1
-    assert [e["rollout_step"] for e in wandb.runs[1].logged] == [3]
+    assert [e["rollout_step"] for e in wandb.runs[1].logged if "samples" not in e] == [3]
 
 
 def test_other_streams_get_a_prefix_and_their_own_step_axis(tmp_path, trackers, monkeypatch):
@@ -132,3 +144,16 @@ def test_a_listed_tracker_that_is_not_installed_fails_before_any_model_loads(tmp
     assert str(caught.value) == (
         "run.loggers lists wandb, which is not installed: pip install 'reasonrl[wandb]', or remove it from run.loggers"
     )
+
+
+def test_a_steps_samples_are_a_markdown_table_in_tensorboard(tmp_path):
+    from reasonrl.train.trackers import TensorBoardTracker, samples_markdown
+
+    samples = [{"prompt": "What is 2+2?", "completion": "4 | four\nAnswer: 4", "reward": 1.0, "correct": True}]
+    table = samples_markdown(samples).splitlines()
+    assert table[0].startswith("| prompt | completion | reward | correct |")
+    assert table[2].startswith("| What is 2+2? | 4 \\| four<br>Answer: 4 | 1.0 | True |")  # one row, pipes escaped
+    tracker = TensorBoardTracker(tmp_path)
+    tracker.log_samples(1, samples)
+    tracker.close()
+    assert any(path.stat().st_size > 0 for path in (tmp_path / "tensorboard").glob("events.*"))
