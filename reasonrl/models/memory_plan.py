@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import torch
 
 GIB = 2**30
-DEFAULT_CHUNK_TOKENS = 512  # reasonrl.train.policy.DEFAULT_CHUNK_TOKENS (train sits above models)
+DEFAULT_CHUNK_TOKENS = 512  # reasonrl.models.logprob_head's (imported by name here: that module loads torch)
 ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32
 RUNTIME_CPU_BYTES = int(0.55 * GIB)
 """A CPU process's resident memory before any model: Python, torch, transformers and reasonrl imported."""

@@ -19,27 +19,29 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def adamw(
     parameters: list[torch.nn.Parameter], lr: float, weight_decay: float, offload: bool = False
 ) -> torch.optim.Optimizer:
-    """The AdamW of a trained model: torch's over fp32 weights; ``Fp32StateAdamW`` where torch's would keep
-    the moments in the wrong place: beside bf16 weights (train.param_dtype) or on the device where
-    ``offload`` asks for CPU memory (train.offload_optimizer)."""
+    """The AdamW of a trained model: torch's over fp32 weights (its fused kernel on a GPU); ``MasterWeightAdamW``
+    where torch's would keep the moments in the wrong place or lose the updates: beside bf16 weights
+    (train.param_dtype, which keeps an fp32 master copy) or on the device where ``offload`` asks for CPU memory
+    (train.offload_optimizer)."""
     if not offload and all(p.dtype == torch.float32 for p in parameters):
-        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
-    return Fp32StateAdamW(parameters, lr=lr, weight_decay=weight_decay, state_device="cpu" if offload else None)
+        fused = bool(parameters) and all(p.device.type == "cuda" for p in parameters)
+        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay, fused=fused or None)
+    return MasterWeightAdamW(parameters, lr=lr, weight_decay=weight_decay, state_device="cpu" if offload else None)
 
 
-class Fp32StateAdamW(torch.optim.Optimizer):
-    """AdamW with fp32 moments for weights stored in any dtype, the moments optionally in CPU memory.
+class MasterWeightAdamW(torch.optim.Optimizer):
+    """AdamW over an fp32 master copy of each weight, with fp32 moments, all on ``state_device`` (None: beside each
+    weight; "cpu": train.offload_optimizer).
 
-    torch's AdamW keeps its moments in each weight's dtype and on its device (bf16 weights get bf16
-    moments) and cannot step elsewhere; torchao's CPUOffloadOptimizer can, but torchao is no dependency
-    of reasonrl, and neither does fp32 moments over bf16 weights.  This optimiser keeps ``exp_avg`` and
-    ``exp_avg_sq`` in fp32 on ``state_device`` (None: beside each weight) and steps one weight at a time:
-    the weight and its gradient are copied there in fp32, torch's own AdamW arithmetic
-    (``torch.optim.adamw.adamw``) updates the copy, and the copy is written back, rounded to the weight's
-    dtype.  There is no fp32 master copy: a bf16 weight keeps what bf16 can hold of each update.  An fp32
-    weight already where its moments are is its own copy, so the step is torch's AdamW's, to the bit.
-    Its state dict is torch AdamW's (``step``, ``exp_avg``, ``exp_avg_sq`` per weight): checkpoints of
-    either load into the other."""
+    A weight stored in bf16 (train.param_dtype) keeps 8 significant bits: at RL learning rates (1e-6 on weights of
+    about 0.02) nearly every update is below half its last bit and would round away.  Here the update lands on the
+    fp32 master (``master``, in the state dict beside ``exp_avg`` and ``exp_avg_sq``), and the stored weight is the
+    master rounded to its dtype, so what is learnt is the fp32 run's (tests/models/test_optim.py).  One step runs
+    torch's own AdamW arithmetic (``torch.optim.adamw.adamw``) with ``foreach`` over every weight of a group at
+    once: gradients are copied to the state device (from a GPU: into pinned buffers, asynchronously), the masters
+    stepped together, and written back.  An fp32 weight already where its state is is its own master (no copy), and
+    its step is torch's AdamW's to the bit.  Its state dict is torch AdamW's plus ``master`` where a weight has one:
+    checkpoints of torch's load into it (the master then starts from the weight)."""
 
     def __init__(
         self,
@@ -53,15 +55,27 @@ class Fp32StateAdamW(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.state_device = torch.device(state_device) if state_device is not None else None
 
-    def _placed(self, param: torch.Tensor, state: dict | None = None) -> dict:
-        """``state`` (a weight's moments and step count) as this optimiser keeps it: the moments fp32 on its
-        state device; zeros before the first step."""
+    def _owns_master(self, param: torch.Tensor) -> bool:
+        """Whether ``param`` needs a master copy: a weight not in fp32, or not where its state is."""
         where = self.state_device or param.device
-        if not state:
-            zeros = torch.zeros_like(param, dtype=torch.float32, device=where)
-            return {"step": torch.tensor(0.0), "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
-        moments = {k: state[k].to(where, torch.float32) for k in ("exp_avg", "exp_avg_sq")}
-        return {"step": state["step"], **moments}
+        return param.dtype != torch.float32 or param.device != where
+
+    def _placed(self, param: torch.Tensor, state: dict | None = None) -> dict:
+        """``state`` (a weight's master, moments and step count) as this optimiser keeps it: fp32 on its state
+        device; from the weight itself (and zero moments) before the first step."""
+        where = self.state_device or param.device
+        state = state or {}
+        placed: dict = {"step": state.get("step", torch.tensor(0.0))}
+        for key in ("exp_avg", "exp_avg_sq"):
+            placed[key] = (
+                state[key].to(where, torch.float32)
+                if key in state
+                else torch.zeros_like(param, dtype=torch.float32, device=where)
+            )
+        if self._owns_master(param):
+            master = state.get("master")
+            placed["master"] = (master if master is not None else param.detach()).to(where, torch.float32).clone()
+        return placed
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -70,40 +84,63 @@ class Fp32StateAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            states = []
+            for param in params:
+                if not self.state[param]:
+                    self.state[param].update(self._placed(param))
+                states.append(self.state[param])
+            masters = [s.get("master", p) for p, s in zip(params, states, strict=True)]
+            grads = [self._state_gradient(p, s) for p, s in zip(params, states, strict=True)]
             beta1, beta2 = group["betas"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                state = self.state[param]
-                if not state:
-                    state.update(self._placed(param))
-                where = state["exp_avg"].device
-                weight = param.detach().to(where, torch.float32)
-                grad = param.grad.to(where, torch.float32)
-                adamw_step(
-                    [weight],
-                    [grad],
-                    [state["exp_avg"]],
-                    [state["exp_avg_sq"]],
-                    [],
-                    [state["step"]],
-                    foreach=False,
-                    amsgrad=False,
-                    beta1=beta1,
-                    beta2=beta2,
-                    lr=group["lr"],
-                    weight_decay=group["weight_decay"],
-                    eps=group["eps"],
-                    maximize=False,
-                )
-                if weight.dtype != param.dtype or weight.device != param.device:
-                    param.copy_(weight)
+            adamw_step(
+                masters,
+                grads,
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [],
+                [s["step"] for s in states],
+                foreach=all(m.device == masters[0].device for m in masters),
+                amsgrad=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=False,
+            )
+            for param, master in zip(params, masters, strict=True):
+                if master is not param:
+                    param.copy_(master, non_blocking=True)  # the weight: the master rounded to its dtype
         return loss
 
+    def _state_gradient(self, param: torch.Tensor, state: dict) -> torch.Tensor:
+        """``param``'s gradient where its state is, in fp32 (from a GPU into a pinned buffer kept in the state)."""
+        where = state["exp_avg"].device
+        grad = param.grad
+        if grad.device == where:
+            return grad if grad.dtype == torch.float32 else grad.float()
+        if where.type == "cpu" and grad.device.type == "cuda":
+            buffer = state.get("grad_buffer")
+            if buffer is None or buffer.shape != grad.shape:
+                buffer = state["grad_buffer"] = torch.empty(grad.shape, dtype=torch.float32, pin_memory=True)
+            buffer.copy_(grad, non_blocking=True)
+            torch.cuda.current_stream(grad.device).synchronize()
+            return buffer
+        return grad.to(where, torch.float32)
+
+    def state_dict(self) -> dict:
+        """torch AdamW's state dict, with each weight's ``master`` (a pinned gradient buffer is not state)."""
+        saved = super().state_dict()
+        saved["state"] = {k: {n: v for n, v in s.items() if n != "grad_buffer"} for k, s in saved["state"].items()}
+        return saved
+
     def load_state_dict(self, state_dict: dict) -> None:
-        """As torch's, except that the moments stay fp32 where this optimiser keeps them: torch's would
-        first cast them to each weight's dtype and device (losing bits, and filling the GPU with what
-        offloading keeps off it)."""
+        """As torch's, except that the master and the moments stay fp32 where this optimiser keeps them: torch's
+        would first cast them to each weight's dtype and device (losing the master's bits, and filling the GPU
+        with what offloading keeps off it).  A state without a master (torch AdamW's) starts it from the weight."""
         super().load_state_dict({**state_dict, "state": {}})  # the groups' settings only
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]

@@ -1,9 +1,10 @@
 """Per-token log-probs and entropy of responses, without materialising the full-vocabulary logits.
 
 The backbone runs once over prompt + response; the LM head, the log-softmax and the entropy run on
-the response positions only, ``chunk_tokens`` rows at a time, and each chunk is recomputed in the
-backward pass (activation checkpointing), so at most one chunk of [chunk, V] fp32 logits is alive.
-A plain HF forward+backward on 32 × 200 tokens holds several 1.26 GB copies of the logits.
+the response positions only, ``chunk_tokens`` rows at a time (``models.logprob_head.token_logprobs``: the head's
+GEMM in the compute dtype, the log-sum-exp in fp32, each chunk recomputed in the backward pass), so at most one
+chunk of [chunk, V] fp32 logits is alive.  A plain HF forward+backward on 32 × 200 tokens holds several 1.26 GB
+copies of the logits.
 
 A ``head_mask`` narrows the head further, to the positions a loss or a metric reads: T-PPO's token
 filtering (arXiv 2506.15050), where the policy loss sees only the latest window's tokens of a
@@ -14,26 +15,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from reasonrl.models.forward import autocast_context, response_hidden_states
-
-DEFAULT_CHUNK_TOKENS = 512
-
-
-def _head_chunk(
-    hidden: Tensor, head: torch.nn.Module, targets: Tensor, temperature: float, suppressed: tuple[int, ...] = ()
-) -> tuple[Tensor, Tensor]:
-    """(log p(target), entropy) for one chunk of hidden states [N, d] -> ([N], [N]); ``suppressed`` tokens
-    are out of the distribution (the engine never samples them)."""
-    logits = head(hidden).float() / temperature  # [N, V]
-    if suppressed:
-        logits[:, list(suppressed)] = torch.finfo(logits.dtype).min
-    normaliser = torch.logsumexp(logits, dim=-1)  # [N]
-    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
-    entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logprobs, entropy
+from reasonrl.models.forward import response_hidden_states
+from reasonrl.models.logprob_head import DEFAULT_CHUNK_TOKENS, token_logprobs
 
 
 def response_logprobs(
@@ -70,26 +55,13 @@ def response_logprobs(
     flat_hidden = response_hidden[mask]  # [N, d]
     flat_targets = response_ids.to(device)[mask]  # [N]
     head = model.get_output_embeddings()
-    logprob_chunks, entropy_chunks = [], []
-    for start in range(0, max(1, flat_hidden.shape[0]), chunk_tokens):  # N = 0: one empty chunk
-        chunk = (
-            flat_hidden[start : start + chunk_tokens],
-            head,
-            flat_targets[start : start + chunk_tokens],
-            temperature,
-            suppressed,
-        )
-        with autocast_context(compute_dtype, device):
-            if torch.is_grad_enabled():
-                lp, ent = checkpoint(_head_chunk, *chunk, use_reentrant=False)
-            else:
-                lp, ent = _head_chunk(*chunk)
-        logprob_chunks.append(lp)
-        entropy_chunks.append(ent)
+    flat_logprobs, flat_entropy = token_logprobs(
+        flat_hidden, head, flat_targets, temperature, suppressed, compute_dtype, chunk_tokens
+    )  # [N], [N]
     logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
     entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)
-    logprobs = logprobs.masked_scatter(mask, torch.cat(logprob_chunks))
-    entropy = entropy.masked_scatter(mask, torch.cat(entropy_chunks))
+    logprobs = logprobs.masked_scatter(mask, flat_logprobs)
+    entropy = entropy.masked_scatter(mask, flat_entropy)
     return logprobs, entropy
 
 

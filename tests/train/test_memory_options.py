@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError, resolve
 from reasonrl.models.load import load_model
-from reasonrl.models.optim import Fp32StateAdamW
+from reasonrl.models.optim import MasterWeightAdamW
 from reasonrl.train.backend import SingleProcess
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
@@ -37,17 +37,55 @@ def updated_policy(*overrides, device="cpu", steps=2):
     return dict(model.named_parameters()), gradient_dtypes, updater.optimizer
 
 
-def test_bf16_parameters_store_weights_and_gradients_in_bf16_and_adamw_moments_in_fp32():
+def test_bf16_parameters_store_weights_and_gradients_in_bf16_and_an_fp32_master_and_moments():
     start = {name: p.detach().clone() for name, p in load_model("tiny-random", torch.bfloat16).named_parameters()}
     weights, gradient_dtypes, optimizer = updated_policy(*BF16)
     assert {w.dtype for w in weights.values()} == {torch.bfloat16}
     assert gradient_dtypes == {torch.bfloat16}
-    moments = [state[key] for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
-    assert len(moments) == 2 * len(weights) and {m.dtype for m in moments} == {torch.float32}
-    # the precision trade: the norms' weights of 1.0 keep their value, as AdamW's first steps move a weight by
-    # about lr = 1e-3, under half of bf16's spacing of 2^-7 at 1.0; the small weights (about 0.02) all move
-    unchanged = {name for name in start if torch.equal(weights[name].detach(), start[name])}
-    assert unchanged == {name for name in start if name.endswith("norm.weight")}
+    kept = [state[key] for state in optimizer.state.values() for key in ("master", "exp_avg", "exp_avg_sq")]
+    assert len(kept) == 3 * len(weights) and {m.dtype for m in kept} == {torch.float32}
+    # every master moved (the norms' weights of 1.0 too, whose first updates are under bf16's spacing there), and
+    # every weight is its master rounded to bf16
+    for parameter in optimizer.param_groups[0]["params"]:
+        master = optimizer.state[parameter]["master"]
+        assert torch.equal(parameter.detach(), master.to(torch.bfloat16))
+    masters = {name: optimizer.state[weights[name]]["master"] for name in weights}
+    assert not [name for name in start if torch.equal(masters[name], start[name].float())]
+
+
+def trained_weights(optimizer, weights) -> dict[str, torch.Tensor]:
+    """What a run has learnt: each weight's fp32 master where the optimiser keeps one, else the weight."""
+    return {name: optimizer.state[w].get("master", w).detach().float() for name, w in weights.items()}
+
+
+@pytest.mark.parametrize(
+    ("options", "within"),
+    [(OFFLOAD, 1e-5), (BF16, 0.1), ((*BF16, *OFFLOAD), 0.1)],
+    ids=["offload", "bf16", "bf16-offload"],
+)
+def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(options, within):
+    """At lr 1e-6 on weights of about 0.02 (half a bf16 spacing: 6e-5) a bf16 weight without a master keeps about
+    1% of the fp32 run's movement (its updates round away: 99% off, measured); with an fp32 master every memory
+    configuration learns what the fp32 run learns: to float noise with offloading, and to the 4-8% that bf16
+    forward passes change the gradients by (two steps: 5.5%)."""
+
+    def moves(*overrides):
+        cfg = tiny_config(*overrides)
+        start = {n: p.detach().float() for n, p in load_model("tiny-random", parameter_dtype(cfg)).named_parameters()}
+        weights, _, optimizer = updated_policy(*overrides)
+        learnt = {n: w - start[n] for n, w in trained_weights(optimizer, weights).items()}
+        stored = {n: w.detach().float() - start[n] for n, w in weights.items()}
+        return learnt, stored
+
+    def relative_error(moved, expected):
+        error = sum((moved[n] - expected[n]).norm() ** 2 for n in expected) ** 0.5
+        return (error / sum(expected[n].norm() ** 2 for n in expected) ** 0.5).item()
+
+    expected, _ = moves("model.dtype=bfloat16", "train.lr=1e-6")
+    learnt, stored = moves("model.dtype=bfloat16", "train.lr=1e-6", *options)
+    assert relative_error(learnt, expected) < within
+    if BF16[0] in options:  # what the bf16 weights alone hold of it: what a run without a master would have learnt
+        assert relative_error(stored, expected) > 0.9
 
 
 def test_bf16_parameters_run_the_forward_passes_in_bf16_and_refuse_float32_ones():
@@ -59,7 +97,7 @@ def test_bf16_parameters_run_the_forward_passes_in_bf16_and_refuse_float32_ones(
 def test_offloading_the_optimiser_gives_the_same_weights_with_its_moments_in_cpu_memory():
     plain, _, _ = updated_policy("model.dtype=float32")
     offloaded, _, optimizer = updated_policy("model.dtype=float32", *OFFLOAD)
-    assert isinstance(optimizer, Fp32StateAdamW)
+    assert isinstance(optimizer, MasterWeightAdamW)
     assert {m.device.type for state in optimizer.state.values() for m in state.values()} == {"cpu"}
     for name, weight in plain.items():
         torch.testing.assert_close(offloaded[name], weight, atol=1e-6, rtol=0, msg=name)
@@ -95,5 +133,7 @@ def test_a_run_with_each_memory_option_resumes_exactly(tmp_path, first_half, sec
     assert {w.dtype for w in a.values()} == {parameter_dtype(tiny_config(*second_half))}
     moments = torch.load(checkpoints[0] / "trainer.pt", weights_only=True)["optimizer"]["state"]
     assert {m.dtype for state in moments.values() for m in (state["exp_avg"], state["exp_avg_sq"])} == {torch.float32}
+    if BF16[0] in second_half:  # the fp32 masters are saved: a resumed run continues what was learnt, not its bf16 copy
+        assert {state["master"].dtype for state in moments.values()} == {torch.float32}
     straight, split = (comparable(read_metrics(tmp_path / run / "metrics.jsonl")) for run in ("straight", "split"))
     assert straight == split
