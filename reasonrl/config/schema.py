@@ -363,14 +363,15 @@ class TrainConfig:
     """Responses per optimiser step; must divide rollout_prompts × samples_per_prompt."""
 
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """What the trainer stores the trained weights (policy and critic) and their gradients in; AdamW's
-    two moments stay fp32 either way.  bfloat16: 2 + 2 bytes per parameter instead of 4 + 4, and no fp32
-    master copy, so an update smaller than about 2^-8 of a weight is rounded away (bf16 keeps 8
-    significant bits): at small learning rates part of the learning is lost, which is why the default
-    stays float32 (verl's and torchtune's bf16 full fine-tunes make the same trade).  Needs bf16 forward
-    passes (model.dtype bfloat16, or auto, which then means bf16); with LoRA the frozen base is bf16 and
-    the adapters stay fp32.  Under torchrun FSDP2 all-gathers the weights in bf16 and reduces gradients
-    in fp32 whenever the forward passes run in bf16, whatever this setting."""
+    """What the trainer stores the trained weights (policy and critic) and their gradients in, and computes
+    with.  bfloat16: the model holds 2 + 2 bytes per parameter instead of 4 + 4, and its optimiser keeps an
+    fp32 master copy of each weight beside AdamW's two fp32 moments (models/optim.py: MasterWeightAdamW), so
+    updates far below bf16's last bit (RL's 1e-6 on weights of 0.02) are learnt, not rounded away; with
+    train.offload_optimizer the master and the moments are in CPU memory, which is where bf16 saves device memory
+    (a 7B full fine-tune: 28 GB on the card).  Needs bf16 forward passes (model.dtype bfloat16, or auto, which then
+    means bf16); with LoRA the frozen base is bf16 and the adapters stay fp32.  Under torchrun FSDP2 all-gathers
+    the weights in bf16 and reduces gradients in fp32 whenever the forward passes run in bf16, whatever this
+    setting."""
 
     offload_optimizer: bool = False
     """Keep AdamW's moments (8 bytes per parameter) in CPU memory and run its step there: on a GPU that

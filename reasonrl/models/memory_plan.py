@@ -6,8 +6,9 @@ the policy update, where a training step peaks:
 
 - runtime: the process itself (Python, torch, transformers; on a GPU allocator slack);
 - policy weights, gradients and AdamW's two fp32 moments: ``train.param_dtype`` bytes per parameter for
-  the weights and the trainable parameters' gradients, 8 bytes per trainable parameter for AdamW
-  (none on the GPU with ``train.offload_optimizer``); LoRA trains only the adapters;
+  the weights and the trainable parameters' gradients, 8 bytes per trainable parameter for AdamW, and 4 more
+  for the fp32 master copy of bf16 weights (none of these on the GPU with ``train.offload_optimizer``); LoRA
+  trains only the adapters;
 - the frozen reference (with a KL term and no LoRA) in the policy's ``train.param_dtype``, so that it computes as
   the policy does; the critic (gae, egae): its
   weights and AdamW states stay resident while the policy updates (its gradients are freed after its step);
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 GIB = 2**30
 DEFAULT_CHUNK_TOKENS = 512  # reasonrl.models.logprob_head's (imported by name here: that module loads torch)
 ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32
+MASTER_BYTES = 4  # the fp32 master copy the optimiser keeps of a weight stored in bf16 (MasterWeightAdamW)
 RUNTIME_CPU_BYTES = int(0.55 * GIB)
 """A CPU process's resident memory before any model: Python, torch, transformers and reasonrl imported."""
 RUNTIME_CUDA_BYTES = int(0.5 * GIB)
@@ -214,6 +216,8 @@ def plan_memory(
     compute = planned_compute_dtype(cfg, device_type)
     compute_bytes = element_size(compute)
     gradient_bytes = 4 if m.lora_rank else param_bytes  # LoRA's adapters stay fp32
+    master = param_bytes != 4 and not m.lora_rank  # bf16 weights: an fp32 master beside the moments
+    optimizer_bytes = ADAM_BYTES + (MASTER_BYTES if master else 0)
     offload = t.offload_optimizer and device_type == "cuda"
     shards = max(1, world_size)
     host_shards = offload and shards > 1  # FSDP2's CPUOffloadPolicy: the weights' and gradients' shards too
@@ -238,10 +242,10 @@ def plan_memory(
         "runtime": RUNTIME_CUDA_BYTES if device_type == "cuda" else RUNTIME_CPU_BYTES,
         "policy weights": 0 if host_shards else shape.parameters * param_bytes // shards,
         "policy gradients": 0 if host_shards else shape.trainable * gradient_bytes // shards,
-        "optimizer states (AdamW)": 0 if offload else shape.trainable * ADAM_BYTES // shards,
+        "optimizer states (AdamW)": 0 if offload else shape.trainable * optimizer_bytes // shards,
         "reference weights": shape.parameters * param_bytes // shards if separate_reference else 0,
         "critic (weights, AdamW)": (
-            (shape.parameters * param_bytes + shape.trainable * (0 if offload else ADAM_BYTES)) // shards
+            (shape.parameters * param_bytes + shape.trainable * (0 if offload else optimizer_bytes)) // shards
             if plan.uses_critic
             else 0
         ),
