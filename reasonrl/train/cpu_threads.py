@@ -15,6 +15,7 @@ torch loads OpenMP.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -77,18 +78,32 @@ RUNNING_INTERVAL = 0.02
 
 
 def running_elsewhere() -> float | None:
-    """The tasks running or runnable on the machine now besides the one asking (the largest of a few counts of
-    /proc/loadavg's fourth field); None where the system does not say."""
+    """The tasks running or runnable on the machine now outside this process (the largest of a few counts of
+    /proc/loadavg's fourth field, less this process's own running threads: its OpenMP threads, still spinning
+    after a torch call, are no other work); None where the system does not say."""
     counts = []
     for sample in range(RUNNING_SAMPLES):
         try:
             with open("/proc/loadavg") as handle:
-                counts.append(int(handle.read().split()[3].split("/")[0]) - 1)
+                running = int(handle.read().split()[3].split("/")[0])
         except (OSError, ValueError, IndexError):
             return None
+        counts.append(max(0, running - own_running_threads()))
         if sample < RUNNING_SAMPLES - 1:
             time.sleep(RUNNING_INTERVAL)
     return float(max(counts))
+
+
+def own_running_threads() -> int:
+    """This process's threads that are running or runnable now (at least the one asking)."""
+    running = 0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/stat") as handle:
+                running += handle.read().rsplit(")", 1)[1].split()[0] == "R"
+    except OSError:
+        return 1
+    return max(1, running)
 
 
 def busy_cores(cores: int) -> float:
