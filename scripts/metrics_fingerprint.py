@@ -1,4 +1,5 @@
-"""Fixed-seed 3-step runs of grpo, vapo, t_ppo and pag on tiny-random; their learning metrics as one JSON object.
+"""Fixed-seed 3-step runs of grpo, vapo, t_ppo, pag, an environment (guess_number) and an asynchronous grpo run on
+tiny-random; their learning metrics as one JSON object.
 
     python scripts/metrics_fingerprint.py OUT.json [--work DIR]
     python scripts/metrics_fingerprint.py --compare BEFORE.json AFTER.json
@@ -6,7 +7,9 @@
 A refactor that must not change behaviour writes the fingerprint before and after and compares them:
 every metric of every step is kept except wall-clock timings, rates and memory (``perf/`` keys and
 ``*_seconds``), which differ from run to run whatever the code.  The runs use the project's own command
-(``reasonrl train``), the built-in verifier and the tiny random model; about a minute each on 2 cores.
+(``reasonrl train``), a reward that varies with the response length (``bench/rewards.py``: the tiny random model
+solves nothing, so the built-in verifier's zeros would leave every update out) and the tiny random model; a few
+seconds each on 2 cores.
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ RUNS = {
     "vapo": ["algo.value_pretrain_steps=2"],
     "t_ppo": ["algo.window_tokens=4"],
     "pag": ["rollout.max_response_tokens=48", "rollout.max_conversation_tokens=1200", "train.microbatch_tokens=4096"],
+    # an environment's episodes (the shipped game; its own dataset)
+    "guess_number": [
+        "rollout.max_response_tokens=16",
+        "train.microbatch_tokens=4096",
+        "rollout.max_prompt_tokens=1024",
+    ],
+    # the producer up to one version ahead (its own process)
+    "grpo_async": ["rollout.max_staleness=1"],
 }
+PRESETS = {"grpo_async": "grpo"}  # a run named apart from its preset
 COMMON = [
     "model.name_or_path=tiny-random",
     "rollout.rollout_prompts=4",
@@ -36,6 +48,9 @@ COMMON = [
     "run.eval_every=3",
     "run.save_every=100",
     "run.seed=7",
+    # a reward that varies with the response (the tiny model never solves a task): every step takes its update
+    "reward.functions=[bench/rewards.py:response_length]",
+    "train.constant_reward_stop_steps=0",
 ]
 
 
@@ -49,7 +64,8 @@ def fingerprint(work: Path) -> dict[str, list[dict]]:
 
     result = {}
     for preset, overrides in RUNS.items():
-        argv = ["train", preset, *COMMON, *overrides, f"run.output_dir={work}", f"run.name={preset}", "--quiet"]
+        argv = ["train", PRESETS.get(preset, preset), *COMMON, *overrides, f"run.output_dir={work}",
+                f"run.name={preset}", "--quiet"]  # fmt: skip
         if main(argv) != 0:
             sys.exit(f"{preset}: the run failed")
         lines = (work / preset / "metrics.jsonl").read_text().splitlines()
