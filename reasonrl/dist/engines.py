@@ -89,7 +89,7 @@ class EngineHost(WorkerHost):
         return self.engine
 
 
-class RayRolloutEngines:
+class RayRolloutEngines(RolloutEngine):
     """The RolloutEngine protocol over ``workers`` Ray actors, each serving its own engine.
 
     ``gpus_per_worker`` > 0 reserves a placement group bundle per worker (see ``Placement``) with

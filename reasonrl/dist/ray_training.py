@@ -38,7 +38,7 @@ from reasonrl.dist.cluster_errors import WorkerDiedError
 from reasonrl.dist.engines import EngineSettings, RayRolloutEngines
 from reasonrl.dist.scoring import RayScorer
 from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
-from reasonrl.rollout.engine_protocol import Completion, SamplingParams
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams
 
 RUN_SECONDS = 10.0**9  # a training call has no time limit of its own; its workers' calls have
 
@@ -51,11 +51,11 @@ def run_scorer(cfg: Config) -> Scorer:
     return build_scorer(cfg, compute_dtype(cfg.model.dtype), torch.device("cpu"), terms=preflight(cfg))
 
 
-class SharedEngines:
+class SharedEngines(RolloutEngine):
     """The rollout workers as one trainer rank sees them: it generates through them, rank 0 alone sends
     them weights (``shared_by_ranks``), and stopping them is the driver's job."""
 
-    shared_by_ranks = True
+    shared_by_ranks = True  # type: ignore[assignment]
 
     def __init__(self, engines: RayRolloutEngines) -> None:
         self.engines = engines

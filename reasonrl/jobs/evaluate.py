@@ -341,7 +341,7 @@ def scored_in_batches(
     """``sample_and_score`` one engine batch of problems at a time, telling ``progress`` the problems done,
     the share of answers right so far and the tokens generated.  Each prompt keeps the sampling stream it
     has in one call (``share_params``), so the fast and vLLM engines answer exactly as in one call."""
-    size = max(1, getattr(engine, "max_batch_sequences", VLLM_BATCH_SEQUENCES) // repeats)
+    size = max(1, (engine.max_batch_sequences or VLLM_BATCH_SEQUENCES) // repeats)
     parts: list[Scored] = []
     answers = right = 0
     for start in range(0, len(examples), size):

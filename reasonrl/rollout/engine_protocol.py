@@ -93,18 +93,59 @@ def share_params(params: SamplingParams, start: int, stop: int) -> SamplingParam
 
 
 class RolloutEngine(Protocol):
-    """What the trainer needs from a generation engine."""
+    """What the trainer needs from a generation engine, its capabilities included: engines (and the wrappers
+    around them, ``EngineWrapper``) subclass it and inherit the default of each capability they lack, so the
+    trainer calls them all unconditionally and never probes for one."""
 
     stop_token_ids: frozenset[int]
     """Token ids that end a completion (included in it)."""
+
+    shared_by_ranks: bool = False
+    """Several trainer ranks share this engine (remote rollout workers): only rank 0 sends it weights."""
+
+    max_batch_sequences: int | None = None
+    """Sequences the engine decodes together at most; None: it decides (vLLM's scheduler)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """One completion per prompt, in prompt order."""
         ...
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Replace the served weights (after an optimiser step)."""
+        """Replace the served weights (after an optimiser step); an engine that sleeps wakes here."""
         ...
+
+    def sleep(self) -> None:
+        """Give the device memory the engine holds to the update (vLLM's sleep mode) until the next
+        ``load_weights``; an engine without such memory has nothing to do."""
+
+
+class EngineWrapper(RolloutEngine):
+    """An engine around another (``engine``), changing some of what it does: every capability it does not
+    change is the wrapped engine's, forwarded here by name."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self.engine = engine
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:  # type: ignore[override]
+        return self.engine.stop_token_ids
+
+    @property
+    def shared_by_ranks(self) -> bool:  # type: ignore[override]
+        return self.engine.shared_by_ranks
+
+    @property
+    def max_batch_sequences(self) -> int | None:  # type: ignore[override]
+        return self.engine.max_batch_sequences
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        return self.engine.generate(prompts, params)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.engine.load_weights(state_dict)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
 
 
 def finish(token_ids: list[int], logprobs: list[float], stop_ids: frozenset[int], max_new_tokens: int) -> Completion:

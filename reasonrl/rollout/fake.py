@@ -7,12 +7,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from reasonrl.rollout.engine_protocol import Completion, SamplingParams, finish
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, finish
 
 Responder = Callable[[list[int], random.Random], list[int]]
 
 
-class FakeEngine:
+class FakeEngine(RolloutEngine):
     """Deterministic stand-in for a real engine.
 
     ``respond(prompt_ids, rng)`` returns the token ids to emit (a stop token ends the completion).

@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.models.load import ModelError
-from reasonrl.rollout.engine_protocol import Completion, SamplingParams, request_seed
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, request_seed
 from reasonrl.rollout.sampling import sample_tokens
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -161,7 +161,7 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-class FastEngine:
+class FastEngine(RolloutEngine):
     """Continuous-batching decoder behind the RolloutEngine protocol."""
 
     def __init__(

@@ -12,7 +12,14 @@ import torch
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.batch import pad_images
-from reasonrl.rollout.engine_protocol import Completion, SamplingParams, finish, first_token_fire, request_seed
+from reasonrl.rollout.engine_protocol import (
+    Completion,
+    RolloutEngine,
+    SamplingParams,
+    finish,
+    first_token_fire,
+    request_seed,
+)
 from reasonrl.rollout.sampling import sampling_logprobs
 
 
@@ -47,7 +54,7 @@ class _LogprobRecorder(LogitsProcessor):
         return torch.stack(self.recorded, dim=1)
 
 
-class HFEngine:
+class HFEngine(RolloutEngine):
     """Batched ``model.generate`` with left padding and explicit attention masks."""
 
     def __init__(

@@ -15,12 +15,12 @@ a slot per prompt, advanced window by window, the newest published weights loade
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reasonrl.data.examples import Example
-from reasonrl.rollout.engine_protocol import Completion, FinishReason, RolloutEngine, SamplingParams
+from reasonrl.rollout.engine_protocol import Completion, EngineWrapper, FinishReason, RolloutEngine, SamplingParams
 
 
 @dataclass
@@ -153,7 +153,7 @@ class RolloutPool:
         self.groups_admitted = int(state["groups_admitted"])
 
 
-class PartialRollouts:
+class PartialRollouts(EngineWrapper):
     """Partial rollouts (asynchronous RL, rollout.partial_rollouts): an engine whose every call generates
     its responses window by window through a ``RolloutPool`` with a slot per prompt.  Before each window
     ``newest_version`` loads the newest published weights into ``engine`` (when there are newer ones) and
@@ -164,8 +164,8 @@ class PartialRollouts:
     by the caller)."""
 
     def __init__(self, engine: RolloutEngine, window_tokens: int, newest_version: Callable[[], int]) -> None:
-        self.engine, self.window_tokens, self.newest_version = engine, window_tokens, newest_version
-        self.stop_token_ids = engine.stop_token_ids
+        super().__init__(engine)
+        self.window_tokens, self.newest_version = window_tokens, newest_version
         self.reprefill_tokens = 0
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
@@ -189,12 +189,6 @@ class PartialRollouts:
             self.reprefill_tokens += pool.advance(self.engine, request, version).reprefill_tokens
             window += 1
         return [Completion(s.token_ids, s.logprobs, s.finish_reason or "length", s.versions) for s in sequences]
-
-    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
-        self.engine.load_weights(state_dict)
-
-    def __getattr__(self, name: str):
-        return getattr(self.engine, name)
 
 
 def window_seed(seed: int | None, window: int) -> int | None:

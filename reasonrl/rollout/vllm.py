@@ -33,7 +33,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.batch import ImagePrompt
-from reasonrl.rollout.engine_protocol import Completion, SamplingParams, finish, first_token_fire, request_seed
+from reasonrl.rollout.engine_protocol import (
+    Completion,
+    RolloutEngine,
+    SamplingParams,
+    finish,
+    first_token_fire,
+    request_seed,
+)
 
 MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
 IMAGE_BOUNDARY, GLOBAL_IMAGE = "<fake_token_around_image>", "<global-img>"  # Idefics3's image block tokens
@@ -125,7 +132,7 @@ def _trainer_state_kept() -> Iterator[None]:
         torch.set_num_threads = set_num_threads
 
 
-class VLLMEngine:
+class VLLMEngine(RolloutEngine):
     """Generation with vLLM in this process, serving the trainer's weights."""
 
     def __init__(
@@ -180,6 +187,7 @@ class VLLMEngine:
             # a prompt's prefill is never split over scheduler steps: the CPU sampler cannot rewind
             # a per-request seed's generator ("CPU Generator does not use offset")
             options |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+        self.max_batch_sequences = max_batch_sequences
         with _trainer_state_kept():
             self.llm = LLM(
                 model=model.name_or_path,  # its config; the weights come from the trainer below

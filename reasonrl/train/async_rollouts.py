@@ -56,7 +56,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, resolve
 from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
-from reasonrl.rollout.engine_protocol import RolloutEngine
+from reasonrl.rollout.engine_protocol import EngineWrapper, RolloutEngine
 from reasonrl.rollout.tppo_pool import PartialRollouts, RolloutPool
 from reasonrl.train.engine_versions import EngineVersions, ProducerStopped
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
@@ -437,16 +437,14 @@ class AsyncRollouts:
         torch.set_num_threads(self.trainer_threads)
 
 
-class PublishingEngine:
+class PublishingEngine(EngineWrapper):
     """The trainer-side engine of an asynchronous run: ``load_weights`` loads ``engine`` (evaluation and
     value pretraining generate with it) and publishes the weights to the producer; the rest is ``engine``'s."""
 
     def __init__(self, engine: RolloutEngine, rollouts: AsyncRollouts) -> None:
-        self.engine, self.rollouts = engine, rollouts
+        super().__init__(engine)
+        self.rollouts = rollouts
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.engine.load_weights(state_dict)
         self.rollouts.publish(state_dict)
-
-    def __getattr__(self, name: str):
-        return getattr(self.engine, name)

@@ -230,7 +230,7 @@ class FSDP2Ranks(TrainingBackend):
     def engine_weights(self, model: torch.nn.Module, engine: RolloutEngine) -> dict[str, torch.Tensor]:
         """Gathered from every rank's shards (a collective); remote rollout workers that the ranks share
         get them from rank 0 alone, so only rank 0 gathers them, in its CPU memory."""
-        return full_state_dict(model, rank0_only=getattr(engine, "shared_by_ranks", False))
+        return full_state_dict(model, rank0_only=engine.shared_by_ranks)
 
     def save_checkpoint(
         self, run_dir: Path, step: int, trained: TrainedModels, state: dict[str, Any], keep: int, tokenizer: Any

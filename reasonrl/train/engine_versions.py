@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams
+from reasonrl.rollout.engine_protocol import Completion, EngineWrapper, RolloutEngine, SamplingParams
 
 WAIT_SECONDS = 0.5  # how often a producer waiting for a version looks at its stop flag
 
@@ -99,12 +99,12 @@ class EngineVersions:
             del self.weights[version]
 
 
-class ProducerEngine:
+class ProducerEngine(EngineWrapper):
     """The engine as the producer thread's collector sees it: it generates with the producer's version."""
 
     def __init__(self, versions: EngineVersions) -> None:
+        super().__init__(versions.engine)
         self.versions = versions
-        self.stop_token_ids = versions.engine.stop_token_ids
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         if self.versions.stop.value:  # a stopped producer makes no more calls, even mid-batch
@@ -115,11 +115,12 @@ class ProducerEngine:
         raise RuntimeError("the producer's engine loads only published versions (EngineVersions.load_into)")
 
 
-class EvaluationEngine:
+class EvaluationEngine(EngineWrapper):
     """The engine as the trainer sees it: it generates with the newest version.  Weights loaded before the
     producer starts go to the engine as they are; after that, publishing them is what loads them."""
 
     def __init__(self, versions: EngineVersions) -> None:
+        super().__init__(versions.engine)
         self.versions = versions
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
@@ -129,6 +130,3 @@ class EvaluationEngine:
         if self.versions.newest is None:
             with self.versions.calls:
                 self.versions.engine.load_weights(state_dict)
-
-    def __getattr__(self, name: str) -> Any:  # stop_token_ids, shared_by_ranks, … of the engine
-        return getattr(self.versions.engine, name)

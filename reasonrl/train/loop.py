@@ -256,8 +256,7 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     if run.sample_log is not None:  # a few samples as text, before the update (their advantages are the update's)
         run.sample_log.write(step, step_samples(batch, run.tokenizer, cfg.run.log_samples, seed))
     phase(UPDATE_PHASE)
-    if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
-        run.engine.sleep()
+    run.engine.sleep()  # vLLM's sleep mode: the update gets its GPU memory; load_weights wakes it
     signal = bool(batch.advantages[batch.policy_loss_mask.bool()].any())
     metrics["train/no_signal_step"] = float(not signal)
     with timed(metrics, "perf/update_seconds"):
@@ -286,8 +285,7 @@ def train_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: 
     if run.offline is None:
         return rl_step(run, step, phase)
     phase(UPDATE_PHASE)
-    if hasattr(run.engine, "sleep"):  # vLLM sleep mode: the update gets its GPU memory; load_weights wakes it
-        run.engine.sleep()
+    run.engine.sleep()  # vLLM's sleep mode: the update gets its GPU memory; load_weights wakes it
     metrics = offline_step(run, run.offline, step)
     with timed(metrics, "perf/weight_sync_seconds"):
         run.backend.sync_engine(run.model, run.engine)

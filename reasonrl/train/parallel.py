@@ -30,7 +30,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, ConfigError
 from reasonrl.data.examples import Example
 from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
-from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, share_params
+from reasonrl.rollout.engine_protocol import Completion, EngineWrapper, RolloutEngine, SamplingParams, share_params
 from reasonrl.rollout.shards import split_at_group_boundaries
 
 
@@ -165,13 +165,14 @@ def collective_timeout_seconds(cfg: Config) -> float:
     return cfg.dist.worker_timeout_seconds * (3 if shared_workers else 1)
 
 
-class ShardedEngine:
+class ShardedEngine(EngineWrapper):
     """A rollout engine whose calls are split over the ranks: each generates its share of the prompts
     (whole groups of identical prompts on one rank, sampled with their batch-wide indices) and every
     rank gets all the completions, in order.  With one rank it is the engine itself."""
 
     def __init__(self, engine: RolloutEngine, parallel: DataParallel) -> None:
-        self.engine, self.parallel = engine, parallel
+        super().__init__(engine)
+        self.parallel = parallel
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         shares = split_at_group_boundaries(prompts, self.parallel.world_size)
@@ -182,23 +183,21 @@ class ShardedEngine:
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
         """Every rank's own engine loads the weights; an engine the ranks share (remote rollout workers)
         gets them from rank 0 alone."""
-        if not getattr(self.engine, "shared_by_ranks", False) or self.parallel.is_main:
+        if not self.engine.shared_by_ranks or self.parallel.is_main:
             self.engine.load_weights(state_dict)
         self.parallel.barrier()
 
-    def __getattr__(self, name: str) -> Any:  # sleep(), stop_token_ids, … of the engine it wraps
-        return getattr(self.engine, name)
 
-
-class RankZeroEngine:
+class RankZeroEngine(EngineWrapper):
     """An engine that rank 0 alone calls, for every rank: it generates all the prompts and broadcasts the
     completions, and it alone loads weights.  For engines whose weights only rank 0 knows: the rollout
     workers of an asynchronous Ray run, which rank 0's producer shares.  With one rank it is the engine."""
 
-    shared_by_ranks = True
+    shared_by_ranks = True  # type: ignore[assignment]
 
     def __init__(self, engine: RolloutEngine, parallel: DataParallel) -> None:
-        self.engine, self.parallel = engine, parallel
+        super().__init__(engine)
+        self.parallel = parallel
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         return self.parallel.broadcast(self.engine.generate(prompts, params) if self.parallel.is_main else None)
@@ -206,9 +205,6 @@ class RankZeroEngine:
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
         if self.parallel.is_main:
             self.engine.load_weights(state_dict)
-
-    def __getattr__(self, name: str) -> Any:  # stop_token_ids, … of the engine it wraps
-        return getattr(self.engine, name)
 
 
 def shard_module(
