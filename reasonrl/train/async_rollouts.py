@@ -60,7 +60,7 @@ from reasonrl.rollout.engine_protocol import EngineWrapper, RolloutEngine
 from reasonrl.rollout.tppo_pool import PartialRollouts, RolloutPool
 from reasonrl.train.engine_versions import EngineVersions, ProducerStopped
 from reasonrl.train.parallel import SINGLE_PROCESS, DataParallel
-from reasonrl.train.rollout_stage import DynamicSamplingError, PoolCollector, RewardFailureError
+from reasonrl.train.rollout_stage import DynamicSamplingError, RewardFailureError, RolloutStage
 
 log = logging.getLogger(__name__)
 RAISED_AS_THEMSELVES = {error.__name__: error for error in (DataError, DynamicSamplingError, RewardFailureError)}
@@ -221,7 +221,7 @@ def produce(
             if batch.policy_versions is None:  # 4. every token tagged (partial rollouts tag their own)
                 batch.policy_versions = torch.where(batch.response_mask, version, -1)  # [B, T]
             stats = {**stats, **policy.window_stats()}
-            send(ProducedBatch(step, batch, stats, resume_state(collector), idle))
+            send(ProducedBatch(step, batch, stats, collector.state_dict(), idle))
     except ProducerStopped:  # a producer thread stopped mid-batch: the trainer wants nothing more
         return
     except BaseException as exc:  # everything goes to the trainer, which raises it
@@ -237,15 +237,6 @@ def producer_gpu(visible: str | None, count: int, trainer_gpus: int) -> str | No
         return None
     ids = [i.strip() for i in visible.split(",")] if visible else [str(i) for i in range(count)]
     return ids[trainer_gpus]
-
-
-def resume_state(collector) -> dict:
-    """What a checkpoint after the collector's latest batch needs of it: the prompt stream's position, and
-    T-PPO's pool of unfinished sequences."""
-    state = {"stream": collector.stream.state_dict()}
-    if isinstance(collector, PoolCollector):
-        state["pool"] = collector.pool.state_dict()
-    return state
 
 
 def staleness_stats(staleness: torch.Tensor, bound: int) -> dict[str, float]:
@@ -278,8 +269,9 @@ def as_bytes(result: ProducedBatch | ProducerFailure) -> bytes:
     return pickle.dumps(result)
 
 
-class AsyncRollouts:
-    """The rollout stage of an asynchronous run: batches from the producer process, in step order."""
+class AsyncRollouts(RolloutStage):
+    """The rollout stage of an asynchronous run: batches from the producer process, in step order.  Its state is
+    the trainer's copy of the producer's (its stream's position, T-PPO's pool) as of the latest batch collected."""
 
     def __init__(
         self,
@@ -313,9 +305,7 @@ class AsyncRollouts:
         current = self.current_weights()  # every rank: gathering a sharded model's weights is a collective
         if not self.parallel.is_main:
             return
-        state = {"stream": self.stream.state_dict()}
-        if self.rollout_pool is not None:
-            state["pool"] = self.rollout_pool.state_dict()
+        state = self.state_dict()
         if self.engine_versions is not None:
             self.start_thread(first_step, state, current)
             return
@@ -351,9 +341,7 @@ class AsyncRollouts:
         produced = self.parallel.broadcast(self.next_outcome(step) if self.parallel.is_main else None)
         if isinstance(produced, Exception):  # every rank raises the error that ends the run
             raise produced
-        self.stream.load_state_dict(produced.collector_state["stream"])  # a checkpoint resumes after its prompts
-        if self.rollout_pool is not None:
-            self.rollout_pool.load_state_dict(produced.collector_state["pool"])  # ... with the sequences in flight
+        self.load_state_dict(produced.collector_state)  # a checkpoint resumes after its prompts, with its pool
         self.last_step = step
         batch = produced.batch
         sampled = batch.response_mask  # [B, T] the tokens this batch's generation sampled (T-PPO: its window's)
@@ -365,6 +353,15 @@ class AsyncRollouts:
             "perf/producer_idle_seconds": produced.idle_seconds,
             "perf/rollout_wait_seconds": time.perf_counter() - waited,
         }
+
+    def state_dict(self) -> dict:
+        state = {"stream": self.stream.state_dict()}
+        return state if self.rollout_pool is None else {**state, "pool": self.rollout_pool.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+        if self.rollout_pool is not None:
+            self.rollout_pool.load_state_dict(state["pool"])
 
     def next_outcome(self, step: int) -> ProducedBatch | Exception:
         """Step ``step``'s batch, or the error that ends the run (rank 0 sends it to the other ranks)."""

@@ -51,7 +51,7 @@ from reasonrl.rollout.tool_calls import hermes_tool_prompt, with_tool_prompt
 from reasonrl.rollout.trl_environments import TRLEnvironment
 from reasonrl.timing import timed
 from reasonrl.train.episode_rewards import EpisodeRewards, EpisodeScore
-from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, hash_seed
+from reasonrl.train.rollout_stage import MAX_SKIPPED_PROMPTS, Generated, RolloutCollector, RolloutStage, hash_seed
 from reasonrl.train.rollout_stats import finished_stats
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def conversation_token_cap(rollout) -> int:
     return turns * rollout.max_response_tokens + (turns - 1) * INJECTED_TURN_TOKENS
 
 
-class ConversationCollector:
+class ConversationCollector(RolloutStage):
     """Produces each step's batch of multi-turn conversations (``rollout.multiturn``), reusing the
     synchronous collector's engine, stream, prompt encoder (``episode_encoder``: with the environment's tools in
     the system prompt where the chat template cannot render them) and scorer."""
@@ -217,6 +217,12 @@ class ConversationCollector:
     def stream(self) -> TrainingStream:
         """The prompt stream the conversations start from (the synchronous collector's)."""
         return self.synchronous.stream
+
+    def state_dict(self) -> dict:
+        return self.synchronous.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.synchronous.load_state_dict(state)
 
     def collect(self, step: int, seed_step: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
         c, generated = self.synchronous, Generated()

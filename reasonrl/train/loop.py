@@ -67,11 +67,9 @@ def restore(run: Run) -> dict[str, Any]:
     if checkpoint is None:
         return {}
     state = run.backend.load_checkpoint(checkpoint, run.trained)
-    run.stream.load_state_dict(state["stream"])
+    run.rollout.load_state_dict(state)  # the prompt stream's position (T-PPO: and its pool)
     run.kl.coef = state["kl_coef"]
     run.updater.skipped_steps = state["skipped_steps"]
-    if run.rollout_pool is not None:
-        run.rollout_pool.load_state_dict(state["pool"])
     run.backend.sync_engine(run.model, run.engine)
     log.info("resuming from %s (step %d)", checkpoint, state["step"])
     return state
@@ -211,10 +209,9 @@ def resume_state(run: Run) -> dict[str, Any]:
     """What a checkpoint's ``state.json`` holds of the run: the data position, the KL coefficient, the
     skipped steps and T-PPO's rollout pool (copies: the steps after do not change them)."""
     return {
-        "stream": run.stream.state_dict(),
+        **run.rollout.state_dict(),
         "kl_coef": float(run.kl.coef),
         "skipped_steps": run.updater.skipped_steps,
-        **({"pool": run.rollout_pool.state_dict()} if run.rollout_pool is not None else {}),
     }
 
 

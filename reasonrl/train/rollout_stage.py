@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -38,6 +39,31 @@ from reasonrl.train.process_rewards import all_failed_prompt_stats
 from reasonrl.train.rollout_stats import finished_stats, fullness_stats, scoring_errors
 
 log = logging.getLogger(__name__)
+
+
+class RolloutStage(Protocol):
+    """Where each step's batch comes from: every way a run produces it implements this (``RolloutCollector``:
+    synchronous single-turn rollouts; ``PoolCollector``: T-PPO's windows; ``ConversationCollector``: multi-turn
+    episodes; ``AsyncRollouts``: any of them in a producer ahead of the trainer), and ``setup.training_rollouts``
+    is the one place that picks it from the settings.
+
+    Its state is what a checkpoint keeps of it so a resumed run continues exactly: the prompt stream's position
+    (``stream``), and T-PPO's sequences in flight (``pool``) where it has them."""
+
+    stream: TrainingStream
+    """The prompts it draws from."""
+
+    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Step ``step``'s batch and its rollout metrics."""
+        ...
+
+    def state_dict(self) -> dict:
+        """What a checkpoint after its latest batch keeps of it."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint's ``state_dict``."""
+        ...
 
 
 class DynamicSamplingError(RuntimeError):
@@ -113,7 +139,7 @@ class RolloutSettings:
         return cls(cfg.rollout, cfg.algo, cfg.reward, seed, per_pass, overlong_cache, cfg.train.rollout_steps)
 
 
-class RolloutCollector:
+class RolloutCollector(RolloutStage):
     """Produces each step's training batch from the prompt stream."""
 
     def __init__(
@@ -131,6 +157,12 @@ class RolloutCollector:
         self.stream, self.encoder = stream, encoder
         self.process_rewards = process_rewards  # dense line rewards for code rows (reward.prm_dense), or None
         self.format_verifier = FormatVerifier()
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
 
     def shaped_rewards(self, scored: Scored) -> tuple[torch.Tensor, dict[str, float]]:
         """Verifier scores mapped to [incorrect_score, correct_score], plus format and overlong terms."""
@@ -269,7 +301,7 @@ class RolloutCollector:
 MAX_SKIPPED_PROMPTS = 1000  # consecutive over-long prompts before the pool gives up
 
 
-class PoolCollector:
+class PoolCollector(RolloutStage):
     """T-PPO's rollout stage (arXiv 2506.15050; docs/algorithms.md, T-PPO): one window of the rollout pool per step.
 
     The step's batch holds every sequence the window advanced, each with its prompt and its whole
@@ -298,6 +330,13 @@ class PoolCollector:
     def stream(self) -> TrainingStream:
         """The prompt stream the pool admits prompts from (the synchronous collector's)."""
         return self.synchronous.stream
+
+    def state_dict(self) -> dict:
+        return {**self.synchronous.state_dict(), "pool": self.pool.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.synchronous.load_state_dict(state)
+        self.pool.load_state_dict(state["pool"])
 
     def _new_group(self, step: int):
         collector = self.synchronous

@@ -53,7 +53,7 @@ from reasonrl.train.offline_batches import OfflineData
 from reasonrl.train.parallel import DataParallel, RankZeroEngine, RemoteWorkers
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.process_rewards import ProcessRewards
-from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
+from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings, RolloutStage
 from reasonrl.train.run_health import RunHealth
 from reasonrl.train.sample_log import SampleLog
 from reasonrl.train.step import PolicyUpdater, RolloutCorrection
@@ -84,11 +84,9 @@ class Run:
     encoder: PromptEncoder
     collector: RolloutCollector
     """Synchronous single-turn rollouts (value pretraining always uses them)."""
-    rollout: RolloutCollector | PoolCollector | ConversationCollector | AsyncRollouts
+    rollout: RolloutStage
     """The training rollouts' stage: ``collector``, T-PPO's truncated rollouts (algo.window_tokens),
     multi-turn conversations (rollout.multiturn) or the asynchronous producer's (rollout.max_staleness)."""
-    rollout_pool: RolloutPool | None
-    """T-PPO's pool of unfinished sequences, which a checkpoint holds (None without T-PPO)."""
     updater: PolicyUpdater
     kl: FixedKLController | AdaptiveKLController
     critic: CriticUpdater | None
@@ -401,7 +399,6 @@ def setup(
         rollout=rollout,
         held_out_episodes=evaluation_episodes(cfg, rollout, collector),
         producer=producer,
-        rollout_pool=rollout_pool,
         updater=updater,
         kl=kl,
         critic=critic,
@@ -451,10 +448,13 @@ def prompt_encoder(cfg: Config, tokenizer, processor=None) -> PromptEncoder:
     )
 
 
-def evaluation_episodes(cfg: Config, rollout, collector: RolloutCollector) -> ConversationCollector | None:
+def evaluation_episodes(
+    cfg: Config, rollout: RolloutStage, collector: RolloutCollector
+) -> ConversationCollector | None:
     """The held-out episodes of an environment run (rollout.multiturn tool or env): the training rollouts where
-    they are conversations, else conversations of their own (an asynchronous run's producer plays its own
-    elsewhere); None for a run whose evaluation answers in one turn."""
+    they are conversations (one environment, one sandbox, one connection for both), else conversations of their
+    own (an asynchronous run's producer plays its own elsewhere); None for a run whose evaluation answers in one
+    turn."""
     if cfg.rollout.multiturn not in ("tool", "env"):
         return None
     return rollout if isinstance(rollout, ConversationCollector) else ConversationCollector(collector)
@@ -468,9 +468,7 @@ def spare_gpu(device: torch.device) -> str | None:
     return producer_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), trainer_gpus)
 
 
-def producer_collector(
-    cfg: Config, state: dict, verifier: Verifier | None, policy: ProducerPolicy
-) -> RolloutCollector | PoolCollector | ConversationCollector:
+def producer_collector(cfg: Config, state: dict, verifier: Verifier | None, policy: ProducerPolicy) -> RolloutStage:
     """The rollout producer's collector (rollout.max_staleness ≥ 1), built in its own process from the
     config (and the run's own ``verifier``, pickled across): the policy's engine as ``policy`` wraps it
     (its weights come from the trainer before the first batch) and the scorer (``producer_rollouts``)."""
@@ -487,7 +485,7 @@ def producer_collector(
 
 def shared_engine_collector(
     versions: EngineVersions, scorer: Scorer, cfg: Config, state: dict, verifier: Any, policy: ProducerPolicy
-) -> RolloutCollector | PoolCollector | ConversationCollector:
+) -> RolloutStage:
     """The collector of a producer thread on remote engines (dist.backend=ray): the rollout workers at the
     producer's version (``versions``) and the reward workers (``scorer``), both shared with evaluation."""
     tokenizer = load_tokenizer(cfg.model.name_or_path)  # its own: a thread does not share the trainer's
@@ -496,7 +494,7 @@ def shared_engine_collector(
 
 def producer_rollouts(
     cfg: Config, state: dict, policy: ProducerPolicy, engine: RolloutEngine, scorer: Scorer, tokenizer
-) -> RolloutCollector | PoolCollector | ConversationCollector:
+) -> RolloutStage:
     """The producer's rollouts through ``engine`` and ``scorer``: its own prompt stream at ``state["stream"]``,
     T-PPO's pool at ``state["pool"]`` or multi-turn conversations where the run has them, each batch tagged
     with the version ``policy`` holds."""
@@ -517,7 +515,7 @@ def training_rollouts(
     collector: RolloutCollector,
     pool: RolloutPool | None,
     sampling_version: Callable[[int], int] | None = None,
-) -> RolloutCollector | PoolCollector | ConversationCollector:
+) -> RolloutStage:
     """The rollouts each step trains on: T-PPO's windows of ``pool`` (sampled with the policy version
     ``sampling_version(step)``: step − 1 by default), multi-turn conversations (rollout.multiturn), else
     ``collector``'s synchronous single-turn ones."""

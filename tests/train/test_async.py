@@ -41,6 +41,9 @@ class CountingStream:
     def state_dict(self) -> dict:
         return {"consumed": self.consumed}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.consumed = state["consumed"]
+
 
 class StandInCollector:
     """One row per step, its only token the step number; ``behaviour`` picks a failure to act out."""
@@ -48,6 +51,12 @@ class StandInCollector:
     def __init__(self, stream_state: dict, behaviour: str, engine_for) -> None:
         self.engine, self.behaviour = engine_for(RecordingEngine()), behaviour
         self.stream = CountingStream(stream_state["consumed"])
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
 
     def collect(self, step: int):
         if self.behaviour == "raises" and step == 2:
