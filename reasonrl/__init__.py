@@ -8,6 +8,7 @@ docs/python-api.md); ``reasonrl.train`` is also the training package, whose modu
 import types
 
 from reasonrl import train as _training_package
+from reasonrl.errors import ReasonRLError
 from reasonrl.version import __version__
 
 
@@ -28,4 +29,4 @@ class _CallableTrainingPackage(types.ModuleType):
 
 _training_package.__class__ = _CallableTrainingPackage
 
-__all__ = ["__version__", "train"]
+__all__ = ["ReasonRLError", "__version__", "train"]

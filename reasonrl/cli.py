@@ -31,6 +31,7 @@ from reasonrl.config import ConfigError, list_presets, load_config, resolve
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
 from reasonrl.config.validate import finite_number
+from reasonrl.errors import ReasonRLError
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
 from reasonrl.version import __version__
 
@@ -92,30 +93,17 @@ def _cmd_sandbox_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_push(args: argparse.Namespace) -> int:
-    from reasonrl.jobs.push import PushError, push_run
+    from reasonrl.jobs.push import push_run
 
-    try:
-        report = push_run(
-            Path(args.run), args.repo, checkpoint=args.checkpoint, private=args.private, dry_run=args.dry_run
-        )
-    except PushError as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 1
+    report = push_run(Path(args.run), args.repo, checkpoint=args.checkpoint, private=args.private, dry_run=args.dry_run)
     print(json.dumps(report, indent=2))
     return 0
 
 
 def _print_summary(produce: Callable[[], dict], output: str | None = None) -> int:
-    """Run a data-producing command: its summary as JSON (status 0; also written to ``output``), or a bad-data
-    or bad-model error (status 1)."""
-    from reasonrl.data.loaders import DataError
-    from reasonrl.models.load import ModelError
-
-    try:
-        summary = produce()
-    except (DataError, ModelError) as exc:
-        print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 1
+    """Run a data-producing command: its summary as JSON (status 0; also written to ``output``); its errors
+    (bad data, a model that cannot load: status 1) are ``main``'s to print."""
+    summary = produce()
     text = json.dumps(summary, indent=2)
     print(text)
     if output:
@@ -371,10 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging()
     try:
         return args.handler(args)
-    except ConfigError as exc:
+    except ReasonRLError as exc:  # bad settings (status 2), bad data, a model that cannot load, ... (status 1)
         if main_rank():
             print(f"reasonrl: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_status
     except KeyboardInterrupt as exc:  # a run says where it stopped and how to resume (TrainingInterrupted)
         if main_rank():
             print(f"reasonrl: {str(exc) or 'interrupted'}", file=sys.stderr)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from reasonrl.config import Config, ConfigError, load_config, resolve
+from reasonrl.errors import ReasonRLError
 
 DEFAULT_PRESET = "dapo"
 RANK_ERROR_GRACE_SECONDS = 20.0
@@ -99,16 +100,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.train.cpu_threads import sleeping_openmp_threads
 
     sleeping_openmp_threads()  # before torch loads OpenMP: on a busy machine its idle threads sleep, not spin
-    from reasonrl.data.loaders import DataError
     from reasonrl.data.source import check_sources
-    from reasonrl.dist.cluster_errors import ClusterError, WorkerDiedError
-    from reasonrl.models.load import ModelError
-    from reasonrl.models.optim import NonFiniteWeightsError
-    from reasonrl.train.async_rollouts import ProducerError
     from reasonrl.train.loop import data_spec, fit
-    from reasonrl.train.rollout_stage import DynamicSamplingError, RewardFailureError
-    from reasonrl.train.run_health import RunHealthError
-    from reasonrl.train.rundir import DiskFullError
 
     preset, overrides = _preset_and_overrides(args)
     run_dir = None
@@ -142,23 +135,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             summary = fit_on_ray(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=args.progress)
         else:
             summary = fit(cfg, run_dir, preset=preset, overrides=tuple(overrides), show_progress=args.progress)
-    except (
-        DataError,
-        ModelError,
-        DynamicSamplingError,
-        RewardFailureError,
-        NonFiniteWeightsError,
-        RunHealthError,
-        DiskFullError,
-        ClusterError,
-        WorkerDiedError,
-        ProducerError,
-    ) as exc:
+    except ConfigError:
+        raise  # the settings' error: `reasonrl` prints it once, from rank 0
+    except ReasonRLError as exc:  # the run's error: every rank says it (rank 0 first), without a traceback
         if not main_rank():
             time.sleep(RANK_ERROR_GRACE_SECONDS)
         where = "" if main_rank() else f" (rank {os.environ['RANK']})"
         print(f"reasonrl: error{where}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_status
     if not speaks:
         return 0
     run_dir = Path(summary["run_dir"])

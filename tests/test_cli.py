@@ -154,3 +154,35 @@ def test_a_missing_question_field_names_the_setting_of_the_command(tmp_path, cap
     train = ["train", "grpo", "model.name_or_path=tiny-random", f"data.dataset={rows}", f"run.output_dir={tmp_path}"]
     assert main(train) == 1
     assert capsys.readouterr().err.splitlines()[-1] == f"reasonrl: error: {rows}:1: {fix.format('data.question_field')}"
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        ("reasonrl.train.run_health:RunHealthError", 1),
+        ("reasonrl.train.trackers:TrackerError", 1),
+        ("reasonrl.reward.custom:RewardFunctionError", 1),
+        ("reasonrl.dist.cluster_errors:WorkerDiedError", 1),
+        ("reasonrl.config:ConfigError", 2),
+    ],
+)
+def test_every_error_a_run_raises_for_its_user_is_one_line_with_its_exit_status(
+    error, status, tmp_path, capsys, monkeypatch
+):
+    import importlib
+
+    import reasonrl
+    import reasonrl.train.loop
+
+    module, name = error.split(":")
+    kind = getattr(importlib.import_module(module), name)
+    assert issubclass(kind, reasonrl.ReasonRLError)  # what a caller of the Python API catches
+
+    def fails(*args, **kwargs):
+        raise kind("the reward has not moved for 5 steps; see summary.md")
+
+    monkeypatch.setattr(reasonrl.train.loop, "fit", fails)
+    assert main(["train", "grpo", "model.name_or_path=tiny-random", f"run.output_dir={tmp_path}", "--quiet"]) == status
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "reasonrl: error: the reward has not moved for 5 steps; see summary.md"
+    assert "Traceback" not in err

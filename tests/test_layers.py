@@ -13,7 +13,7 @@ import reasonrl
 PACKAGE = Path(reasonrl.__file__).parent
 # bottom to top; a part may import its own rank and the ranks below it
 RANKS: tuple[tuple[str, ...], ...] = (
-    ("algo",),  # pure torch math
+    ("algo", "errors"),  # pure torch math; the root of the errors a user reads
     # the run's settings, the typed rollout batch, stage timing and progress, the version, whether the Hub answers
     ("config", "batch", "timing", "version", "hub_access"),
     ("data",),  # examples, datasets, prompts and their encodings, offline datasets

@@ -2,9 +2,13 @@
 
 from collections.abc import Sequence
 
+from reasonrl.errors import ReasonRLError
 
-class ConfigError(ValueError):
+
+class ConfigError(ReasonRLError, ValueError):
     """A configuration problem, with a message that says how to fix it."""
+
+    exit_status = 2
 
 
 def listing(problems: Sequence[str]) -> ConfigError:

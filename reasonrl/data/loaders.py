@@ -26,12 +26,13 @@ from reasonrl.data.images import IMAGES_FIELD, ImageError, row_images
 from reasonrl.data.preferences import hh_prompt_example
 from reasonrl.data.visual_tasks import PROBLEMS as VISUAL_PROBLEMS
 from reasonrl.data.visual_tasks import visual_examples
+from reasonrl.errors import ReasonRLError
 from reasonrl.hub_access import hub_unreachable
 
 HOLDOUT_BUCKETS = 5  # single-split sources hold out one row in five (by its position) for evaluation
 
 
-class DataError(ValueError):
+class DataError(ReasonRLError, ValueError):
     """Bad or missing data, with the file and line (or the field) at fault."""
 
 

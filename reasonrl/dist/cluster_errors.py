@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reasonrl.errors import ReasonRLError
 
-class ClusterError(RuntimeError):
+
+class ClusterError(ReasonRLError, RuntimeError):
     """The Ray cluster cannot be reached, or cannot host the workers asked for."""
 
 
-class WorkerDiedError(RuntimeError):
+class WorkerDiedError(ReasonRLError, RuntimeError):
     """A Ray worker (a rollout engine or a scorer) died or stopped answering; the run cannot go on.
 
     The message names the worker: its role, index, actor id and node.  A restarted worker would have

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from reasonrl.errors import ReasonRLError
 from reasonrl.train.checkpoint import STATE_FILE, LinkedCheckpointsError, find_checkpoint, latest_checkpoint
 
 FINAL_DIR = "final"
@@ -30,7 +31,7 @@ NOT_UPLOADED = {"trainer.pt", STATE_FILE}  # optimiser and data-stream state: fo
 HUB_NAMES = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # built-in model specs on the Hub
 
 
-class PushError(ValueError):
+class PushError(ReasonRLError, ValueError):
     """A run or checkpoint that cannot be pushed, or a push that failed, with what to do about it."""
 
 

@@ -1,5 +1,8 @@
 """The error every model loader raises: a spec that cannot be resolved or loaded, with what to do about it."""
 
 
-class ModelError(RuntimeError):
+from reasonrl.errors import ReasonRLError
+
+
+class ModelError(ReasonRLError, RuntimeError):
     """A model spec that cannot be resolved or loaded, with what to do about it."""

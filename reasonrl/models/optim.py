@@ -8,6 +8,8 @@ import math
 import torch
 from torch.optim.adamw import adamw as adamw_step
 
+from reasonrl.errors import ReasonRLError
+
 log = logging.getLogger(__name__)
 
 
@@ -149,7 +151,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 self.state[param] = self._placed(param, state_dict["state"][saved_id])
 
 
-class NonFiniteWeightsError(RuntimeError):
+class NonFiniteWeightsError(ReasonRLError, RuntimeError):
     """A trained model's weights hold NaN or an infinity: nothing trained from there on means anything."""
 
 

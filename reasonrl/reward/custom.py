@@ -50,6 +50,7 @@ from typing import Any
 
 from reasonrl.config.validate import FLOAT32_MAX
 from reasonrl.data.examples import Example
+from reasonrl.errors import ReasonRLError
 from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext, reward_number
 
@@ -61,7 +62,7 @@ VERIFIER_TERM = "verifier"
 _LOADED: dict[tuple[str, str], Callable[..., Any]] = {}  # per process: (spec, search path) -> function
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(ReasonRLError, ValueError):
     """A reward function that cannot be named, imported or found, with what to do about it."""
 
 

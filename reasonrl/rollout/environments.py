@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from reasonrl.data.countdown import ExpressionError, Puzzle, calculate
 from reasonrl.data.examples import Example
 from reasonrl.data.guess_number import HIGHEST, LOWEST
+from reasonrl.errors import ReasonRLError
 from reasonrl.reward.custom import RewardFunctionError, load_named
 from reasonrl.rollout.conversations import ToolRule, answer_tool_calls
 from reasonrl.rollout.episodes import ROLE_POLICY, Conversation, Environment, Injection, Observation, Step
@@ -38,7 +39,7 @@ WHOLE_NUMBER = re.compile(r"\d+")
 PROTOCOL = ("reset", "step", "finish")  # what an environment class must have (an Environment subclass has all)
 
 
-class EnvironmentLoadError(ValueError):
+class EnvironmentLoadError(ReasonRLError, ValueError):
     """An environment that cannot be named, imported or used, with what to do about it."""
 
 

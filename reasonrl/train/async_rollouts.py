@@ -56,6 +56,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import Config, resolve
 from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
+from reasonrl.errors import ReasonRLError
 from reasonrl.rollout.engine_protocol import EngineWrapper, RolloutEngine
 from reasonrl.rollout.tppo_pool import PartialRollouts, RolloutPool
 from reasonrl.train.engine_versions import EngineVersions, ProducerStopped
@@ -71,7 +72,7 @@ STOP_SECONDS = 10.0  # a stopped producer gets this long to exit before it is ki
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_PORT")
 
 
-class ProducerError(RuntimeError):
+class ProducerError(ReasonRLError, RuntimeError):
     """The rollout producer failed, died or went silent; the message says which and how to go on."""
 
 

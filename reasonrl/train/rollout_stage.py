@@ -27,6 +27,7 @@ from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
+from reasonrl.errors import ReasonRLError
 from reasonrl.reward.custom import VERIFIER_TERM
 from reasonrl.reward.format import FormatVerifier
 from reasonrl.reward.verifier_protocol import RewardResult, Scorer, ScoringContext
@@ -66,11 +67,11 @@ class RolloutStage(Protocol):
         ...
 
 
-class DynamicSamplingError(RuntimeError):
+class DynamicSamplingError(ReasonRLError, RuntimeError):
     """Dynamic sampling could not fill a batch within its generation-pass budget."""
 
 
-class RewardFailureError(RuntimeError):
+class RewardFailureError(ReasonRLError, RuntimeError):
     """A reward function (or the built-in scorer) failed on too many of a step's calls to train on."""
 
 

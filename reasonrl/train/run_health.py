@@ -26,6 +26,7 @@ import torch
 
 from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import RolloutBatch
+from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ NON_FINITE_GRADIENT_STEPS = 3
 a run: one is a bad batch; three are a loss that no longer means anything (weights that overflow its forward)."""
 
 
-class RunHealthError(RuntimeError):
+class RunHealthError(ReasonRLError, RuntimeError):
     """A run that would train on nothing or on weights other than its own: stopped, with the reason."""
 
 

@@ -35,6 +35,7 @@ import yaml
 
 from reasonrl.config import Config, ConfigError, load_config, to_dict
 from reasonrl.config.render import render_yaml
+from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during a run; the message says where it stopped and how to resume."""
 
 
-class DiskFullError(OSError):
+class DiskFullError(ReasonRLError, OSError):
     """The disk filled during a run; the message says what was kept and how to resume."""
 
     def __str__(self) -> str:

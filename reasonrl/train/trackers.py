@@ -24,12 +24,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from reasonrl.errors import ReasonRLError
+
 MAIN_STREAM = "metrics"
 PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow"}
 STATE_FILE = "trackers.json"
 
 
-class TrackerError(RuntimeError):
+class TrackerError(ReasonRLError, RuntimeError):
     """A tracker listed in ``run.loggers`` that cannot be used, with what to do about it."""
 
 
