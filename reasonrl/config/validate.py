@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from reasonrl.config.config_error import listing
@@ -212,32 +214,11 @@ def _algorithm(cfg: Config) -> list[str]:
             f"algo.window_tokens={a.window_tokens} must be between 1 and rollout.max_response_tokens="
             f"{r.max_response_tokens} (exclusive) for truncated rollouts to continue across steps"
         )
-    if a.window_tokens is not None and a.dynamic_sampling:
-        problems.append(
-            "algo.dynamic_sampling regenerates whole groups, which T-PPO's truncated rollouts (algo.window_tokens) "
-            "never wait for; set algo.dynamic_sampling=false"
-        )
-    if a.window_tokens is not None and r.fire.enabled:
-        problems.append(
-            "rollout.fire samples fixed response positions in one call, but truncated rollouts (algo.window_tokens) "
-            "continue responses across calls; set rollout.fire.enabled=false"
-        )
     if a.policy_tokens != "window" and a.window_tokens is None:
         problems.append("algo.policy_tokens applies to truncated rollouts only: set algo.window_tokens too")
     if r.environment is not None and r.multiturn != "env":
         problems.append(f"rollout.environment={r.environment} needs rollout.multiturn=env")
     if r.multiturn != "none":
-        clashes = {
-            "algo.window_tokens (T-PPO truncated rollouts)": a.window_tokens is not None,
-            "algo.dynamic_sampling": a.dynamic_sampling,
-            "rollout.fire": r.fire.enabled,
-            "algo.overlong=soft (a per-response length penalty)": a.overlong == "soft",
-        }
-        problems += [
-            f"rollout.multiturn={r.multiturn} cannot be combined with {name}; turn it off"
-            for name, on in clashes.items()
-            if on
-        ]
         python_tool = r.multiturn == "tool" or r.environment == "python"
         if python_tool and (r.max_tool_calls < 1 or r.tool_timeout_seconds <= 0):
             problems.append(
@@ -273,15 +254,8 @@ def _algorithm(cfg: Config) -> list[str]:
         problems.append("critic.init=prm needs reward.prm_path=DIR or critic.path=DIR (`reasonrl rm train --kind prm`)")
     elif cfg.critic.init not in ("policy", "prm") and not cfg.critic.path:
         problems.append(f"critic.init={cfg.critic.init} needs critic.path=DIR (a saved critic or reward model)")
-    if cfg.reward.prm_dense != "off":
-        if not cfg.reward.prm_path:
-            problems.append(
-                f"reward.prm_dense={cfg.reward.prm_dense} needs reward.prm_path=DIR (`rm train --kind prm`)"
-            )
-        if cfg.rollout.multiturn != "none" or cfg.algo.window_tokens is not None:
-            problems.append(
-                "reward.prm_dense scores whole single-turn responses: turn off rollout.multiturn and T-PPO windows"
-            )
+    if cfg.reward.prm_dense != "off" and not cfg.reward.prm_path:
+        problems.append(f"reward.prm_dense={cfg.reward.prm_dense} needs reward.prm_path=DIR (`rm train --kind prm`)")
     if cfg.critic.init == "policy" and cfg.critic.path:
         problems.append("critic.path is set but critic.init is 'policy'; set critic.init=checkpoint or reward_model")
     return problems
@@ -362,23 +336,12 @@ def _offline(cfg: Config) -> list[str]:
             f"train.minibatch_sequences={t.minibatch_sequences} must be even with algo.offline=dpo (a chosen and "
             "a rejected response per pair)"
         )
-    if a.offline != "none" and data_parallel_size(cfg) > 1:
-        problems.append(f"algo.offline={a.offline} trains in one process; run it without torchrun or Ray trainers")
     checks = [
         (a.offline_beta > 0, "algo.offline_beta must be > 0"),
         (0 <= a.dqo_lambda <= 1, "algo.dqo_lambda must be in [0, 1]"),
         (a.dqo_weight_clip is None or a.dqo_weight_clip > 0, "algo.dqo_weight_clip must be > 0 (or null)"),
     ]
     return problems + [message for ok, message in checks if not ok]
-
-
-def _memory(cfg: Config) -> list[str]:
-    if cfg.train.param_dtype == "bfloat16" and cfg.model.dtype == "float32":
-        return [
-            "train.param_dtype=bfloat16 stores the trained weights in bf16, so the forward passes cannot run in "
-            "float32 as model.dtype=float32 asks; set model.dtype=bfloat16 (or auto), or train.param_dtype=float32"
-        ]
-    return []
 
 
 def _asynchronous(cfg: Config) -> list[str]:
@@ -402,22 +365,6 @@ def _asynchronous(cfg: Config) -> list[str]:
                 "T-PPO's algo.window_tokens)"
             )
         return problems
-    # each: the setting, and why the producer cannot run with it yet
-    unsupported = {
-        "rollout.partial_rollouts with algo.window_tokens (T-PPO)": (
-            r.partial_rollouts and a.window_tokens is not None,
-            "T-PPO's windows already continue responses under the weights of the steps after",
-        ),
-        "rollout.partial_rollouts with rollout.multiturn": (
-            r.partial_rollouts and r.multiturn != "none",
-            "a conversation's turns do not keep each token's policy version",
-        ),
-        "algo.offline": (a.offline != "none", "an offline run generates nothing"),
-        "reward.prm_dense": (cfg.reward.prm_dense != "off", "the process reward model is loaded by the trainer"),
-    }
-    for setting, (used, why) in unsupported.items():
-        if used:
-            problems.append(f"rollout.max_staleness={r.max_staleness} does not run with {setting} yet: {why}")
     if data_parallel_size(cfg) > 1 and r.producer_timeout_seconds > cfg.dist.worker_timeout_seconds:
         problems.append(
             f"rollout.producer_timeout_seconds={r.producer_timeout_seconds:g} exceeds dist.worker_timeout_seconds="
@@ -425,6 +372,126 @@ def _asynchronous(cfg: Config) -> list[str]:
             "without saying why"
         )
     return problems
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What decides whether settings run together beyond the settings themselves, known once a run starts
+    (``setup``); ``validate`` checks the settings alone, with these at their defaults."""
+
+    vision_language: bool = False
+    """The policy is a vision-language model (known from its config)."""
+    engine_given: bool = False
+    """The run was given an engine object (the Python API, tests) rather than building one from the settings."""
+
+
+@dataclass(frozen=True)
+class NotRunTogether:
+    """A combination reasonrl does not run: ``first`` with ``second``, refused with ``fix`` (what to change and
+    why) wherever ``combined`` holds."""
+
+    first: str
+    second: str
+    combined: Callable[[Config, RunFacts], bool]
+    fix: str
+
+    def message(self) -> str:
+        return f"{self.first} does not run with {self.second}: {self.fix}"
+
+
+def _async(cfg: Config) -> bool:
+    return cfg.rollout.max_staleness >= 1
+
+
+def _multiturn(cfg: Config) -> bool:
+    return cfg.rollout.multiturn != "none"
+
+
+def _tppo(cfg: Config) -> bool:
+    return cfg.algo.window_tokens is not None
+
+
+VLM = "a vision-language model"
+VLM_FIX = "train it with single-turn rollouts, full fine-tuning, in one process (not supported yet)"
+NOT_RUN_TOGETHER: tuple[NotRunTogether, ...] = (
+    # T-PPO's truncated rollouts continue responses across steps
+    NotRunTogether("algo.window_tokens (T-PPO)", "algo.dynamic_sampling",
+                   lambda c, _: _tppo(c) and c.algo.dynamic_sampling,
+                   "dynamic sampling regenerates whole groups, which truncated rollouts never wait for; "
+                   "set algo.dynamic_sampling=false"),
+    NotRunTogether("algo.window_tokens (T-PPO)", "rollout.fire", lambda c, _: _tppo(c) and c.rollout.fire.enabled,
+                   "FIRE samples fixed response positions in one call, but truncated rollouts continue responses "
+                   "across calls; set rollout.fire.enabled=false"),
+    # multi-turn conversations
+    NotRunTogether("rollout.multiturn", "algo.window_tokens (T-PPO)", lambda c, _: _multiturn(c) and _tppo(c),
+                   "turn one off"),
+    NotRunTogether("rollout.multiturn", "algo.dynamic_sampling",
+                   lambda c, _: _multiturn(c) and c.algo.dynamic_sampling, "turn one off"),
+    NotRunTogether("rollout.multiturn", "rollout.fire", lambda c, _: _multiturn(c) and c.rollout.fire.enabled,
+                   "turn one off"),
+    NotRunTogether("rollout.multiturn", "algo.overlong=soft",
+                   lambda c, _: _multiturn(c) and c.algo.overlong == "soft",
+                   "the soft penalty is per single-turn response; turn one off"),
+    # dense process rewards score whole single-turn responses
+    NotRunTogether("reward.prm_dense", "rollout.multiturn",
+                   lambda c, _: c.reward.prm_dense != "off" and _multiturn(c),
+                   "it scores whole single-turn responses; turn one off"),
+    NotRunTogether("reward.prm_dense", "algo.window_tokens (T-PPO)",
+                   lambda c, _: c.reward.prm_dense != "off" and _tppo(c),
+                   "it scores whole responses, not windows; turn one off"),
+    # offline data and precision
+    NotRunTogether("algo.offline", "data parallelism (torchrun or Ray trainers)",
+                   lambda c, _: c.algo.offline != "none" and data_parallel_size(c) > 1,
+                   "an offline run trains in one process; run it without torchrun or Ray trainers"),
+    NotRunTogether("train.param_dtype=bfloat16", "model.dtype=float32",
+                   lambda c, _: c.train.param_dtype == "bfloat16" and c.model.dtype == "float32",
+                   "bf16 trained weights cannot run float32 forward passes; set model.dtype=bfloat16 (or auto), "
+                   "or train.param_dtype=float32"),
+    # the asynchronous producer (rollout.max_staleness >= 1; docs/async.md)
+    NotRunTogether("rollout.max_staleness>=1 with rollout.partial_rollouts", "algo.window_tokens (T-PPO)",
+                   lambda c, _: _async(c) and c.rollout.partial_rollouts and _tppo(c),
+                   "T-PPO's windows already continue responses under the weights of the steps after (not yet)"),
+    NotRunTogether("rollout.max_staleness>=1 with rollout.partial_rollouts", "rollout.multiturn",
+                   lambda c, _: _async(c) and c.rollout.partial_rollouts and _multiturn(c),
+                   "a conversation's turns do not keep each token's policy version (not yet)"),
+    NotRunTogether("rollout.max_staleness>=1", "algo.offline", lambda c, _: _async(c) and c.algo.offline != "none",
+                   "an offline run generates nothing"),
+    NotRunTogether("rollout.max_staleness>=1", "reward.prm_dense",
+                   lambda c, _: _async(c) and c.reward.prm_dense != "off",
+                   "the process reward model is loaded by the trainer (not yet)"),
+    NotRunTogether("rollout.max_staleness>=1", "an engine object given to the run",
+                   lambda c, facts: _async(c) and facts.engine_given,
+                   "the producer process builds its engine from the config: a run given its own engine object "
+                   "runs synchronously (max_staleness=0)"),
+    # a vision-language policy
+    NotRunTogether(VLM, "rollout.multiturn", lambda c, facts: facts.vision_language and _multiturn(c), VLM_FIX),
+    NotRunTogether(VLM, "algo.window_tokens (T-PPO)", lambda c, facts: facts.vision_language and _tppo(c), VLM_FIX),
+    NotRunTogether(VLM, "algo.offline", lambda c, facts: facts.vision_language and c.algo.offline != "none",
+                   VLM_FIX),
+    NotRunTogether(VLM, "model.lora_rank", lambda c, facts: facts.vision_language and bool(c.model.lora_rank),
+                   VLM_FIX),
+    NotRunTogether(VLM, "data parallelism", lambda c, facts: facts.vision_language and data_parallel_size(c) > 1,
+                   VLM_FIX),
+    NotRunTogether(VLM, "dist.backend=ray", lambda c, facts: facts.vision_language and c.dist.backend == "ray",
+                   VLM_FIX),
+    NotRunTogether(VLM, "reward.prm_dense (a text PRM)",
+                   lambda c, facts: facts.vision_language and c.reward.prm_dense != "off", VLM_FIX),
+    NotRunTogether(VLM, "critic.init=reward_model or prm (a text model)",
+                   lambda c, facts: facts.vision_language and c.critic.init in ("reward_model", "prm"), VLM_FIX),
+)  # fmt: skip
+"""Every combination of modes reasonrl refuses, in one place: a new mode adds its rows here."""
+
+
+def not_run_together(cfg: Config, facts: RunFacts) -> list[str]:
+    """The message of every row of ``NOT_RUN_TOGETHER`` that ``cfg`` (with ``facts``) combines."""
+    return [row.message() for row in NOT_RUN_TOGETHER if row.combined(cfg, facts)]
+
+
+def refuse_not_run_together(cfg: Config, facts: RunFacts) -> None:
+    """Raise ConfigError listing what ``cfg`` combines that does not run together, facts of the run included."""
+    problems = not_run_together(cfg, facts)
+    if problems:
+        raise listing(problems)
 
 
 def _run_name(cfg: Config) -> list[str]:
@@ -450,8 +517,8 @@ def validate(cfg: Config) -> None:
         + _reward_functions(cfg)
         + _distributed(cfg)
         + _offline(cfg)
-        + _memory(cfg)
         + _asynchronous(cfg)
+        + not_run_together(cfg, RunFacts())
     )
     if problems:
         raise listing(problems)

@@ -18,6 +18,7 @@ import torch
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController
 from reasonrl.config import Config, ConfigError, Plan, resolve
 from reasonrl.config.plan import microbatch_token_budget, vllm_engine_options
+from reasonrl.config.validate import RunFacts, refuse_not_run_together
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream, check_held_out, check_prompt_lengths
@@ -257,28 +258,6 @@ def checked_encoder(cfg: Config, encoder: PromptEncoder) -> PromptEncoder:
     return episode_encoder(encoder, getattr(environment_class(name), "tools", ()), announce=False)
 
 
-def check_vision_language(cfg: Config, parallel: DataParallel) -> None:
-    """Refuse, before the models load, what a vision-language policy does not support yet: multi-turn
-    and T-PPO rollouts, offline data, LoRA, data parallelism and Ray workers, and text-only reward or
-    value models reading its prompts (a ConfigError naming the setting)."""
-    unsupported = {
-        "rollout.multiturn": cfg.rollout.multiturn != "none",
-        "algo.window_tokens (T-PPO)": bool(cfg.algo.window_tokens),
-        "algo.offline": cfg.algo.offline != "none",
-        "model.lora_rank": bool(cfg.model.lora_rank),
-        "data parallelism": parallel.active,
-        "dist.backend=ray": cfg.dist.backend == "ray",
-        "reward.prm_dense (a text PRM)": cfg.reward.prm_dense != "off",
-        f"critic.init={cfg.critic.init} (a text model)": cfg.critic.init in ("reward_model", "prm"),
-    }
-    named = [name for name, used in unsupported.items() if used]
-    if named:
-        raise ConfigError(
-            f"{cfg.model.name_or_path} is a vision-language model, which reasonrl does not train with "
-            f"{', '.join(named)} yet; train it with single-turn rollouts, full fine-tuning, in one process"
-        )
-
-
 def build_scorer(
     cfg: Config,
     dtype: torch.dtype,
@@ -314,11 +293,6 @@ def setup(
     apply_threads(cfg.run.threads)  # torch's threads: the cores other work leaves free (run.threads chooses)
     plan = resolve(cfg)
     terms = preflight(cfg)
-    if cfg.rollout.max_staleness and engine is not None:
-        raise ConfigError(
-            f"rollout.max_staleness={cfg.rollout.max_staleness} generates in a producer process, which builds "
-            "its engine from the config: a run given its own engine object runs synchronously (max_staleness=0)"
-        )
     device = resolve_device(cfg.model.device)
     check_memory(cfg, device, backend.parallel.world_size)  # from the model's config: before any weight loads
     attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
@@ -329,8 +303,7 @@ def setup(
     microbatch_tokens = microbatch_token_budget(cfg, device.type)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     processor = vision_processor(cfg.model.name_or_path)
-    if processor is not None:
-        check_vision_language(cfg, backend.parallel)
+    refuse_not_run_together(cfg, RunFacts(vision_language=processor is not None, engine_given=engine is not None))
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     encoder = prompt_encoder(cfg, tokenizer, processor)
     check_prompts(cfg, stream, checked_encoder(cfg, encoder))  # the prompts and the held-out set, before any model

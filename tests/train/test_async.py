@@ -295,9 +295,13 @@ def test_multiturn_conversations_run_in_the_producer(tmp_path):
 
 
 def test_what_the_producer_cannot_run_with_is_refused_with_the_reason():
-    with pytest.raises(ConfigError, match=r"partial_rollouts with algo\.window_tokens \(T-PPO\) yet: T-PPO's windows"):
+    with pytest.raises(
+        ConfigError, match=r"partial_rollouts does not run with algo\.window_tokens \(T-PPO\): T-PPO's windows"
+    ):
         load_config("t_ppo", ["rollout.max_staleness=1", "rollout.partial_rollouts=true"])
-    with pytest.raises(ConfigError, match=r"partial_rollouts with rollout\.multiturn yet: a conversation's turns"):
+    with pytest.raises(
+        ConfigError, match=r"partial_rollouts does not run with rollout\.multiturn: a conversation's turns"
+    ):
         load_config("pag", ["rollout.max_staleness=2", "rollout.partial_rollouts=true"])
     with pytest.raises(ConfigError, match=r"partial_rollouts .* needs rollout\.max_staleness >= 1"):
         load_config("grpo", ["rollout.partial_rollouts=true"])

@@ -141,8 +141,8 @@ def test_multiturn_refuses_settings_it_cannot_honour():
     with pytest.raises(ConfigError) as error:
         load_config("pag", ["algo.dynamic_sampling=true", "rollout.fire.enabled=true", "rollout.max_attempts=0"])
     message = str(error.value)
-    assert "rollout.multiturn=pag cannot be combined with algo.dynamic_sampling; turn it off" in message
-    assert "rollout.multiturn=pag cannot be combined with rollout.fire; turn it off" in message
+    assert "rollout.multiturn does not run with algo.dynamic_sampling: turn one off" in message
+    assert "rollout.multiturn does not run with rollout.fire: turn one off" in message
     assert "rollout.max_attempts=0 must be >= 1" in message
     with pytest.raises(ConfigError) as error:
         load_config("tool_grpo", ["rollout.tool_batch_timeout_seconds=2"])  # a single call would be cut short

@@ -76,7 +76,7 @@ def test_the_image_placeholder_is_never_sampled_even_where_the_model_favours_it(
         ("t_ppo", ["algo.window_tokens=4"], "algo.window_tokens (T-PPO)"),
         ("pag", [], "rollout.multiturn"),
         ("grpo", ["model.lora_rank=4"], "model.lora_rank"),
-        ("vapo", ["critic.init=reward_model", "critic.path=runs/rm"], "critic.init=reward_model (a text model)"),
+        ("vapo", ["critic.init=reward_model", "critic.path=runs/rm"], "critic.init=reward_model or prm (a text model)"),
     ],
 )
 def test_what_a_vlm_cannot_train_with_yet_is_refused_before_loading(tmp_path, preset, extra, named):
