@@ -44,7 +44,7 @@ from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.environments import EnvironmentLoadError, environment_class
 from reasonrl.rollout.openenv_environments import OPENENV_PREFIX
 from reasonrl.rollout.tppo_pool import RolloutPool
-from reasonrl.train.async_rollouts import AsyncRollouts, ProducerPolicy, PublishingEngine, producer_gpu
+from reasonrl.train.async_rollouts import AsyncRollouts, PublishingEngine
 from reasonrl.train.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.train.conversation_stage import ConversationCollector, environment_name, episode_encoder, prompt_tools
 from reasonrl.train.cpu_threads import apply_threads
@@ -54,6 +54,7 @@ from reasonrl.train.offline_batches import OfflineData
 from reasonrl.train.parallel import DataParallel, RankZeroEngine, RemoteWorkers
 from reasonrl.train.policy import TokenLogprobs
 from reasonrl.train.process_rewards import ProcessRewards
+from reasonrl.train.producer import ProducerPolicy, ProducerProcess, ProducerThread, producer_gpu
 from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings, RolloutStage
 from reasonrl.train.run_health import RunHealth
 from reasonrl.train.sample_log import SampleLog
@@ -402,13 +403,12 @@ def asynchronous_rollouts(
     current = lambda: backend.engine_weights(model, engine)  # noqa: E731
     parallel = backend.parallel
     if workers is None:
-        producer = AsyncRollouts(cfg, producer_collector, stream, current, verifier, share_cores=device.type == "cpu",
-                                 rollout_pool=rollout_pool, parallel=parallel, gpu=spare_gpu(device))  # fmt: skip
+        transport = ProducerProcess(producer_collector, verifier, spare_gpu(device), share_cores=device.type == "cpu")
+        producer = AsyncRollouts(cfg, transport, stream, current, rollout_pool, parallel)
         return producer, PublishingEngine(engine, producer)
     versions = EngineVersions(workers.engine) if parallel.is_main else None
     build = functools.partial(shared_engine_collector, versions, workers.scorer)
-    producer = AsyncRollouts(cfg, build, stream, current, rollout_pool=rollout_pool, parallel=parallel,
-                             engine_versions=versions)  # fmt: skip
+    producer = AsyncRollouts(cfg, ProducerThread(build, versions), stream, current, rollout_pool, parallel)
     evaluation = RankZeroEngine(EvaluationEngine(versions) if versions else workers.engine, parallel)
     return producer, PublishingEngine(evaluation, producer)
 

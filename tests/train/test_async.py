@@ -3,7 +3,6 @@ resume mid-run, and staleness 0 being the synchronous loop."""
 
 import json
 import os
-import pickle
 import queue
 import signal
 import threading
@@ -14,11 +13,12 @@ import torch
 
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, load_config
-from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError, producer_gpu
+from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError
 from reasonrl.train.engine_versions import EngineVersions
 from reasonrl.train.loop import fit
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.parallel import SINGLE_PROCESS, collective_timeout_seconds
+from reasonrl.train.producer import ProducerProcess, ProducerThread, producer_gpu
 from reasonrl.train.rollout_stage import DynamicSamplingError
 from tests.helpers import DigitFraction
 from tests.train.test_loop import comparable, tiny_config
@@ -111,9 +111,8 @@ def producer(
                                "train.rollout_steps=10"])  # fmt: skip
     versions = EngineVersions(RecordingEngine()) if thread else None
     weights = lambda: {"w": torch.zeros(2)}  # noqa: E731
-    return AsyncRollouts(
-        cfg, stand_in, StartedStream(), weights, behaviour, gpu=gpu, engine_versions=versions, parallel=parallel
-    )
+    transport = ProducerThread(stand_in, versions, behaviour) if thread else ProducerProcess(stand_in, behaviour, gpu)
+    return AsyncRollouts(cfg, transport, StartedStream(), weights, parallel=parallel)
 
 
 def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:
@@ -122,8 +121,7 @@ def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:
     steps = []
     while True:
         try:
-            result = rollouts.results.get(timeout=0.5)  # a process's pickled, a thread's as it is
-            steps.append((pickle.loads(result) if isinstance(result, bytes) else result).step)
+            steps.append(rollouts.transport.receive(timeout=0.5).step)
         except queue.Empty:  # the producer is waiting for a newer version
             return steps
 
@@ -142,7 +140,7 @@ def test_the_producer_runs_at_most_k_versions_ahead(staleness, thread):
         assert queued_steps(rollouts) == [staleness + 2]
     finally:
         rollouts.close()
-    assert rollouts.process is None
+    assert getattr(rollouts.transport, "thread" if thread else "process") is None
 
 
 def test_a_stale_batch_reports_its_staleness_and_the_stream_follows_the_batches_trained():
@@ -162,7 +160,7 @@ def test_a_killed_producer_fails_the_run_with_one_clear_error_not_a_hang():
     rollouts = producer(1)
     try:
         rollouts.collect(1)
-        os.kill(rollouts.process.pid, signal.SIGKILL)
+        os.kill(rollouts.transport.process.pid, signal.SIGKILL)
         started = time.monotonic()
         rollouts.publish({"w": torch.ones(2)})
         with pytest.raises(ProducerError, match=r"died with exit code -9 before step \d's batch.*resume"):
