@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import logging
 import re
 import sys
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from reasonrl import jobs
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
 from reasonrl.config.docs import field_docs
 from reasonrl.config.render import render_yaml
@@ -111,25 +110,14 @@ def _print_summary(produce: Callable[[], dict], output: str | None = None) -> in
     return 0
 
 
-@dataclass(frozen=True)
-class Job:
-    """A side command's job: a module of ``reasonrl.jobs`` with its settings class and its run function,
-    ``run(settings, progress=...)``, which returns the summary the command prints."""
-
-    module: str
-    settings: str
-    run: str
-
-    def load(self) -> tuple[type, Callable[..., dict]]:
-        """(the settings class, the run function), imported now."""
-        module = importlib.import_module(f"reasonrl.jobs.{self.module}")
-        return getattr(module, self.settings), getattr(module, self.run)
+Job = Callable[[], tuple[type, Callable[..., dict]]]
+"""A side command's job, one of ``reasonrl.jobs``'s: (its settings class, its run function), imported when called."""
 
 
 def _cmd_job(args: argparse.Namespace) -> int:
     """Run a side job with the settings its options give; its summary is printed (and written to ``--output``,
     where the command has one)."""
-    settings, run = args.job.load()
+    settings, run = args.job()
     chosen = _settings_from_args(settings, args)
     return _print_summary(lambda: run(chosen, progress=args.progress), getattr(args, "output", None))
 
@@ -154,7 +142,7 @@ class _CommandParser(argparse.ArgumentParser):
 
     def _add_job_options(self) -> None:
         if self._pending_job is not None:
-            settings, self._pending_job = self._pending_job.load()[0], None
+            settings, self._pending_job = self._pending_job()[0], None
             _add_settings_arguments(self, settings)
 
     def parse_known_args(self, args=None, namespace=None):
@@ -245,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser(
         "eval",
-        job=Job("evaluate", "EvalSettings", "run_eval"),
+        job=jobs.evaluate_job,
         help="evaluate a model on a dataset",
         description="Evaluate a model on a dataset. Given a run directory, the options not given are the run's "
         "own (its held-out problems, fields, prompt, response cap and reward.functions), as its evaluation used.",
@@ -302,13 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     rm_commands = rm.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
     rm_commands.add_parser(
         "train",
-        job=Job("reward_model", "RewardModelRun", "run_reward_model_training"),
+        job=jobs.reward_model_job,
         help="train a Bradley-Terry scorer or a pairwise judge on preference pairs, or a PRM on line labels; "
         "report held-out accuracy",
     )
     pretrain = rm_commands.add_parser(
         "pretrain",
-        job=Job("contrastive_pretrain", "ContrastivePretrainRun", "run_contrastive_pretraining"),
+        job=jobs.contrastive_pretrain_job,
         help="COCA contrastive pretraining of a reward-model / critic encoder on conversation histories",
     )
     pretrain.add_argument("--contrastive", action="store_true", help="contrastive pretraining (COCA, arXiv 2108.10510)")
@@ -317,14 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     vlm = commands.add_parser("vlm", help="vision-language models")
     vlm.add_subparsers(dest="vlm_command", required=True, metavar="ACTION").add_parser(
         "build",
-        job=Job("vlm_build", "VLMBuildRun", "run_vlm_build"),
+        job=jobs.vlm_build_job,
         help="build a small VLM on a language model in Seed1.5-VL's stages (cached; smollm2-135m-vlm)",
     )
 
     prm = commands.add_parser("prm", help="process rewards for code (arXiv 2410.17621)")
     prm.add_subparsers(dest="prm_command", required=True, metavar="ACTION").add_parser(
         "label",
-        job=Job("prm_label", "PRMLabelRun", "run_labelling"),
+        job=jobs.prm_label_job,
         help="sample programs and label their lines by binary search over K completions (resumable)",
     )
 
@@ -332,17 +320,17 @@ def build_parser() -> argparse.ArgumentParser:
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     data_commands.add_parser(
         "select",
-        job=Job("select_prompts", "PromptSelectionRun", "run_selection"),
+        job=jobs.select_prompts_job,
         help="Pre-PPO: keep the hardest candidate prompts (lowest in-domain z-score), merge into a base set",
     )
     data_commands.add_parser(
         "bon",
-        job=Job("best_of_n", "BestOfNRun", "best_of_n_references"),
+        job=jobs.best_of_n_job,
         help="best-of-N references: sample N responses per prompt, keep the BT model's favourite (task_type open)",
     )
     data_commands.add_parser(
         "sample",
-        job=Job("offline_sample", "OfflineSampleRun", "run_sampling"),
+        job=jobs.offline_sample_job,
         help="offline dataset for dpo/dqo: n scored responses per prompt with behaviour log-probs (resumable)",
     )
     return parser
