@@ -20,7 +20,7 @@ from reasonrl.data.arithmetic import ArithmeticTask
 from reasonrl.data.prompts import prompt_token_ids
 from reasonrl.models.load import load_model, load_tokenizer
 from reasonrl.rollout import SamplingParams, build_engine
-from reasonrl.train.policy import response_logprobs
+from reasonrl.training.update.policy import response_logprobs
 
 
 def generation_tokens_per_second(model, tokenizer, dtype, batch: int, new_tokens: int) -> float:

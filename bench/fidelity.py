@@ -154,7 +154,7 @@ def worker_rm(config: dict, profile: dict, work: Path) -> None:
     from reasonrl.data.source import TrainingStream
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.scored import sample_and_score
-    from reasonrl.train.setup import build_scorer, data_spec
+    from reasonrl.training.setup import build_scorer, data_spec
 
     settings, out = profile["rm"], work / "rm"
     cfg = family_config(config, profile, "value", settings["seed"])
@@ -245,7 +245,7 @@ def worker_race(config: dict, profile: dict, work: Path, seed: int) -> dict[str,
     from reasonrl.data.source import TrainingStream
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.tppo_pool import PoolSequence, RolloutPool, slot_utilisation
-    from reasonrl.train.setup import data_spec
+    from reasonrl.training.setup import data_spec
 
     cfg = family_config(config, profile, "tppo", seed)
     family, goal = profile["tppo"], profile["race"]["completed"]
@@ -338,7 +338,7 @@ def _numeric(value: Any) -> bool:
 def run_result(run_dir: Path, arm: str, seed: int, overrides: list[str], patterns: list[str]) -> dict[str, Any]:
     """What the harness keeps of a finished run: accuracy, its curve against training time, mechanism metrics."""
     from reasonrl.config import load_config
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.training.record.metrics import read_metrics
 
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg = load_config(run_dir / "config.yaml")

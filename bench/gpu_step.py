@@ -72,8 +72,8 @@ def default_engine(device: str) -> str:
 def run_preset(preset: str, args: argparse.Namespace) -> dict:
     from reasonrl.config import load_config
     from reasonrl.models.load import load_model
-    from reasonrl.train.loop import fit
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.training.loop import fit
+    from reasonrl.training.record.metrics import read_metrics
 
     overrides = [
         f"model.device={args.device}",

@@ -60,8 +60,8 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, threads: int) -> dict
     import torch
 
     from reasonrl.config import load_config
-    from reasonrl.train.loop import fit
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.training.loop import fit
+    from reasonrl.training.record.metrics import read_metrics
 
     torch.set_num_threads(threads)
     started = time.perf_counter()

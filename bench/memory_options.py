@@ -73,9 +73,9 @@ def measure(option: str, rows: int, response_tokens: int) -> dict:
 
     from reasonrl.config import load_config, resolve
     from reasonrl.models.load import load_model
-    from reasonrl.train.backend import SingleProcess
-    from reasonrl.train.policy import TokenLogprobs
-    from reasonrl.train.setup import build_policy_updater, forward_dtype, parameter_dtype
+    from reasonrl.training.backend import SingleProcess
+    from reasonrl.training.setup import build_policy_updater, forward_dtype, parameter_dtype
+    from reasonrl.training.update.policy import TokenLogprobs
 
     overrides = [
         f"model.name_or_path={MODEL}",

@@ -91,7 +91,7 @@ def worker(name: str) -> dict:
     from reasonrl.models.lora import add_lora
     from reasonrl.models.memory_plan import plan_memory
     from reasonrl.models.optim import trainable_parameters
-    from reasonrl.train.policy import response_logprobs
+    from reasonrl.training.update.policy import response_logprobs
 
     cfg, config = settings(name)
     plan = resolve(cfg)

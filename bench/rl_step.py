@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from reasonrl.config import load_config
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 
 PHASES = {
     "generate": "perf/generate_seconds",

@@ -161,7 +161,9 @@ def worker(args: argparse.Namespace) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from reasonrl.config import load_config
-    from reasonrl.train import backend, loop, parallel, step
+    from reasonrl.training import backend, loop
+    from reasonrl.training.placement import parallel
+    from reasonrl.training.update import step
 
     backend.FSDP2Ranks.engine_weights = _labelled(backend.FSDP2Ranks.engine_weights, LABELS["weight_sync"])
     loop.logprob_stage = _labelled(loop.logprob_stage, LABELS["logprobs"])
@@ -387,7 +389,7 @@ def main() -> None:
         return
     if args.steps < 3:
         parser.error("--steps must be at least 3 (the first and the last step are not timed)")
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.training.record.metrics import read_metrics
 
     overrides = [*OVERRIDES, f"train.rollout_steps={args.steps}", *args.overrides]
     metrics, load, threads = {}, {}, {}

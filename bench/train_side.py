@@ -190,7 +190,7 @@ class ReasonrlPasses:
     """reasonrl's log-prob pass and policy update, as its trainer composes them (``packed`` where it can)."""
 
     def __init__(self, model, device, dtype, packed: bool, sweep: Sweep) -> None:
-        from reasonrl.train.policy import TokenLogprobs
+        from reasonrl.training.update.policy import TokenLogprobs
 
         self.device, self.packed, self.sweep = device, packed, sweep
         self.policy = TokenLogprobs(model, 1.0, dtype, **({"packed": packed} if takes(TokenLogprobs, "packed") else {}))
@@ -202,8 +202,8 @@ class ReasonrlPasses:
 
         from reasonrl.config import load_config
         from reasonrl.config.plan import microbatch_token_budget, resolve
-        from reasonrl.train.backend import SingleProcess
-        from reasonrl.train.setup import build_policy_updater
+        from reasonrl.training.backend import SingleProcess
+        from reasonrl.training.setup import build_policy_updater
 
         known = {f.name for f in dataclasses.fields(load_config("grpo", []).train)}
         wanted = [*self.sweep.overrides, *([] if self.packed else ["train.pack_sequences=false"])]
@@ -278,7 +278,7 @@ def timed(run, device) -> float:
 def peak_memory_gb(device) -> float:
     import torch
 
-    from reasonrl.train.metrics import peak_rss_gb
+    from reasonrl.training.record.metrics import peak_rss_gb
 
     return torch.cuda.max_memory_allocated(device) / 1024**3 if device.type == "cuda" else peak_rss_gb()
 
@@ -438,7 +438,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     import torch
 
-    from reasonrl.train.policy import TokenLogprobs
+    from reasonrl.training.update.policy import TokenLogprobs
 
     started = time.monotonic()
     profile = PROFILES[args.profile]

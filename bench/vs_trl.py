@@ -52,7 +52,7 @@ def run_trl(args: argparse.Namespace) -> dict:
 
     from reasonrl.models.load import resolve_model
     from reasonrl.reward.math import MathVerifier
-    from reasonrl.train.metrics import peak_rss_gb
+    from reasonrl.training.record.metrics import peak_rss_gb
 
     location = resolve_model("smollm2-135m")
     rows = [{"prompt": [{"role": "user", "content": p}], "answer": a} for p, a in _prompts(args.steps * args.prompts)]
@@ -122,8 +122,8 @@ def run_trl(args: argparse.Namespace) -> dict:
 
 def run_reasonrl(args: argparse.Namespace) -> dict:
     from reasonrl.config import load_config
-    from reasonrl.train.loop import fit
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.training.loop import fit
+    from reasonrl.training.record.metrics import read_metrics
 
     overrides = [
         f"rollout.rollout_prompts={args.prompts}",

@@ -20,7 +20,7 @@ through the same ``fit``, and every Python object given becomes settings a run d
 
 A directory that holds a run continues it, as ``fit`` does: the inputs given again must be the ones it
 recorded (the rows, the model's weights), else the call refuses, naming what differs.  A directory that is
-not empty and holds no run is refused before anything is written there (``reasonrl.train.rundir``).
+not empty and holds no run is refused before anything is written there (``reasonrl.training.record.rundir``).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from typing import Any
 from reasonrl.config import Config, ConfigError, load_config, resolve
 from reasonrl.data.loaders import DataError, Fields, examples_from_rows
 from reasonrl.data.source import check_sources
-from reasonrl.rollout.environments import given_environment
-from reasonrl.train.loop import fit
-from reasonrl.train.rundir import SCRIPT_MODULE, RunDirError, has_progress, make_run_dir, override
-from reasonrl.train.setup import data_spec
-from reasonrl.train.trackers import MAIN_STREAM
+from reasonrl.rollout.multiturn.environments import given_environment
 from reasonrl.train_command import DEFAULT_PRESET, new_run_dir
+from reasonrl.training.loop import fit
+from reasonrl.training.record.rundir import SCRIPT_MODULE, RunDirError, has_progress, make_run_dir, override
+from reasonrl.training.record.trackers import MAIN_STREAM
+from reasonrl.training.setup import data_spec
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ def weights_fingerprint(model: Any) -> str:
 
 
 class MetricsCallbacks:
-    """The caller's callbacks as a tracker (``reasonrl.train.trackers``): each gets every record of the RL
+    """The caller's callbacks as a tracker (``reasonrl.training.record.trackers``): each gets every record of the RL
     steps (``{"step": n, **metrics}``, step 0 the evaluation before training; non-finite values left out),
     as it is written to ``metrics.jsonl``, on rank 0.
 

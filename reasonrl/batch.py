@@ -270,7 +270,7 @@ class TurnLabels(RowRecord):
     """Multi-turn conversations (PAG): what each generated token's turn is and earns."""
 
     rewards: Tensor  # [B, T] float: each generated turn's reward on its last token
-    role_ids: Tensor  # [B, T] long: the role of each generated token (rollout.conversations)
+    role_ids: Tensor  # [B, T] long: the role of each generated token (rollout.multiturn.conversations)
     turn_ids: Tensor  # [B, T] long: the generated turn of each token, -1 elsewhere
 
 

@@ -32,8 +32,8 @@ def new_run_dir(cfg: Config, preset: str) -> Path:
 
 def _latest_run(output_dir: Path, preset: str) -> Path | None:
     """The newest run directory of ``preset`` under ``output_dir`` that has a checkpoint."""
-    from reasonrl.train.checkpoint import latest_checkpoint
-    from reasonrl.train.rundir import RunRecord
+    from reasonrl.training.record.checkpoint import latest_checkpoint
+    from reasonrl.training.record.rundir import RunRecord
 
     candidates = []
     for run_json in output_dir.glob("*/run.json"):
@@ -53,7 +53,7 @@ def _preset_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[st
 def _resumed_config(run_dir: Path, preset: str | None, overrides: list[str]):
     """The recorded settings of ``run_dir`` plus ``overrides`` (which ``fit`` checks against
     ``RESUMABLE_KEYS``), and its preset; refuses a directory the command line cannot continue."""
-    from reasonrl.train.rundir import CONFIG_FILE, RunRecord
+    from reasonrl.training.record.rundir import CONFIG_FILE, RunRecord
 
     if not (run_dir / CONFIG_FILE).is_file():
         raise ConfigError(f"{run_dir} is not a reasonrl run directory (no {CONFIG_FILE}); give the directory of a run")
@@ -80,7 +80,7 @@ def _say_if_finished(run_dir: Path, cfg: Config) -> bool:
     """Whether the run in ``run_dir`` already finished the steps ``cfg`` asks for (and exported them); if so,
     says so and how to train it longer (its last checkpoint keeps the optimiser state for that).  Settings
     a resume may not change are refused first, as ever."""
-    from reasonrl.train.rundir import check_resumable, checkpoint_step, finished_steps, recorded_config
+    from reasonrl.training.record.rundir import check_resumable, checkpoint_step, finished_steps, recorded_config
 
     done = finished_steps(run_dir)
     if done < cfg.train.rollout_steps:
@@ -97,11 +97,11 @@ def _say_if_finished(run_dir: Path, cfg: Config) -> bool:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from reasonrl.train.cpu_threads import sleeping_openmp_threads
+    from reasonrl.training.placement.cpu_threads import sleeping_openmp_threads
 
     sleeping_openmp_threads()  # before torch loads OpenMP: on a busy machine its idle threads sleep, not spin
     from reasonrl.data.source import check_sources
-    from reasonrl.train.loop import data_spec, fit
+    from reasonrl.training.loop import data_spec, fit
 
     preset, overrides = _preset_and_overrides(args)
     run_dir = None

@@ -1,5 +1,5 @@
 """Isolation every test gets: the SIGINT handler as Python installs it (Ctrl-C's checkpointing,
-``reasonrl.train.interrupt``, takes part only where nothing else handles SIGINT), restored after each
+``reasonrl.training.record.interrupt``, takes part only where nothing else handles SIGINT), restored after each
 test whatever the test or a library it ran left behind."""
 
 import signal

@@ -159,8 +159,8 @@ def test_a_missing_question_field_names_the_setting_of_the_command(tmp_path, cap
 @pytest.mark.parametrize(
     ("error", "status"),
     [
-        ("reasonrl.train.run_health:RunHealthError", 1),
-        ("reasonrl.train.trackers:TrackerError", 1),
+        ("reasonrl.training.record.run_health:RunHealthError", 1),
+        ("reasonrl.training.record.trackers:TrackerError", 1),
         ("reasonrl.reward.custom:RewardFunctionError", 1),
         ("reasonrl.dist.cluster_errors:WorkerDiedError", 1),
         ("reasonrl.config:ConfigError", 2),
@@ -172,7 +172,7 @@ def test_every_error_a_run_raises_for_its_user_is_one_line_with_its_exit_status(
     import importlib
 
     import reasonrl
-    import reasonrl.train.loop
+    import reasonrl.training.loop
 
     module, name = error.split(":")
     kind = getattr(importlib.import_module(module), name)
@@ -181,7 +181,7 @@ def test_every_error_a_run_raises_for_its_user_is_one_line_with_its_exit_status(
     def fails(*args, **kwargs):
         raise kind("the reward has not moved for 5 steps; see summary.md")
 
-    monkeypatch.setattr(reasonrl.train.loop, "fit", fails)
+    monkeypatch.setattr(reasonrl.training.loop, "fit", fails)
     assert main(["train", "grpo", "model.name_or_path=tiny-random", f"run.output_dir={tmp_path}", "--quiet"]) == status
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == "reasonrl: error: the reward has not moved for 5 steps; see summary.md"

@@ -36,7 +36,7 @@ def test_importing_the_trainer_starts_no_process_group_and_loads_no_ray():
     code = (
         "import sys\n"
         "import torch.distributed as dist\n"
-        "import reasonrl, reasonrl.train.loop, reasonrl.train.parallel, reasonrl.cli\n"
+        "import reasonrl, reasonrl.training.loop, reasonrl.training.placement.parallel, reasonrl.cli\n"
         "print('ray' in sys.modules, dist.is_initialized())\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,6 +6,7 @@ Within that order no import cycle may remain either: the graph of module -> the 
 imports has no strongly connected component of more than one module."""
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import reasonrl
@@ -20,13 +21,25 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("models",),  # loading models, LoRA, value models
     ("reward",),  # verifiers, judges, reward models and the router that scores with them
     ("rollout",),  # engines and conversations; rollout.scored samples with an engine and scores with a reward scorer
-    ("train",),  # the RL run
+    ("training",),  # the RL run
     ("jobs", "dist"),  # the side jobs (eval, data, rm, prm, vlm, push); scale-out on Ray
     ("train_command",),  # `reasonrl train`: one process, torchrun or Ray
     ("cli", "api"),  # the command line; the Python API (reasonrl.train(...))
     ("__main__",),
 )
 RANK = {part: rank for rank, parts in enumerate(RANKS) for part in parts}
+# inside a part, bottom to top: its sub-packages, and its own modules as ""
+INNER_RANKS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "training": (
+        ("placement",),  # the data-parallel group, the CPU threads
+        ("record", "update", "rollouts"),  # the run record; the step's update; the step's rollouts
+        ("",),  # setup, backend, the composed stages and the loop
+    ),
+    "rollout": (
+        ("",),  # engines behind one protocol
+        ("multiturn",),  # conversations, environments, tool calls (they generate with an engine)
+    ),
+}
 
 
 def part_of(module: str) -> str | None:
@@ -82,6 +95,38 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
     return problems
 
 
+def inner_part(module: str, packages: set[str]) -> str | None:
+    """The sub-package of its part a module is in ("": the part's own modules; None: the part itself)."""
+    parts = module.split(".")
+    if len(parts) < 3:
+        return None
+    return parts[2] if ".".join(parts[:3]) in packages else ""
+
+
+def inner_upward_imports(root: Path = PACKAGE) -> list[str]:
+    """One line per import inside a part of ``INNER_RANKS`` that goes to a higher inner rank (or to or from a
+    sub-package without one)."""
+    modules = package_modules(root)
+    packages = {name for name, path in modules.items() if path.name == "__init__.py"}
+    problems = []
+    for name, path in modules.items():
+        part = part_of(name)
+        if part not in INNER_RANKS:
+            continue
+        rank = {inner: r for r, inners in enumerate(INNER_RANKS[part]) for inner in inners}
+        source = inner_part(name, packages)
+        for line, module in imported_modules(path, root, set(modules)):
+            target = inner_part(module, packages)
+            if part_of(module) != part or source is None or target is None or target == source:
+                continue
+            where = f"{path.relative_to(root.parent)}:{line}"
+            if source not in rank or target not in rank:
+                problems.append(f"{where}: {part}.{source if source not in rank else target} has no inner rank")
+            elif rank[target] > rank[source]:
+                problems.append(f"{where}: {part}.{source or '*'} imports {module} (a higher inner rank)")
+    return problems
+
+
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     """Tarjan's strongly connected components of ``graph`` (node -> the nodes it points to), each sorted."""
     index: dict[str, int] = {}
@@ -124,26 +169,53 @@ def test_no_module_imports_a_higher_rank():
     assert upward_imports() == []
 
 
+def test_no_module_imports_a_higher_sub_package_of_its_part():
+    assert inner_upward_imports() == []
+
+
 def test_no_modules_import_each_other_in_a_circle():
     assert import_cycles() == []
+
+
+def test_every_module_and_package_name_is_unique_in_the_package():
+    names = Counter(path.parent.name if path.name == "__init__.py" else path.stem for path in PACKAGE.rglob("*.py"))
+    assert sorted(name for name, count in names.items() if count > 1) == []
+
+
+def test_the_inner_check_names_an_import_of_a_higher_sub_package(tmp_path):
+    root = tmp_path / "reasonrl"
+    for package in ("training", "training/record", "training/update", "training/placement", "rollout", "rollout/gpu"):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("")
+    (root / "training" / "record" / "checkpoint.py").write_text("from reasonrl.training.placement import parallel\n")
+    (root / "training" / "placement" / "parallel.py").write_text("from reasonrl.training.record import checkpoint\n")
+    (root / "training" / "update" / "step.py").write_text("def f():\n    from reasonrl.training import loop\n")
+    (root / "training" / "loop.py").write_text("from reasonrl.training.update import step\n")
+    (root / "rollout" / "gpu" / "paged.py").write_text("from reasonrl.rollout.engine_protocol import Completion\n")
+    assert inner_upward_imports(root) == [
+        "reasonrl/rollout/gpu/paged.py:1: rollout.gpu has no inner rank",
+        "reasonrl/training/placement/parallel.py:1: training.placement imports reasonrl.training.record.checkpoint "
+        "(a higher inner rank)",
+        "reasonrl/training/update/step.py:2: training.update imports reasonrl.training.loop (a higher inner rank)",
+    ]
 
 
 def test_the_check_names_an_upward_import_inside_a_function(tmp_path):
     root = tmp_path / "reasonrl"
     (root / "models").mkdir(parents=True)
     (root / "models" / "value.py").write_text(
-        "from reasonrl.algo.masked import masked_mean\n\n\ndef f():\n    from reasonrl.train.policy import g\n"
+        "from reasonrl.algo.masked import masked_mean\n\n\ndef f():\n    from reasonrl.training.policy import g\n"
     )
     (root / "data").mkdir()
-    (root / "data" / "select.py").write_text("from ..train import loop\nfrom .examples import Example\n")
+    (root / "data" / "select.py").write_text("from ..training import loop\nfrom .examples import Example\n")
     (root / "reward").mkdir()
     (root / "reward" / "prm.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import reasonrl.rollout\n"
     )
     (root / "widgets.py").write_text("import reasonrl.algo\n")
     assert upward_imports(root) == [
-        "reasonrl/data/select.py:1: data (rank 2) imports reasonrl.train (rank 6)",
-        "reasonrl/models/value.py:5: models (rank 3) imports reasonrl.train.policy (rank 6)",
+        "reasonrl/data/select.py:1: data (rank 2) imports reasonrl.training (rank 6)",
+        "reasonrl/models/value.py:5: models (rank 3) imports reasonrl.training.policy (rank 6)",
         "reasonrl/reward/prm.py:3: reward (rank 4) imports reasonrl.rollout (rank 5)",
         "reasonrl/widgets.py:1: reasonrl.widgets has no rank",
     ]
@@ -156,11 +228,11 @@ def test_the_cycle_finder_names_each_circle_and_nothing_else(tmp_path):
     (root / "data" / "loaders.py").write_text("def load():\n    from reasonrl.data import preferences\n")
     (root / "data" / "preferences.py").write_text("from .loaders import DataError\n")  # a circle, one import lazy
     (root / "data" / "examples.py").write_text("from reasonrl.data.loaders import load\n")  # into it, not in it
-    (root / "train").mkdir()
-    (root / "train" / "a.py").write_text("from reasonrl.train.b import x\n")
-    (root / "train" / "b.py").write_text("from reasonrl.train import c\n")
-    (root / "train" / "c.py").write_text("import reasonrl.train.a\nimport reasonrl.train.c\n")  # and itself
+    (root / "training").mkdir()
+    (root / "training" / "a.py").write_text("from reasonrl.training.b import x\n")
+    (root / "training" / "b.py").write_text("from reasonrl.training import c\n")
+    (root / "training" / "c.py").write_text("import reasonrl.training.a\nimport reasonrl.training.c\n")  # and itself
     assert import_cycles(root) == [
         ["reasonrl.data.loaders", "reasonrl.data.preferences"],
-        ["reasonrl.train.a", "reasonrl.train.b", "reasonrl.train.c"],
+        ["reasonrl.training.a", "reasonrl.training.b", "reasonrl.training.c"],
     ]

@@ -6,7 +6,7 @@ import pytest
 
 from reasonrl.config import load_config
 from reasonrl.models.load import load_model, load_tokenizer
-from reasonrl.train.loop import fit
+from reasonrl.training.loop import fit
 
 pytestmark = pytest.mark.slow
 

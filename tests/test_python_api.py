@@ -16,8 +16,8 @@ import reasonrl
 from reasonrl.cli import main
 from reasonrl.config import ConfigError, parse_overrides
 from reasonrl.data.loaders import DataError
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.rundir import RunDirError
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.record.rundir import RunDirError
 from tests.train.test_loop import TINY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ DEFAULT_ROUTES: dict[str, str] = {
     "preference": "bt",
     "grounding": "grounding",  # a box, scored by IoU (reasonrl.reward.visual_verifiers)
     "pointing": "pointing",  # a point, scored by point-in-box
-    "countdown": "countdown",  # an expression that reaches a target (reasonrl.reward.countdown)
+    "countdown": "countdown",  # an expression that reaches a target (reasonrl.reward.countdown_verifier)
 }
 VERIFIER_SOURCES = ("math", "code", "grounding", "pointing", "countdown")
 MODEL_SOURCES = ("genrm_reference", "genrm_bon", "bt")

@@ -137,7 +137,7 @@ class RolloutConfig:
     """Sample only among the k most likely tokens; None = off."""
 
     multiturn: Literal["none", "pag", "direct", "tool", "env"] = "none"
-    """Multi-turn rollouts (reasonrl/rollout/conversations.py): none (one response per prompt); pag (PAG,
+    """Multi-turn rollouts (reasonrl/rollout/multiturn/conversations.py): none (one response per prompt); pag (PAG,
     arXiv 2506.10406: answer, verify the answer, revise only after "The answer is wrong."); direct
     (PAG's Direct MultiTurn baseline: revise after every attempt, no verify turn); tool (a python tool:
     a turn ending with a fenced python block, or a call in the chat template's tool format, gets the code's

@@ -2,7 +2,7 @@
 
 Each row asks the policy to guess a whole number between LOWEST and HIGHEST; its reference answer is the
 secret.  After a wrong guess the environment says whether the secret is higher or lower
-(``rollout/environments.py``), so a policy that halves the range finds it in 6 guesses.  The rows are
+(``rollout/multiturn/environments.py``), so a policy that halves the range finds it in 6 guesses.  The rows are
 fixed per split (the train and test secrets come from their own seeded sequences); a row is a math task,
 so a single-turn evaluation scores one guess with the math verifier.
 """

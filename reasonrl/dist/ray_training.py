@@ -3,7 +3,7 @@
 The driver joins (or starts) the cluster, starts ``dist.rollout_workers`` rollout workers and
 ``dist.reward_workers`` scorers, then ``dist.trainer_workers`` trainer actors that form one
 torch.distributed group and each run ``fit()`` as a data-parallel rank (the training backend
-``reasonrl.train.backend.FSDP2Ranks``; one trainer worker: ``SingleProcess``), generating and scoring
+``reasonrl.training.backend.FSDP2Ranks``; one trainer worker: ``SingleProcess``), generating and scoring
 through the shared workers.  A worker that dies stops the run with an error
 naming it and the last checkpoint; running the same command again resumes from it.
 """
@@ -46,7 +46,7 @@ RUN_SECONDS = 10.0**9  # a training call has no time limit of its own; its worke
 def run_scorer(cfg: Config) -> Scorer:
     """The scorer a reward worker builds: the run's reward router and reward functions, on the CPU."""
     from reasonrl.models.load import compute_dtype
-    from reasonrl.train.setup import build_scorer, preflight
+    from reasonrl.training.setup import build_scorer, preflight
 
     return build_scorer(cfg, compute_dtype(cfg.model.dtype), torch.device("cpu"), terms=preflight(cfg))
 
@@ -107,7 +107,7 @@ class TrainerHost(WorkerHost):
         master: tuple[str, int],
     ) -> dict[str, Any]:
         """``fit()`` as rank ``rank`` of ``world`` (torch.distributed's env:// rendezvous at ``master``)."""
-        from reasonrl.train.loop import fit
+        from reasonrl.training.loop import fit
 
         os.environ.update(
             RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=master[0], MASTER_PORT=str(master[1])
@@ -134,7 +134,7 @@ def follow_progress(calls: list[Any], metrics: Path, steps: int, show: bool | No
     ``train``) returns or fails, and what it wrote last."""
     import ray
 
-    from reasonrl.train.metrics import ProgressDisplay, read_metrics
+    from reasonrl.training.record.metrics import ProgressDisplay, read_metrics
 
     shown, finished = 0, False
     with ProgressDisplay(steps, 0, enabled=show) as progress:
@@ -153,10 +153,10 @@ def fit_on_ray(
     cfg: Config, run_dir: Path, *, preset: str, overrides: tuple[str, ...] = (), show_progress: bool | None = False
 ) -> dict[str, Any]:
     """Train ``cfg`` with Ray workers (``dist.*``); returns trainer rank 0's summary."""
-    from reasonrl.train.checkpoint import latest_checkpoint
-    from reasonrl.train.parallel import RemoteWorkers
+    from reasonrl.training.record.checkpoint import latest_checkpoint
+    from reasonrl.training.placement.parallel import RemoteWorkers
 
-    from reasonrl.train.rundir import make_run_dir
+    from reasonrl.training.record.rundir import make_run_dir
 
     ray = import_ray()
     d = cfg.dist

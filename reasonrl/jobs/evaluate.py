@@ -26,7 +26,8 @@ from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, reso
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, reward_terms
 from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout import SamplingParams, build_engine
-from reasonrl.rollout.conversations import (
+from reasonrl.rollout.engine_protocol import share_params
+from reasonrl.rollout.multiturn.conversations import (
     PAG_VERIFY_PROMPT,
     ROLE_INJECTED,
     ROLE_POLICY,
@@ -42,12 +43,11 @@ from reasonrl.rollout.conversations import (
     probability_correct,
     run_conversations,
 )
-from reasonrl.rollout.engine_protocol import share_params
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
 from reasonrl.timing import Progress
-from reasonrl.train.rundir import CONFIG_FILE, RECORD_FILE
-from reasonrl.train.setup import build_scorer, data_spec
+from reasonrl.training.record.rundir import CONFIG_FILE, RECORD_FILE
+from reasonrl.training.setup import build_scorer, data_spec
 
 log = logging.getLogger(__name__)
 VLLM_BATCH_SEQUENCES = 256  # the vLLM engine's default max_batch_sequences (it keeps no attribute for it)
@@ -417,8 +417,8 @@ def check_scorable(dataset: str, examples: list[Example], cfg: Config, terms: li
 def check_episode_eval(settings: EvalSettings, cfg: Config) -> None:
     """Refuse, before any model loads, what an environment run's evaluation cannot do (it plays one greedy episode
     per problem), and an environment that cannot be loaded (ConfigError, one line)."""
-    from reasonrl.rollout.environments import EnvironmentLoadError, environment_class
-    from reasonrl.rollout.openenv_environments import OPENENV_PREFIX
+    from reasonrl.rollout.multiturn.environments import EnvironmentLoadError, environment_class
+    from reasonrl.rollout.multiturn.openenv_environments import OPENENV_PREFIX
 
     unplayable = [
         option
@@ -447,9 +447,9 @@ def environment_eval(
     episodes the environment or the verifier counts as solved, as the run's ``eval/accuracy``)."""
     from reasonrl.config import resolve
     from reasonrl.data.source import TrainingStream
-    from reasonrl.train.conversation_stage import ConversationCollector
-    from reasonrl.train.rollout_stage import RolloutCollector, RolloutSettings
-    from reasonrl.train.setup import prompt_encoder
+    from reasonrl.training.rollouts.conversation_stage import ConversationCollector
+    from reasonrl.training.rollouts.rollout_stage import RolloutCollector, RolloutSettings
+    from reasonrl.training.setup import prompt_encoder
 
     encoder = prompt_encoder(cfg, tokenizer, vision_processor(settings.model))
     synchronous = RolloutCollector(

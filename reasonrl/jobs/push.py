@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from reasonrl.errors import ReasonRLError
-from reasonrl.train.checkpoint import STATE_FILE, LinkedCheckpointsError, find_checkpoint, latest_checkpoint
+from reasonrl.training.record.checkpoint import STATE_FILE, LinkedCheckpointsError, find_checkpoint, latest_checkpoint
 
 FINAL_DIR = "final"
 RUN_RECORD = ("config.yaml", "run.json", "summary.json", "metrics.jsonl", "training_curves.png")
@@ -152,7 +152,7 @@ def _results(run_dir: Path, model_dir: Path) -> dict[str, Any]:
     if model_dir.name == FINAL_DIR and summary_path.is_file():
         return json.loads(summary_path.read_text())
     state = json.loads((model_dir / STATE_FILE).read_text()) if (model_dir / STATE_FILE).is_file() else {}
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.training.record.metrics import read_metrics
 
     step = state.get("step")
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r and r["step"] <= (step or 0)]

@@ -13,7 +13,7 @@ the framework whose shape it has calls it:
   ``data_source``; a function without ``**kwargs`` gets the ones it names.  ``None`` means "does not apply to
   this sample": the term is left out.  The call has ``reward.timeout_seconds`` per sample; one that raises or
   runs out of time costs that function's term for the batch, and a value that is no finite number its sample's.
-  An environment run calls these functions itself, with the episodes (``train/episode_rewards.py``).
+  An environment run calls these functions itself, with the episodes (``training/rollouts/episode_rewards.py``).
 - verl's shape, recognised by a parameter named ``solution_str``:
   ``compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict``, called per sample, as
   verl calls it (``reward.timeout_seconds`` per call); a dict gives its ``score`` (and, with ``acc``, its verdict).
@@ -24,9 +24,10 @@ given to ``fit``) counts only if it is listed, under the reserved name ``verifie
 the place of the verifier's score: ``reward.correct_score`` / ``incorrect_score`` map it as usual.
 A sample is correct (accuracy, dynamic sampling, the NLL term) by the first term that gives a
 verdict, in the listed order: the ``verifier``, or a verl function whose dict has ``acc``; with
-none, when its score is above 0.5 (the run says which it counts: ``train.report.accuracy_meaning``).  A failure
-scores 0 for the samples it costs, with ``info["error"]`` (counted in ``reward/error_fraction``, and per function
-in ``reward/fn/<name>/errors``); its first failure is logged with the traceback from the function's own
+none, when its score is above 0.5 (the run says which it counts:
+``training.record.report.accuracy_meaning``).  A failure scores 0 for the samples it costs, with
+``info["error"]`` (counted in ``reward/error_fraction``, and per function in ``reward/fn/<name>/errors``); its
+first failure is logged with the traceback from the function's own
 frame down, later ones are only counted.  The run goes on, unless a function fails on at least
 ``reward.max_error_fraction`` of a step's samples (by default: on every one): then it stops.
 """

@@ -138,7 +138,7 @@ def program_verifiers() -> dict[str, Verifier]:
     """The verifier of each verifier source (math, code, grounding, pointing, countdown): what scores verifiable
     tasks."""
     from reasonrl.reward.code import CodeVerifier
-    from reasonrl.reward.countdown import CountdownVerifier
+    from reasonrl.reward.countdown_verifier import CountdownVerifier
     from reasonrl.reward.math import MathVerifier
     from reasonrl.reward.visual_verifiers import GroundingVerifier, PointingVerifier
 

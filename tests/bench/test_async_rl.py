@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.record.metrics import read_metrics
 from tests.bench.smoke import ROOT
 
 TINY = ["model.name_or_path=tiny-random", "train.rollout_steps=3", "data.eval_prompts=4", "rollout.rollout_prompts=2",

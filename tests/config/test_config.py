@@ -262,7 +262,7 @@ def test_groups_that_cannot_be_split_evenly_over_the_ranks_fail_before_anything_
 
 
 def test_a_data_parallel_backend_that_does_not_match_the_launch_is_explained(monkeypatch):
-    from reasonrl.train.parallel import join_data_parallel
+    from reasonrl.training.placement.parallel import join_data_parallel
 
     for variable in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(variable, raising=False)

@@ -12,7 +12,7 @@ from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields, load_examples
 from reasonrl.data.prompts import prompt_messages
 from reasonrl.models.load import load_tokenizer
-from reasonrl.train.rollout_stage import PromptEncoder
+from reasonrl.training.rollouts.rollout_stage import PromptEncoder
 
 CHAT = [
     {"role": "system", "content": "You are a careful solver."},

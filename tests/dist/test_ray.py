@@ -147,7 +147,7 @@ def test_an_unreachable_address_fails_fast_with_what_to_do():
 
 
 def test_the_package_and_the_training_loop_import_no_ray():
-    code = "import sys\nimport reasonrl, reasonrl.train.loop, reasonrl.dist\nprint('ray' in sys.modules)\n"
+    code = "import sys\nimport reasonrl, reasonrl.training.loop, reasonrl.dist\nprint('ray' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -13,8 +13,8 @@ from reasonrl.cli import main  # noqa: E402
 from reasonrl.config import load_config  # noqa: E402
 from reasonrl.dist import WorkerDiedError  # noqa: E402
 from reasonrl.dist.ray_training import fit_on_ray  # noqa: E402
-from reasonrl.train.loop import fit  # noqa: E402
-from reasonrl.train.metrics import read_metrics  # noqa: E402
+from reasonrl.training.loop import fit  # noqa: E402
+from reasonrl.training.record.metrics import read_metrics  # noqa: E402
 from tests.dist.test_torchrun import PRESETS, TINY, assert_same_run  # noqa: E402
 
 pytestmark = pytest.mark.ray

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from reasonrl.algo.aggregate import AGGREGATION_MODES
 from reasonrl.models.load import load_model
 from reasonrl.models.value import load_value_model
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.record.metrics import read_metrics
 from tests.train.test_loop import TINY as LOOP_TINY
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import torch
 from reasonrl.algo.aggregate import AGGREGATION_MODES
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.models.load import load_model
-from reasonrl.train.parallel import full_state_dict, init_from_environment, shard_module
-from reasonrl.train.policy import TokenLogprobs
-from reasonrl.train.step import PolicyUpdater
+from reasonrl.training.placement.parallel import full_state_dict, init_from_environment, shard_module
+from reasonrl.training.update.policy import TokenLogprobs
+from reasonrl.training.update.step import PolicyUpdater
 from tests.train.test_step import rollout_batch
 
 

@@ -10,8 +10,8 @@ from reasonrl.data.examples import Example
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.models.load import ModelError, load_model, load_tokenizer
 from reasonrl.rollout import build_engine
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY
 

@@ -23,8 +23,8 @@ from reasonrl.models.lora import (
 )
 from reasonrl.models.optim import trainable_parameters
 from reasonrl.rollout import SamplingParams, build_engine
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 from tests.helpers import DigitFraction, ResponseLength
 from tests.train.test_loop import TINY
 
@@ -78,7 +78,7 @@ def test_only_the_adapters_train_and_the_base_stays_bit_identical():
 
 
 def test_adapters_get_gradients_under_gradient_checkpointing():
-    from reasonrl.train.policy import response_logprobs
+    from reasonrl.training.update.policy import response_logprobs
 
     model = load_model("tiny-random")
     model.gradient_checkpointing_enable()  # before the adapter, as the trainer does
@@ -154,8 +154,8 @@ def test_a_saved_adapter_loads_in_place_exactly(tmp_path):
 def test_a_critic_backbone_with_lora_saves_and_reloads(tmp_path):
     from reasonrl.config import resolve
     from reasonrl.models.value import load_value_model
-    from reasonrl.train.checkpoint import load_value_weights
-    from reasonrl.train.setup import build_critic
+    from reasonrl.training.record.checkpoint import load_value_weights
+    from reasonrl.training.setup import build_critic
 
     cfg = load_config("ppo", [*TINY, "model.lora_rank=4"])
     critic = build_critic(cfg, resolve(cfg), None, torch.float32, torch.device("cpu"))
@@ -217,7 +217,7 @@ def comparable(records):
 
 
 def test_a_lora_run_trains_without_a_reference_copy_and_resumes_exactly(straight_run, tmp_path, monkeypatch):
-    import reasonrl.train.setup as loop  # where the models load
+    import reasonrl.training.setup as loop  # where the models load
 
     loaded = []
     real = loop.load_model

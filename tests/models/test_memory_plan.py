@@ -95,7 +95,7 @@ def test_the_refusal_names_each_setting_with_its_predicted_peak():
 
 
 def test_train_refuses_before_any_weight_loads(monkeypatch, tmp_path):
-    from reasonrl.train import setup
+    from reasonrl.training import setup
 
     monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (GIB // 4, GIB))
     monkeypatch.setattr(setup, "load_model", lambda *a, **k: pytest.fail("weights loaded before the check"))
@@ -125,7 +125,7 @@ def test_config_show_prints_the_plan(capsys):
 
 
 def test_the_planned_lm_head_chunk_is_the_trainers():
-    from reasonrl.train import policy
+    from reasonrl.training.update import policy
 
     assert memory_plan.DEFAULT_CHUNK_TOKENS == policy.DEFAULT_CHUNK_TOKENS
 

@@ -13,7 +13,7 @@ import torch
 from reasonrl.batch import RolloutBatch, pad_rows
 from reasonrl.models.forward import PACKING_VERIFIED, packing_refusal, response_hidden_states
 from reasonrl.models.value import ValueModel
-from reasonrl.train.policy import response_logprobs
+from reasonrl.training.update.policy import response_logprobs
 
 VOCAB = 96
 # prompt and response lengths with a long tail: most rows short, one long (as reasoning answers are)
@@ -172,7 +172,7 @@ def test_an_architecture_packing_leaks_on_runs_padded_whatever_is_asked(family):
 
 def test_a_run_of_an_unverified_architecture_trains_padded(caplog):
     from reasonrl.config import load_config
-    from reasonrl.train.setup import packs_sequences
+    from reasonrl.training.setup import packs_sequences
 
     cfg = load_config("grpo")
     assert packs_sequences(cfg, family_config("llama"), "policy")

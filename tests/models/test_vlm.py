@@ -10,7 +10,7 @@ from reasonrl.data.prompts import PromptEncoder
 from reasonrl.models.load import ModelError, is_vision_language, load_model, load_tokenizer, vision_processor
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.engine_protocol import extended
-from reasonrl.train.policy import TokenLogprobs
+from reasonrl.training.update.policy import TokenLogprobs
 
 VLM = "tiny-random-vlm"
 

@@ -79,7 +79,7 @@ def test_a_model_source_without_a_model_is_a_clear_error():
 
 def test_a_judged_row_with_a_ground_truth_is_also_checked_by_the_verifier_but_rewarded_by_the_judge():
     from reasonrl.reward.math import MathVerifier
-    from reasonrl.train.rollout_stats import source_stats
+    from reasonrl.training.rollouts.rollout_stats import source_stats
 
     judge = FixedJudge()  # 0.8 when the response equals the reference, else 0.2
     router = RewardRouter(resolve_routes(), {"math": MathVerifier()}, {"genrm_bon": lambda: judge}, workers=1)

@@ -8,7 +8,7 @@ import torch
 from reasonrl.models.load import load_model, load_tokenizer
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.train.policy import response_logprobs
+from reasonrl.training.update.policy import response_logprobs
 
 STOP = 2
 VLLM = pytest.param(

@@ -16,17 +16,17 @@ from reasonrl.data.guess_number import guess_number_examples
 from reasonrl.data.loaders import load_examples
 from reasonrl.models.load import load_tokenizer
 from reasonrl.rollout import SamplingParams
-from reasonrl.rollout.conversations import CALLS_SPENT, run_conversations, start_conversations
-from reasonrl.rollout.environments import (
+from reasonrl.rollout.fake import FakeEngine
+from reasonrl.rollout.multiturn.conversations import CALLS_SPENT, run_conversations, start_conversations
+from reasonrl.rollout.multiturn.environments import (
     CALCULATOR,
     Countdown,
     EnvironmentLoadError,
     GuessNumber,
     environment_class,
 )
-from reasonrl.rollout.episodes import ROLE_INJECTED, ROLE_POLICY, Environment, Injection, Observation, Step
-from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.tool_calls import (
+from reasonrl.rollout.multiturn.episodes import ROLE_INJECTED, ROLE_POLICY, Environment, Injection, Observation, Step
+from reasonrl.rollout.multiturn.tool_calls import (
     CALL_FORMAT_ERROR,
     FunctionCall,
     call_tool,
@@ -112,7 +112,7 @@ PUZZLE = Puzzle((3, 5, 7, 7), 22)
     ],
 )
 def test_a_countdown_answer_is_judged_by_its_expression_alone(response, solved, why):
-    from reasonrl.reward.countdown import CountdownVerifier
+    from reasonrl.reward.countdown_verifier import CountdownVerifier
 
     assert PUZZLE.solved_by(response) is solved, why
     assert CountdownVerifier()(response, PUZZLE.reference).correct is solved, why
@@ -506,7 +506,7 @@ def test_a_users_environment_class_is_loaded_by_name_and_checked(tmp_path):
     assert environment_class("tests.rollout.test_environments:Echo") is Echo
     assert environment_class("countdown") is Countdown
     path = tmp_path / "my_env.py"
-    path.write_text("from reasonrl.rollout.episodes import Environment, Step\nclass Game(Environment):\n"
+    path.write_text("from reasonrl.rollout.multiturn.episodes import Environment, Step\nclass Game(Environment):\n"
                     "    tools = ()\n    def step(self, episode):\n        return Step()\n")  # fmt: skip
     assert environment_class(f"{path}:Game").__name__ == "Game"
     refusals = {

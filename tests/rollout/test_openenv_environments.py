@@ -16,14 +16,14 @@ import pytest
 from reasonrl.config import load_config
 from reasonrl.data.guess_number import guess_number_examples
 from reasonrl.models.load import load_tokenizer
-from reasonrl.rollout.conversations import run_conversations, start_conversations
-from reasonrl.rollout.openenv_environments import (
+from reasonrl.rollout.multiturn.conversations import run_conversations, start_conversations
+from reasonrl.rollout.multiturn.openenv_environments import (
     MAX_OBSERVATION_CHARS,
     OpenEnvEnvironment,
     OpenEnvError,
     observation_text,
 )
-from reasonrl.train.loop import fit
+from reasonrl.training.loop import fit
 from tests.rollout.test_environments import PARAMS, rows_of, scripted
 from tests.train.test_environments import TWO_STEPS, steps
 from tests.train.test_environments import scripted as scripted_run

@@ -14,9 +14,9 @@ import pytest
 from transformers.utils import get_json_schema
 
 from reasonrl.data.examples import Example
-from reasonrl.rollout.conversations import CALLS_SPENT
-from reasonrl.rollout.environments import EnvironmentLoadError, environment_class
-from reasonrl.rollout.trl_environments import TRLEnvironment
+from reasonrl.rollout.multiturn.conversations import CALLS_SPENT
+from reasonrl.rollout.multiturn.environments import EnvironmentLoadError, environment_class
+from reasonrl.rollout.multiturn.trl_environments import TRLEnvironment
 from tests.rollout.test_environments import play, with_template
 from tests.rollout.test_multiturn import HERMES_TEMPLATE
 

@@ -136,7 +136,7 @@ def test_two_grpo_steps_on_a_vlm_with_vllm(tmp_path):
     """The trainer scores what vLLM generated from the images, with the weights it sent (fp32 both)."""
     from reasonrl.config import load_config
     from reasonrl.models.tiny import build_tiny_random_vlm
-    from reasonrl.train.loop import fit
+    from reasonrl.training.loop import fit
 
     build_tiny_random_vlm(tmp_path / "vlm", head_dim=32)
     overrides = [
@@ -166,7 +166,7 @@ def test_two_grpo_steps_on_a_vlm_with_vllm(tmp_path):
 @needs_vllm
 def test_three_grpo_steps_on_the_embedded_model_with_vllm(tmp_path):
     from reasonrl.config import load_config
-    from reasonrl.train.loop import fit
+    from reasonrl.training.loop import fit
 
     overrides = [
         "rollout.engine=vllm",

@@ -13,13 +13,13 @@ import torch
 
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, load_config
-from reasonrl.train.async_rollouts import AsyncRollouts, ProducerError
-from reasonrl.train.engine_versions import EngineVersions
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.parallel import SINGLE_PROCESS, collective_timeout_seconds
-from reasonrl.train.producer import ProducerProcess, ProducerThread, producer_gpu
-from reasonrl.train.rollout_stage import DynamicSamplingError
+from reasonrl.training.loop import fit
+from reasonrl.training.placement.parallel import SINGLE_PROCESS, collective_timeout_seconds
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.rollouts.async_rollouts import AsyncRollouts, ProducerError
+from reasonrl.training.rollouts.engine_versions import EngineVersions
+from reasonrl.training.rollouts.producer import ProducerProcess, ProducerThread, producer_gpu
+from reasonrl.training.rollouts.rollout_stage import DynamicSamplingError
 from tests.helpers import DigitFraction
 from tests.train.test_loop import comparable, tiny_config
 
@@ -318,7 +318,7 @@ def test_under_torchrun_a_producer_timeout_beyond_the_collectives_timeout_is_ref
 
 
 def test_a_run_given_its_own_engine_object_is_refused_before_any_model_loads(tmp_path, monkeypatch):
-    import reasonrl.train.setup as setup
+    import reasonrl.training.setup as setup
 
     monkeypatch.setattr(setup, "load_model", lambda *a, **k: pytest.fail("a model loaded before the refusal"))
     cfg = tiny_config("rollout.max_staleness=1")

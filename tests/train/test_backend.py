@@ -5,8 +5,8 @@ import json
 import pytest
 
 from reasonrl.config import ConfigError
-from reasonrl.train.backend import FSDP2Ranks, SingleProcess
-from reasonrl.train.parallel import DataParallel
+from reasonrl.training.backend import FSDP2Ranks, SingleProcess
+from reasonrl.training.placement.parallel import DataParallel
 
 
 def test_a_checkpoint_is_resumed_only_by_the_backend_that_wrote_it_and_the_refusal_names_the_command(tmp_path):

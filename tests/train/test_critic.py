@@ -11,11 +11,11 @@ from reasonrl.algo.masked import masked_whiten
 from reasonrl.algo.presets import AlgoSpec, get_preset
 from reasonrl.config import load_config
 from reasonrl.models.value import ValueModel, load_value_model, value_model_from_policy
-from reasonrl.train.advantage_stage import assign_advantages
-from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.loop import fit, setup, value_pretrain_stage
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.value_pretrain import pretrain_critic
+from reasonrl.training.loop import fit, setup, value_pretrain_stage
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.update.advantage_stage import assign_advantages
+from reasonrl.training.update.critic import CriticUpdater
+from reasonrl.training.value_pretrain import pretrain_critic
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY, undocumented_metrics
 from tests.train.test_step import rollout_batch, updated_parameters

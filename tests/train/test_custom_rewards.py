@@ -7,8 +7,8 @@ import pytest
 
 from reasonrl.cli import main
 from reasonrl.config import ConfigError
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY, tiny_config, undocumented_metrics
 
@@ -69,7 +69,7 @@ def test_a_run_logs_each_function_and_survives_one_that_fails(tmp_path, caplog):
 
 
 def test_a_bad_reward_function_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import reasonrl.train.setup as loop  # where the models load
+    import reasonrl.training.setup as loop  # where the models load
 
     monkeypatch.setattr(loop, "load_tokenizer", lambda *a: pytest.fail("a model loaded"))
     cfg = tiny_config("reward.functions=['tests.reward_functions:nothing_here']")

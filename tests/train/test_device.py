@@ -7,7 +7,7 @@ import torch
 from reasonrl.cli import main
 from reasonrl.config import load_config
 from reasonrl.models.load import ModelError, attention_implementation, resolve_device
-from reasonrl.train.loop import fit
+from reasonrl.training.loop import fit
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY
 from tests.train.test_step import rollout_batch
@@ -17,7 +17,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_asking_for_cuda_without_one_fails_before_anything_loads(tmp_path, monkeypatch, capsys):
-    import reasonrl.train.setup as loop  # where the models load
+    import reasonrl.training.setup as loop  # where the models load
 
     monkeypatch.setattr(loop, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     monkeypatch.setattr(loop, "load_tokenizer", lambda *a, **k: pytest.fail("a tokenizer was loaded"))

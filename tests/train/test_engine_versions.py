@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from reasonrl.train.engine_versions import (
+from reasonrl.training.rollouts.engine_versions import (
     EngineVersions,
     EvaluationEngine,
     ProducerEngine,

@@ -10,10 +10,10 @@ import pytest
 from reasonrl.config import load_config
 from reasonrl.data.countdown import Puzzle
 from reasonrl.models.load import load_tokenizer
-from reasonrl.rollout.episodes import ROLE_POLICY, Environment, Injection, Step
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.rollout.multiturn.episodes import ROLE_POLICY, Environment, Injection, Step
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 from tests.helpers import DigitFraction
 from tests.rollout.test_environments import expressions
 from tests.train.test_loop import undocumented_metrics
@@ -360,8 +360,8 @@ def test_the_tool_calls_of_one_turn_share_one_time_budget_however_many_wait_for_
     # give three rounds, 3 s)
     import time
 
-    from reasonrl.rollout import episodes
-    from reasonrl.train.conversation_stage import sandboxed_python
+    from reasonrl.rollout.multiturn import episodes
+    from reasonrl.training.rollouts.conversation_stage import sandboxed_python
 
     run = sandboxed_python(timeout_s=1.0, budget_s=1.5, workers=2)
     assert run(["print(1)"])[0].text == "1\n"  # warm: the sandbox's probe
@@ -396,7 +396,7 @@ def test_environment_settings_are_refused_with_the_setting_to_change(overrides, 
 
 def test_an_environment_run_with_no_held_out_row_evaluates_as_a_single_turn_run_does():
     from reasonrl.rollout import SamplingParams
-    from reasonrl.train.conversation_stage import ConversationCollector
+    from reasonrl.training.rollouts.conversation_stage import ConversationCollector
 
     scored = ConversationCollector.evaluate(None, [], SamplingParams(max_new_tokens=8, temperature=0.0))
     assert scored == {"eval/accuracy": 0.0, "eval/response_length": 0.0}  # no row to play: nothing to crash on
@@ -423,7 +423,7 @@ def test_a_misspelt_environment_or_an_undescribed_tool_fails_in_one_line_before_
     tmp_path, monkeypatch, capsys, environment, said
 ):
     from reasonrl.cli import main
-    from reasonrl.train import setup
+    from reasonrl.training import setup
 
     monkeypatch.setattr(setup, "load_model", lambda *a, **k: pytest.fail("a model loaded before the check"))
     argv = ["train", "grpo", *PAG_TINY, "rollout.multiturn=env", f"rollout.environment={environment}",

@@ -11,8 +11,8 @@ import torch
 from reasonrl.config import load_config
 from reasonrl.models.load import ModelError, load_model
 from reasonrl.rollout import build_engine
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 from tests.helpers import ResponseLength
 from tests.train.test_loop import TINY
 from tests.train.test_step import rollout_batch, updated_parameters
@@ -35,7 +35,7 @@ def test_three_steps_train_on_cuda(tmp_path, preset):
 
 
 def test_ppo_ratio_is_exactly_one_at_the_first_minibatch_on_cuda():
-    from reasonrl.train.policy import response_logprobs
+    from reasonrl.training.update.policy import response_logprobs
 
     batch = rollout_batch(3)
     model = load_model("tiny-random", device="cuda")

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import reasonrl.train.loop as loop
+import reasonrl.training.loop as loop
 from reasonrl.config import load_config
-from reasonrl.train.checkpoint import latest_checkpoint
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.checkpoint import latest_checkpoint
+from reasonrl.training.record.metrics import read_metrics
 from tests.helpers import DigitFraction, HangsSometimes
 
 TINY = [
@@ -141,7 +141,7 @@ def test_run_directory_contents_and_export(tmp_path):
 
 
 def test_no_reference_model_without_kl(tmp_path, monkeypatch):
-    import reasonrl.train.setup as loop  # where the models load
+    import reasonrl.training.setup as loop  # where the models load
 
     loaded = []
     real = loop.load_model

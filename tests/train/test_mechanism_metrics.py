@@ -8,7 +8,7 @@ import torch
 
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import RolloutBatch
-from reasonrl.train.advantage_stage import assign_advantages, warn_lambda_clamped
+from reasonrl.training.update.advantage_stage import assign_advantages, warn_lambda_clamped
 
 GAE = AlgoSpec(advantage_estimator="gae", lambda_policy=0.5, lambda_critic=1.0, gamma=1.0)
 

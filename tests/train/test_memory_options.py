@@ -8,11 +8,11 @@ from safetensors.torch import load_file
 from reasonrl.config import ConfigError, resolve
 from reasonrl.models.load import load_model
 from reasonrl.models.optim import MasterWeightAdamW
-from reasonrl.train.backend import SingleProcess
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.policy import TokenLogprobs
-from reasonrl.train.setup import build_policy_updater, forward_dtype, parameter_dtype
+from reasonrl.training.backend import SingleProcess
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.setup import build_policy_updater, forward_dtype, parameter_dtype
+from reasonrl.training.update.policy import TokenLogprobs
 from tests.helpers import DigitFraction
 from tests.train.test_loop import comparable, tiny_config
 from tests.train.test_step import rollout_batch

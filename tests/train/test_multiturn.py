@@ -10,11 +10,16 @@ import torch
 from reasonrl.algo.presets import get_preset
 from reasonrl.config import ConfigError, load_config
 from reasonrl.models.load import load_tokenizer
-from reasonrl.rollout.conversations import DIRECT_REVISE_PROMPT, PAG_REVISE_PROMPT, PAG_VERIFY_PROMPT, ROLE_POLICY
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.train.advantage_stage import assign_advantages
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.rollout.multiturn.conversations import (
+    DIRECT_REVISE_PROMPT,
+    PAG_REVISE_PROMPT,
+    PAG_VERIFY_PROMPT,
+    ROLE_POLICY,
+)
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.update.advantage_stage import assign_advantages
 from tests.helpers import DigitFraction
 
 PAG_TINY = [
@@ -82,7 +87,7 @@ def test_direct_multiturn_revises_without_verifying(tmp_path):
 
 
 def collected_batch(verdict="The answer is wrong."):
-    from reasonrl.train.setup import setup
+    from reasonrl.training.setup import setup
 
     cfg = load_config("pag", PAG_TINY)
     run = setup(cfg, Path("unused"), scripted_engine(verdict), DigitFraction())
@@ -197,7 +202,7 @@ def test_every_multiturn_metric_is_documented(tmp_path):
 
 
 def test_the_sandboxed_python_tool_returns_output_or_an_error_and_never_raises():
-    from reasonrl.train.conversation_stage import sandboxed_python
+    from reasonrl.training.rollouts.conversation_stage import sandboxed_python
 
     run = sandboxed_python(timeout_s=1.0, budget_s=10.0)
     printed, crashed, looped, flooded, binary = run(
@@ -214,7 +219,7 @@ def test_the_sandboxed_python_tool_returns_output_or_an_error_and_never_raises()
 def test_a_turns_tool_calls_share_one_time_budget():
     import time
 
-    from reasonrl.train.conversation_stage import sandboxed_python
+    from reasonrl.training.rollouts.conversation_stage import sandboxed_python
 
     run = sandboxed_python(timeout_s=1.0, budget_s=1.5, workers=2)
     started = time.monotonic()
@@ -291,8 +296,8 @@ def test_a_step_whose_prompts_are_all_too_long_stops_with_the_setting_to_change(
 
 
 def test_tool_prompts_advertise_the_python_tool_only_where_the_chat_template_has_a_tool_call_format():
-    from reasonrl.rollout.conversations import PYTHON_TOOL
-    from reasonrl.train.conversation_stage import prompt_tools
+    from reasonrl.rollout.multiturn.conversations import PYTHON_TOOL
+    from reasonrl.training.rollouts.conversation_stage import prompt_tools
     from tests.rollout.test_multiturn import HERMES_TEMPLATE
 
     plain = load_tokenizer("tiny-random")
@@ -308,9 +313,9 @@ def test_tool_prompts_advertise_the_python_tool_only_where_the_chat_template_has
 def test_tools_a_template_cannot_render_are_written_into_the_system_prompt_unless_data_sets_one(model, caplog):
     from reasonrl.data.countdown import countdown_examples
     from reasonrl.data.prompts import PromptEncoder
-    from reasonrl.rollout.environments import Countdown
-    from reasonrl.rollout.tool_calls import hermes_tool_prompt, native_tool_format
-    from reasonrl.train.conversation_stage import episode_encoder
+    from reasonrl.rollout.multiturn.environments import Countdown
+    from reasonrl.rollout.multiturn.tool_calls import hermes_tool_prompt, native_tool_format
+    from reasonrl.training.rollouts.conversation_stage import episode_encoder
     from tests.rollout.test_multiturn import HERMES_TEMPLATE
 
     tokenizer, tools, row = load_tokenizer(model), list(Countdown.tools), countdown_examples("test")[0]

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from reasonrl.config import ConfigError, load_config
 from reasonrl.data.loaders import DataError
 from reasonrl.data.offline_dataset import OfflineSample, preference_pairs, read_samples
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 from tests.train.test_loop import comparable, undocumented_metrics
 
 UNIFORM = -math.log(259)  # the byte-level tiny-random vocabulary
@@ -191,9 +191,9 @@ def test_an_offline_step_does_not_depend_on_the_micro_batch_size(tmp_path, prese
     losses, metrics and gradient norms (global denominators; DPO's pairs stay whole).  Weights are not
     compared: Adam's first step divides each gradient by its own size, which magnifies rounding where a
     gradient is near 0."""
-    from reasonrl.train.loop import REFERENCE_CACHE, train_step
-    from reasonrl.train.offline_steps import compute_reference
-    from reasonrl.train.setup import setup
+    from reasonrl.training.loop import REFERENCE_CACHE, train_step
+    from reasonrl.training.offline_steps import compute_reference
+    from reasonrl.training.setup import setup
 
     path = tmp_path / "samples.jsonl"
     rows = [json.loads(line) for line in write_samples(tmp_path / "base.jsonl").read_text().splitlines()]

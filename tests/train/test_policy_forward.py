@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reasonrl.models.load import load_model
-from reasonrl.train.policy import response_logprobs
+from reasonrl.training.update.policy import response_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_extra_padding_changes_nothing(model):
 
 
 def test_a_head_mask_computes_only_its_tokens_and_changes_nothing_there(model, monkeypatch):
-    import reasonrl.train.policy as policy
+    import reasonrl.training.update.policy as policy
 
     inputs = batch(3)
     head_mask = torch.zeros_like(inputs[3])

@@ -13,9 +13,9 @@ from reasonrl.jobs.reward_model import RewardModelRun, run_reward_model_training
 from reasonrl.models.load import load_tokenizer
 from reasonrl.reward.prm import Line, ProcessRewardModel
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.process_rewards import ProcessRewards, all_failed_prompt_stats
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.rollouts.process_rewards import ProcessRewards, all_failed_prompt_stats
 from tests.reward.test_prm import synthetic_rows
 
 TINY = [
@@ -119,7 +119,7 @@ def test_prompts_whose_samples_all_fail_get_a_signal_from_the_prm():
 
 
 def test_the_critic_starts_as_the_prm_on_the_reward_scale(prm_dir):
-    from reasonrl.train.setup import build_critic
+    from reasonrl.training.setup import build_critic
 
     cfg = load_config("prm_ppo", [*TINY, f"reward.prm_path={prm_dir}"])
     critic = build_critic(cfg, resolve(cfg), None, torch.float32, torch.device("cpu"))
@@ -134,7 +134,7 @@ def test_the_critic_starts_as_the_prm_on_the_reward_scale(prm_dir):
 def test_prm_settings_that_cannot_work_are_refused():
     with pytest.raises(ConfigError, match=re.escape("reward.prm_dense=paper needs reward.prm_path")):
         load_config("prm_ppo", ["reward.prm_path=null"])
-    with pytest.raises(ConfigError, match=re.escape("turn off rollout.multiturn")):
+    with pytest.raises(ConfigError, match=re.escape("reward.prm_dense does not run with rollout.multiturn")):
         load_config("prm_ppo", ["reward.prm_path=x", "rollout.multiturn=tool"])
 
 

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from reasonrl import timing
 from reasonrl.cli import main
-from reasonrl.train.metrics import ProgressDisplay
+from reasonrl.training.record.metrics import ProgressDisplay
 from tests.train.test_loop import TINY
 
 VAPO_STEP = {

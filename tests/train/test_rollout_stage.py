@@ -15,8 +15,8 @@ from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout.engine_protocol import Completion
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.rollout.scored import Scored
-from reasonrl.train.loop import data_spec
-from reasonrl.train.rollout_stage import (
+from reasonrl.training.loop import data_spec
+from reasonrl.training.rollouts.rollout_stage import (
     DynamicSamplingError,
     Generated,
     RewardFailureError,
@@ -24,7 +24,7 @@ from reasonrl.train.rollout_stage import (
     RolloutSettings,
     build_batch,
 )
-from reasonrl.train.rollout_stats import finished_stats
+from reasonrl.training.rollouts.rollout_stats import finished_stats
 from tests.helpers import DigitFraction, RaisesOn
 
 
@@ -177,7 +177,7 @@ def test_a_shaped_reward_past_float32_fails_its_row_only(caplog):
     """A score mapped onto a reward scale float32 cannot hold is inf (or NaN) in the batch, where one would turn
     every advantage NaN: that row fails as a failed scoring call does (counted by the step's error share), the
     others keep their rewards."""
-    from reasonrl.train.rollout_stage import refuse_unheld_rewards
+    from reasonrl.training.rollouts.rollout_stage import refuse_unheld_rewards
 
     results = [RewardResult(1.0, True, {"extracted": "7"}), RewardResult(0.0, False)]
     scored = Scored([example_row()] * 2, [[1, 2]] * 2, [Completion([3], [0.0], "stop")] * 2, results)

@@ -1,5 +1,6 @@
 """Runs that stop instead of training on nothing, on NaN or on weights other than their own; and the KL to
-an identical reference, which is exactly zero (reasonrl/train/run_health.py, docs/metrics.md "Runs that stop")."""
+an identical reference, which is exactly zero (reasonrl/training/record/run_health.py, docs/metrics.md "Runs that
+stop")."""
 
 import logging
 
@@ -10,9 +11,9 @@ from safetensors.torch import load_file
 from reasonrl.models.load import load_model
 from reasonrl.models.optim import NonFiniteWeightsError
 from reasonrl.rollout.fast import FastEngine
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.run_health import RunHealth, RunHealthError
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.record.run_health import RunHealth, RunHealthError
 from tests.helpers import Constant, DigitFraction
 from tests.train.test_loop import tiny_config
 

@@ -11,15 +11,15 @@ import sys
 import pytest
 import torch
 
-import reasonrl.train.setup as run_setup
+import reasonrl.training.setup as run_setup
 from reasonrl.cli import main
 from reasonrl.config import load_config
 from reasonrl.data.loaders import DataError
-from reasonrl.train import cpu_threads
-from reasonrl.train.cpu_threads import choose_threads
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.report import write_summary
+from reasonrl.training.loop import fit
+from reasonrl.training.placement import cpu_threads
+from reasonrl.training.placement.cpu_threads import choose_threads
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.record.report import write_summary
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY
 
@@ -61,7 +61,7 @@ def test_idle_openmp_threads_sleep_on_a_busy_machine_where_torch_is_not_loaded_y
     code = (
         "import sys\n"
         "import reasonrl.cli, reasonrl.data.source\n"  # `reasonrl train` decides before it imports torch
-        "from reasonrl.train.cpu_threads import sleeping_openmp_threads as sleeping\n"
+        "from reasonrl.training.placement.cpu_threads import sleeping_openmp_threads as sleeping\n"
         "print('torch' in sys.modules)\n"
         "busy, idle, chosen = {}, {}, {'OMP_WAIT_POLICY': 'ACTIVE'}\n"
         "print(sleeping(busy, load=3.0), busy, sleeping(idle, load=0.2), idle, sleeping(chosen, load=3.0), chosen)\n"
@@ -176,7 +176,7 @@ def test_the_summary_says_what_its_accuracy_counts():
     """A format reward alone once read as 100% held-out accuracy: the summary and the command line say whether the
     accuracy is the verifier's verdict, a function's, an environment's success, or a reward above 0.5."""
     from reasonrl.config import load_config
-    from reasonrl.train.report import _accuracy_line, accuracy_meaning
+    from reasonrl.training.record.report import _accuracy_line, accuracy_meaning
 
     assert accuracy_meaning(load_config("grpo")).startswith("the verifier's verdict")
     functions = load_config("grpo", ["reward.functions=[tests.reward_functions:digit_share]"])

@@ -16,10 +16,10 @@ import torch
 
 from reasonrl.cli import main
 from reasonrl.config import load_config
-from reasonrl.train.checkpoint import LinkedCheckpointsError, latest_checkpoint, save_checkpoint
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.rundir import DiskFullError, RunDirError, RunLock, claim
+from reasonrl.training.loop import fit
+from reasonrl.training.record.checkpoint import LinkedCheckpointsError, latest_checkpoint, save_checkpoint
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.record.rundir import DiskFullError, RunDirError, RunLock, claim
 from tests.helpers import DigitFraction
 
 TINY = [
@@ -78,7 +78,7 @@ def test_a_second_run_into_a_live_directory_refuses_naming_its_pid_and_a_killed_
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from pathlib import Path; from reasonrl.train.rundir import RunLock\n"
+        [sys.executable, "-c", f"from pathlib import Path; from reasonrl.training.record.rundir import RunLock\n"
          f"RunLock(Path({str(run_dir)!r})).acquire(); print('locked', flush=True); import time; time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )  # fmt: skip
@@ -139,8 +139,8 @@ def test_an_unwritable_output_dir_is_one_error_line_and_exit_status_2(tmp_path, 
 
 
 def interrupt_on_call(monkeypatch, name, call):
-    """Make ``reasonrl.train.loop.<name>`` raise KeyboardInterrupt on its ``call``-th call."""
-    import reasonrl.train.loop as loop
+    """Make ``reasonrl.training.loop.<name>`` raise KeyboardInterrupt on its ``call``-th call."""
+    import reasonrl.training.loop as loop
 
     real, calls = getattr(loop, name), []
 
@@ -182,7 +182,7 @@ def test_the_run_from_python_is_resumed_from_python_not_the_command_line(tmp_pat
 
 def full_disk_on_save(monkeypatch, call):
     """torch.save in checkpoints writes part of its file, then fails with ENOSPC on its ``call``-th call."""
-    import reasonrl.train.checkpoint as checkpoint
+    import reasonrl.training.record.checkpoint as checkpoint
 
     real, calls = torch.save, []
 
@@ -278,7 +278,7 @@ def test_a_finished_run_stores_its_final_weights_once_and_a_resume_says_it_is_fi
 
 SLOW_SAVES = """
 import sys, time
-import reasonrl.train.backend as backend
+import reasonrl.training.backend as backend
 real = backend.save_checkpoint
 def slow(*args, **kwargs):
     time.sleep(60)
@@ -348,7 +348,7 @@ def test_a_second_ctrl_c_stops_at_once_saving_nothing(tmp_path):
 
 
 def test_a_metrics_line_cut_short_by_a_full_disk_is_dropped_on_resume(tmp_path):
-    from reasonrl.train.metrics import MetricsWriter
+    from reasonrl.training.record.metrics import MetricsWriter
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "a": 1}\n{"step": 1, "a": 2}\n{"step": 2, "a"')
     assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "a": 1}, {"step": 1, "a": 2}]
@@ -367,7 +367,7 @@ def files_under(root):
 def test_a_run_refuses_a_directory_of_other_files_before_a_model_loads_and_removes_nothing(
     tmp_path, capsys, monkeypatch
 ):
-    import reasonrl.train.loop as loop
+    import reasonrl.training.loop as loop
 
     mine = tmp_path / "r"  # run.output_dir/run.name: a directory someone made, holding no run
     theirs = {"final/model.safetensors": "my model", "summary.md": "my notes", "checkpoints/a.tmp": "x"}

@@ -6,8 +6,8 @@ import torch
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import PoolWindow, RolloutBatch
 from reasonrl.models.load import load_model
-from reasonrl.train.policy import TokenLogprobs
-from reasonrl.train.step import PolicyUpdater, RolloutCorrection
+from reasonrl.training.update.policy import TokenLogprobs
+from reasonrl.training.update.step import PolicyUpdater, RolloutCorrection
 
 
 def rollout_batch(seed=0, rows=8):
@@ -81,7 +81,7 @@ def test_a_nan_loss_skips_the_optimiser_step():
 def test_single_minibatch_update_can_take_old_logprobs_from_its_own_forward():
     # one mini-batch, one epoch: the update's forward runs at the old policy, so skipping the
     # separate old-log-prob pass (plan.separate_old_logprob_pass=False) changes nothing
-    from reasonrl.train.policy import response_logprobs
+    from reasonrl.training.update.policy import response_logprobs
 
     batch = rollout_batch(2)
     model = load_model("tiny-random")

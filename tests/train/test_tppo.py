@@ -18,13 +18,13 @@ from reasonrl.models.value import load_value_model, value_model_from_policy
 from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.rollout.tppo_pool import RolloutPool
-from reasonrl.train.advantage_stage import assign_advantages
-from reasonrl.train.critic import CriticUpdater
-from reasonrl.train.loop import data_spec, fit, logprob_stage
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.parallel import SINGLE_PROCESS
-from reasonrl.train.policy import TokenLogprobs
-from reasonrl.train.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
+from reasonrl.training.loop import data_spec, fit, logprob_stage
+from reasonrl.training.placement.parallel import SINGLE_PROCESS
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.rollouts.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
+from reasonrl.training.update.advantage_stage import assign_advantages
+from reasonrl.training.update.critic import CriticUpdater
+from reasonrl.training.update.policy import TokenLogprobs
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY, undocumented_metrics
 

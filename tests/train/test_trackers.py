@@ -7,9 +7,9 @@ import types
 import pytest
 
 from reasonrl.config import ConfigError
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.trackers import MlflowTracker, WandbTracker
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
+from reasonrl.training.record.trackers import MlflowTracker, WandbTracker
 from tests.helpers import DigitFraction
 from tests.train.test_loop import tiny_config
 
@@ -135,7 +135,7 @@ def test_other_streams_get_a_prefix_and_their_own_step_axis(tmp_path, trackers, 
 
 
 def test_a_listed_tracker_that_is_not_installed_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import reasonrl.train.setup as loop  # where the models load
+    import reasonrl.training.setup as loop  # where the models load
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # an import that fails
     monkeypatch.setattr(loop, "load_tokenizer", lambda *a: pytest.fail("a model loaded"))
@@ -147,7 +147,7 @@ def test_a_listed_tracker_that_is_not_installed_fails_before_any_model_loads(tmp
 
 
 def test_a_steps_samples_are_a_markdown_table_in_tensorboard(tmp_path):
-    from reasonrl.train.trackers import TensorBoardTracker, samples_markdown
+    from reasonrl.training.record.trackers import TensorBoardTracker, samples_markdown
 
     samples = [{"prompt": "What is 2+2?", "completion": "4 | four\nAnswer: 4", "reward": 1.0, "correct": True}]
     table = samples_markdown(samples).splitlines()

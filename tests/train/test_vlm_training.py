@@ -14,8 +14,8 @@ from reasonrl.jobs.evaluate import EvalSettings, run_eval
 from reasonrl.jobs.offline_sample import OfflineSampleRun, run_sampling
 from reasonrl.models.load import load_model, load_tokenizer, vision_processor
 from reasonrl.rollout import SamplingParams, build_engine
-from reasonrl.train.loop import fit
-from reasonrl.train.metrics import read_metrics
+from reasonrl.training.loop import fit
+from reasonrl.training.record.metrics import read_metrics
 from tests.train.test_loop import comparable
 
 VLM_RUN = [

@@ -1,0 +1,1 @@
+"""Multi-turn episodes: conversations, environments (shipped, TRL's, OpenEnv servers) and tool calls."""

@@ -1,0 +1,504 @@
+"""Setting a run up: the policy, its engine, the reference, the critic, the scorer and the data, as one
+``Run``, each placed by the training backend (``reasonrl.training.backend``: one process, or one FSDP2 rank)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reasonrl.algo.kl import AdaptiveKLController, FixedKLController
+from reasonrl.config import Config, ConfigError, Plan, resolve
+from reasonrl.config.plan import microbatch_token_budget, vllm_engine_options
+from reasonrl.config.validate import RunFacts, refuse_not_run_together
+from reasonrl.data.loaders import Fields
+from reasonrl.data.prompts import PromptEncoder
+from reasonrl.data.source import DataSpec, TrainingStream, check_held_out, check_prompt_lengths
+from reasonrl.models.forward import packing_refusal
+from reasonrl.models.load import (
+    attention_implementation,
+    compute_dtype,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    vision_processor,
+)
+from reasonrl.models.lora import add_lora
+from reasonrl.models.memory_plan import check_memory, engine_name
+from reasonrl.models.optim import adamw, trainable_parameters
+from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
+from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
+from reasonrl.reward.prm import ProcessRewardModel
+from reasonrl.reward.router import build_router
+from reasonrl.reward.scoring_pool import ScoringPool
+from reasonrl.reward.verifier_protocol import Scorer, Verifier
+from reasonrl.rollout import RolloutEngine, build_engine
+from reasonrl.rollout.multiturn.environments import EnvironmentLoadError, environment_class
+from reasonrl.rollout.multiturn.openenv_environments import OPENENV_PREFIX
+from reasonrl.rollout.tppo_pool import RolloutPool
+from reasonrl.training.backend import SingleProcess, TrainedModels, TrainingBackend
+from reasonrl.training.placement.cpu_threads import apply_threads
+from reasonrl.training.placement.parallel import DataParallel, RankZeroEngine, RemoteWorkers
+from reasonrl.training.record.run_health import RunHealth
+from reasonrl.training.record.sample_log import SampleLog
+from reasonrl.training.record.trackers import Tracker, TrackerError, check_trackers
+from reasonrl.training.rollouts.async_rollouts import AsyncRollouts, PublishingEngine
+from reasonrl.training.rollouts.conversation_stage import (
+    ConversationCollector,
+    environment_name,
+    episode_encoder,
+    prompt_tools,
+)
+from reasonrl.training.rollouts.engine_versions import EngineVersions, EvaluationEngine, ProducerEngine
+from reasonrl.training.rollouts.process_rewards import ProcessRewards
+from reasonrl.training.rollouts.producer import ProducerPolicy, ProducerProcess, ProducerThread, producer_gpu
+from reasonrl.training.rollouts.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings, RolloutStage
+from reasonrl.training.update.critic import CriticUpdater
+from reasonrl.training.update.offline_batches import OfflineData
+from reasonrl.training.update.policy import TokenLogprobs
+from reasonrl.training.update.step import PolicyUpdater, RolloutCorrection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Run:
+    """Everything a run holds while it trains."""
+
+    cfg: Config
+    plan: Plan
+    run_dir: Path
+    backend: TrainingBackend
+    """Where the trained models live (one process, or one FSDP2 rank): checkpoints and weight syncs go through it."""
+    model: torch.nn.Module
+    tokenizer: Any
+    saved_tokenizer: Any
+    """What a checkpoint and the exported model save beside the weights: a vision-language model's processor
+    (its tokenizer, image processor and chat template), else the tokenizer."""
+    engine: RolloutEngine
+    reference: TokenLogprobs | None
+    """The frozen KL reference (None without a KL term, and with LoRA: then the policy's base is the reference)."""
+    pool: Scorer
+    stream: TrainingStream
+    encoder: PromptEncoder
+    collector: RolloutCollector
+    """Synchronous single-turn rollouts (value pretraining always uses them)."""
+    rollout: RolloutStage
+    """The training rollouts' stage: ``collector``, T-PPO's truncated rollouts (algo.window_tokens),
+    multi-turn conversations (rollout.multiturn) or the asynchronous producer's (rollout.max_staleness)."""
+    updater: PolicyUpdater
+    kl: FixedKLController | AdaptiveKLController
+    critic: CriticUpdater | None
+    microbatch_tokens: int
+    """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
+    offline: OfflineData | None = None
+    """The offline dataset of algo.offline (dpo, dqo); None = online RL."""
+    held_out_episodes: ConversationCollector | None = None
+    """What the held-out evaluation plays in an environment run (rollout.multiturn tool or env): the training
+    rollouts' environment, built once with the run; None: evaluation answers each prompt in one turn."""
+    producer: AsyncRollouts | None = None
+    """The rollout producer process of an asynchronous run (rollout.max_staleness ≥ 1), stopped by ``close``."""
+    trackers: list[Tracker] = field(default_factory=list)
+    """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
+    health: RunHealth = field(default_factory=lambda: RunHealth("engine", 0))
+    """The checks that stop a run training on nothing or on weights other than its own (``run_health``)."""
+    sample_log: SampleLog | None = None
+    """Where a few samples of each step go as text (run.log_samples; rank 0 only, opened by ``fit``)."""
+
+    def close(self) -> None:
+        """Stop what the run started beside this process: the rollout producer, the scoring workers."""
+        if self.producer is not None:
+            self.producer.close()
+        self.pool.close()
+
+    @property
+    def parallel(self) -> DataParallel:
+        """The data-parallel group the backend trains in: this rank's rows of each forward pass, sums of metrics."""
+        return self.backend.parallel
+
+    @property
+    def trained(self) -> TrainedModels:
+        """The policy and critic with their optimisers, as the backend checkpoints them."""
+        return TrainedModels(self.updater, self.critic)
+
+
+def data_spec(cfg: Config) -> DataSpec:
+    """The data settings of a config."""
+    d = cfg.data
+    return DataSpec(
+        d.dataset,
+        d.eval_dataset,
+        d.arithmetic_digits,
+        d.arithmetic_operations,
+        Fields(d.question_field, d.answer_field, answer_optional=cfg.rollout.multiturn == "env"),
+        d.task_mix,
+    )
+
+
+def build_critic(
+    cfg: Config,
+    plan: Plan,
+    attention: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: TrainingBackend | None = None,
+) -> CriticUpdater:
+    """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, placed
+    by ``backend`` (default: this process), and its optimiser."""
+    backend = backend or SingleProcess()
+    if cfg.critic.init == "policy":
+        model = value_model_from_policy(cfg.model.name_or_path, attention, device)
+    elif cfg.critic.init == "prm":  # the PRM's success probability, on the reward scale (arXiv 2410.17621)
+        low, high = cfg.reward.incorrect_score, cfg.reward.correct_score
+        model = rescale_head(load_value_model(cfg.critic.path or cfg.reward.prm_path, attention), high - low, low)
+        model = model.to(device)
+    else:
+        model = load_value_model(cfg.critic.path, attention).to(device)
+    model.to(parameter_dtype(cfg))
+    if cfg.model.gradient_checkpointing:
+        model.backbone.gradient_checkpointing_enable()
+    add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
+    backend.place(model, dtype, cfg.train.offload_optimizer)
+    optimizer = adamw(trainable_parameters(model), plan.critic_lr, cfg.train.weight_decay, cfg.train.offload_optimizer)
+    return CriticUpdater(
+        model,
+        optimizer,
+        value_clip=cfg.algo.value_clip,
+        minibatch_sequences=cfg.train.minibatch_sequences,
+        epochs=cfg.train.epochs_per_rollout,
+        microbatch_tokens=microbatch_token_budget(cfg, device.type),
+        grad_clip=cfg.train.grad_clip,
+        compute_dtype=dtype,
+        parallel=backend.parallel,
+        packed=packs_sequences(cfg, model.backbone.config, "critic"),
+    )
+
+
+def build_policy_updater(
+    cfg: Config, plan: Plan, policy: TokenLogprobs, microbatch_tokens: int, backend: TrainingBackend
+) -> PolicyUpdater:
+    """The policy's optimiser (over its trainable weights, as ``backend`` placed them; its moments in CPU
+    memory with train.offload_optimizer), its warm-up schedule, and the update of ``cfg.algo``."""
+    t = cfg.train
+    optimizer = adamw(trainable_parameters(policy.model), t.lr, t.weight_decay, t.offload_optimizer)
+    warmup = plan.warmup_optimizer_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return PolicyUpdater(
+        policy,
+        optimizer,
+        scheduler,
+        cfg.algo,
+        minibatch_sequences=cfg.train.minibatch_sequences,
+        epochs=cfg.train.epochs_per_rollout,
+        microbatch_tokens=microbatch_tokens,
+        grad_clip=cfg.train.grad_clip,
+        loss_agg_constant=plan.loss_agg_constant,
+        parallel=backend.parallel,
+        correction=RolloutCorrection(
+            plan.rollout_correction, cfg.algo.rollout_correction_level, plan.rollout_correction_threshold
+        ),
+    )
+
+
+def packs_sequences(cfg: Config, model_config: Any, role: str) -> bool:
+    """train.pack_sequences as a model of ``model_config`` can honour it: an architecture whose packed
+    forward is not verified (``models.forward.packing_refusal``) runs padded, said once per ``role``."""
+    refusal = packing_refusal(model_config) if cfg.train.pack_sequences else None
+    if refusal is not None:
+        log.warning("train.pack_sequences: the %s: %s", role, refusal)
+    return cfg.train.pack_sequences and refusal is None
+
+
+def parameter_dtype(cfg: Config) -> torch.dtype:
+    """What the trained weights (policy, critic) and their gradients are stored in (train.param_dtype)."""
+    return getattr(torch, cfg.train.param_dtype)
+
+
+def forward_dtype(cfg: Config) -> torch.dtype:
+    """The dtype the forward passes run in (model.dtype): bf16 where the trained weights are stored in bf16,
+    whatever model.dtype=auto would pick for the hardware (the validator refuses model.dtype=float32 then)."""
+    return compute_dtype("bfloat16" if cfg.train.param_dtype == "bfloat16" else cfg.model.dtype)
+
+
+def preflight(cfg: Config) -> list[RewardTerm]:
+    """What the user plugs in, checked before any model loads: the trackers' packages, the terms of
+    ``reward.functions`` (each function imported once) and the environment a run names (its class imported, a
+    TRL factory's tools described); a problem is a ConfigError of one line."""
+    try:
+        check_trackers(cfg.run.loggers)
+        terms = reward_terms(cfg.reward.functions, cfg.reward.weights)
+        name = environment_name(cfg.rollout)
+        if name is not None and not name.startswith(OPENENV_PREFIX):  # an OpenEnv server is asked when it connects
+            environment_class(name)
+        return terms
+    except (RewardFunctionError, TrackerError, EnvironmentLoadError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_prompts(cfg: Config, stream: TrainingStream, encoder: PromptEncoder) -> None:
+    """Before any model loads: refuse a run whose first training prompts are mostly longer than
+    rollout.max_prompt_tokens (a DataError naming the value that fits them), warn when some are, and say when
+    the held-out evaluation has fewer prompts than data.eval_prompts (a warning when it has none)."""
+    if cfg.algo.offline == "none" and (warning := check_prompt_lengths(stream, encoder)):
+        log.warning("%s", warning)
+    if (held_out := check_held_out(data_spec(cfg), cfg.data.eval_prompts, encoder)) is not None:
+        empty, line = held_out
+        log.log(logging.WARNING if empty else logging.INFO, "%s", line)
+
+
+def checked_encoder(cfg: Config, encoder: PromptEncoder) -> PromptEncoder:
+    """The encoder whose prompts ``check_prompts`` measures: an environment run's, with the environment's tools
+    written into the system prompt where the chat template cannot render them (``episode_encoder``: the episodes'
+    prompts; an OpenEnv server's tools are known once it is asked, so its prompts are measured without them)."""
+    name = environment_name(cfg.rollout)
+    if name is None or name.startswith(OPENENV_PREFIX):
+        return encoder
+    return episode_encoder(encoder, getattr(environment_class(name), "tools", ()), announce=False)
+
+
+def build_scorer(
+    cfg: Config,
+    dtype: torch.dtype,
+    device: torch.device,
+    verifier: Verifier | None = None,
+    terms: list[RewardTerm] | None = None,
+) -> Scorer:
+    """What scores the responses: a user's ``verifier`` for every task, else the reward router of
+    ``cfg``, and with ``reward.functions`` (``terms``) their weighted sum, that scorer as the "verifier" term
+    (an environment's episodes call their reward functions themselves, with the episodes' environments:
+    ``training.rollouts.episode_rewards``)."""
+    if verifier is not None:
+        pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
+    else:
+        pool = build_router(cfg.reward, cfg.model.name_or_path, dtype, device)
+    if terms and cfg.rollout.multiturn not in ("env", "tool"):
+        pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
+    return pool
+
+
+def setup(
+    cfg: Config,
+    run_dir: Path,
+    engine: RolloutEngine | None = None,
+    verifier: Verifier | None = None,
+    backend: TrainingBackend | None = None,
+    workers: RemoteWorkers | None = None,
+) -> Run:
+    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data, each
+    placed by ``backend`` (default: this process; FSDP2 ranks shard the models and split the engine's
+    and the scorer's calls)."""
+    backend = backend or SingleProcess()
+    apply_threads(cfg.run.threads)  # torch's threads: the cores other work leaves free (run.threads chooses)
+    plan = resolve(cfg)
+    terms = preflight(cfg)
+    device = resolve_device(cfg.model.device)
+    check_memory(cfg, device, backend.parallel.world_size)  # from the model's config: before any weight loads
+    attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    dtype = forward_dtype(cfg)
+    microbatch_tokens = microbatch_token_budget(cfg, device.type)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    processor = vision_processor(cfg.model.name_or_path)
+    refuse_not_run_together(cfg, RunFacts(vision_language=processor is not None, engine_given=engine is not None))
+    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
+    encoder = prompt_encoder(cfg, tokenizer, processor)
+    check_prompts(cfg, stream, checked_encoder(cfg, encoder))  # the prompts and the held-out set, before any model
+    offline = None
+    if cfg.algo.offline != "none":  # a malformed file fails here, before the models load
+        offline = OfflineData(
+            cfg.data.offline_path, cfg.algo.offline, cfg.train.minibatch_sequences, cfg.run.seed, len(tokenizer)
+        )
+    model = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)  # fp32 master weights, or bf16
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if workers is not None:
+        engine = workers.engine
+    elif engine is None:
+        engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
+    engine = backend.share_engine(engine)
+    add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
+    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, packs_sequences(cfg, model.config, "policy"))
+    separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
+    reference = None
+    if separate_reference:
+        # the reference computes as the policy does (its weights' dtype, the same autocast and packing): at
+        # identical weights the two log-probs of a row are equal to the bit, and the KL's gradient is 0
+        frozen = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)
+        reference = TokenLogprobs(frozen, policy.temperature, dtype, policy.packed)
+    backend.place(policy, dtype, cfg.train.offload_optimizer)
+    if reference is not None:
+        backend.place(reference, dtype)
+    pool = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
+    pool = backend.share_scorer(pool)
+    updater = build_policy_updater(cfg, plan, policy, microbatch_tokens, backend)
+    a = cfg.algo
+    kl = (
+        AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
+        if a.kl_controller == "adaptive"
+        else (FixedKLController(a.kl_coef))
+    )
+    process_rewards = (
+        ProcessRewards(cfg.reward, ProcessRewardModel(cfg.reward.prm_path, tokenizer, dtype, device))
+        if cfg.reward.prm_dense != "off"
+        else None
+    )
+    window = cfg.algo.window_tokens
+    rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
+    producer = None
+    if cfg.rollout.max_staleness:  # the producer generates; this process's engine serves evaluation
+        producer, engine = asynchronous_rollouts(cfg, backend, model, engine, workers, stream, verifier, rollout_pool)
+    settings = RolloutSettings.of(cfg, plan)
+    collector = RolloutCollector(settings, engine, tokenizer, pool, stream, encoder, process_rewards)
+    critic = build_critic(cfg, plan, attention, dtype, device, backend) if plan.uses_critic else None
+    rollout = producer or training_rollouts(cfg, collector, rollout_pool)
+    return Run(
+        cfg=cfg,
+        plan=plan,
+        run_dir=run_dir,
+        backend=backend,
+        model=model,
+        tokenizer=tokenizer,
+        saved_tokenizer=processor if processor is not None else tokenizer,
+        engine=engine,
+        reference=reference,
+        pool=pool,
+        stream=stream,
+        encoder=encoder,
+        collector=collector,
+        rollout=rollout,
+        held_out_episodes=evaluation_episodes(cfg, rollout, collector),
+        producer=producer,
+        updater=updater,
+        kl=kl,
+        critic=critic,
+        microbatch_tokens=microbatch_tokens,
+        offline=offline,
+        health=RunHealth(engine_name(cfg, device.type), cfg.train.constant_reward_stop_steps),
+    )
+
+
+def asynchronous_rollouts(
+    cfg: Config,
+    backend: TrainingBackend,
+    model: torch.nn.Module,
+    engine: RolloutEngine,
+    workers: RemoteWorkers | None,
+    stream: TrainingStream,
+    verifier: Verifier | None,
+    rollout_pool: RolloutPool | None,
+) -> tuple[AsyncRollouts, RolloutEngine]:
+    """The producer of an asynchronous run (rollout.max_staleness ≥ 1) and the engine the trainer then
+    evaluates with, which publishes each update's weights to the producer.
+
+    A producer process builds its own engine and scorer. With remote workers (Ray) the producer is a thread of
+    rank 0 that generates on the rollout workers and scores on the reward workers; evaluation shares the
+    rollout workers, each call at its own version (``EngineVersions``), and rank 0 alone calls them, for
+    every rank (``RankZeroEngine``): only rank 0 knows which version they hold."""
+    device = resolve_device(cfg.model.device)
+    current = lambda: backend.engine_weights(model, engine)  # noqa: E731
+    parallel = backend.parallel
+    if workers is None:
+        transport = ProducerProcess(producer_collector, verifier, spare_gpu(device), share_cores=device.type == "cpu")
+        producer = AsyncRollouts(cfg, transport, stream, current, rollout_pool, parallel)
+        return producer, PublishingEngine(engine, producer)
+    versions = EngineVersions(workers.engine) if parallel.is_main else None
+    build = functools.partial(shared_engine_collector, versions, workers.scorer)
+    producer = AsyncRollouts(cfg, ProducerThread(build, versions), stream, current, rollout_pool, parallel)
+    evaluation = RankZeroEngine(EvaluationEngine(versions) if versions else workers.engine, parallel)
+    return producer, PublishingEngine(evaluation, producer)
+
+
+def prompt_encoder(cfg: Config, tokenizer, processor=None) -> PromptEncoder:
+    """Prompts as the policy reads them: the template, the token cap, the system prompt, the tools."""
+    tools = prompt_tools(cfg.rollout, tokenizer)
+    return PromptEncoder(
+        tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt, tools, processor
+    )
+
+
+def evaluation_episodes(
+    cfg: Config, rollout: RolloutStage, collector: RolloutCollector
+) -> ConversationCollector | None:
+    """The held-out episodes of an environment run (rollout.multiturn tool or env): the training rollouts where
+    they are conversations (one environment, one sandbox, one connection for both), else conversations of their
+    own (an asynchronous run's producer plays its own elsewhere); None for a run whose evaluation answers in one
+    turn."""
+    if cfg.rollout.multiturn not in ("tool", "env"):
+        return None
+    return rollout if isinstance(rollout, ConversationCollector) else ConversationCollector(collector)
+
+
+def spare_gpu(device: torch.device) -> str | None:
+    """The GPU an asynchronous run's producer takes: one that no trainer rank on this machine uses."""
+    if device.type != "cuda":
+        return None
+    trainer_gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return producer_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), trainer_gpus)
+
+
+def producer_collector(cfg: Config, state: dict, verifier: Verifier | None, policy: ProducerPolicy) -> RolloutStage:
+    """The rollout producer's collector (rollout.max_staleness ≥ 1), built in its own process from the
+    config (and the run's own ``verifier``, pickled across): the policy's engine as ``policy`` wraps it
+    (its weights come from the trainer before the first batch) and the scorer (``producer_rollouts``)."""
+    device = resolve_device(cfg.model.device)
+    plan = resolve(cfg)
+    dtype = forward_dtype(cfg)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
+    model = load_model(cfg.model.name_or_path, dtype, attention, device)
+    engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
+    scorer = build_scorer(cfg, dtype, device, verifier, preflight(cfg))
+    return producer_rollouts(cfg, state, policy, policy.engine_for(engine), scorer, tokenizer)
+
+
+def shared_engine_collector(
+    versions: EngineVersions, scorer: Scorer, cfg: Config, state: dict, verifier: Any, policy: ProducerPolicy
+) -> RolloutStage:
+    """The collector of a producer thread on remote engines (dist.backend=ray): the rollout workers at the
+    producer's version (``versions``) and the reward workers (``scorer``), both shared with evaluation."""
+    tokenizer = load_tokenizer(cfg.model.name_or_path)  # its own: a thread does not share the trainer's
+    return producer_rollouts(cfg, state, policy, policy.engine_for(ProducerEngine(versions)), scorer, tokenizer)
+
+
+def producer_rollouts(
+    cfg: Config, state: dict, policy: ProducerPolicy, engine: RolloutEngine, scorer: Scorer, tokenizer
+) -> RolloutStage:
+    """The producer's rollouts through ``engine`` and ``scorer``: its own prompt stream at ``state["stream"]``,
+    T-PPO's pool at ``state["pool"]`` or multi-turn conversations where the run has them, each batch tagged
+    with the version ``policy`` holds."""
+    plan = resolve(cfg)
+    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
+    stream.load_state_dict(state["stream"])
+    rollout_pool = None
+    if cfg.algo.window_tokens:
+        rollout_pool = RolloutPool(plan.sequences_per_rollout, cfg.algo.window_tokens, cfg.rollout.max_response_tokens)
+        rollout_pool.load_state_dict(state["pool"])
+    settings = RolloutSettings.of(cfg, plan)
+    collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, prompt_encoder(cfg, tokenizer))
+    return training_rollouts(cfg, collector, rollout_pool, sampling_version=lambda step: policy.loaded)
+
+
+def training_rollouts(
+    cfg: Config,
+    collector: RolloutCollector,
+    pool: RolloutPool | None,
+    sampling_version: Callable[[int], int] | None = None,
+) -> RolloutStage:
+    """The rollouts each step trains on: T-PPO's windows of ``pool`` (sampled with the policy version
+    ``sampling_version(step)``: step − 1 by default), multi-turn conversations (rollout.multiturn), else
+    ``collector``'s synchronous single-turn ones."""
+    if pool is not None:
+        return PoolCollector(collector, pool, sampling_version)
+    if cfg.rollout.multiturn != "none":
+        return ConversationCollector(collector)
+    return collector
