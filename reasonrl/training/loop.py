@@ -86,7 +86,7 @@ def evaluate(run: Run) -> dict[str, float]:
             episodes = run.held_out_episodes.evaluate(examples, params)
         return {**episodes, "eval/prompts": float(len(examples)), **timing}
     with timed(timing, "perf/eval_seconds"):
-        scored = sample_and_score(run.engine, run.tokenizer, run.pool, run.encoder, examples, params)
+        scored = sample_and_score(run.engine, run.tokenizer, run.scorer, run.encoder, examples, params)
     lengths = [len(c.token_ids) for c in scored.completions]
     return {
         "eval/accuracy": sum(r.correct for r in scored.results) / max(1, len(scored.results)),
@@ -340,7 +340,7 @@ def fit(
         record = parallel.broadcast(None)
         if isinstance(record, Exception):
             raise record
-        return _train(cfg, run_dir, record, engine, verifier, False, backend, workers, ())
+        return run_fit(cfg, run_dir, record, engine, verifier, False, backend, workers, ())
     with contextlib.ExitStack() as held:
         try:
             backend.check_resumable(run_dir)  # as many processes as wrote the latest checkpoint
@@ -349,10 +349,52 @@ def fit(
             parallel.broadcast(exc)
             raise
         parallel.broadcast(record)
-        return _train(cfg, run_dir, record, engine, verifier, show_progress, backend, workers, trackers)
+        return run_fit(cfg, run_dir, record, engine, verifier, show_progress, backend, workers, trackers)
 
 
-def _train(
+def run_steps(
+    run: Run,
+    start_step: int,
+    writer: MetricsWriter | None,
+    show_progress: bool | None,
+    accuracy_before: float | None,
+    extra: Callable[[], dict[str, Any]],
+    interruptible: bool,
+) -> dict[str, Any]:
+    """Steps ``start_step + 1`` to train.rollout_steps, each checkpointed every run.save_every steps and at the
+    last (``extra()``: what a checkpoint keeps beside the models); returns the last step's evaluation ({} if none).
+    Ctrl-C before a step's update saves the step before; during it, the step itself, then stops."""
+    cfg, saved, after = run.cfg, start_step, {}  # the newest step with a checkpoint; the last step's evaluation
+    total = cfg.train.rollout_steps
+    with ProgressDisplay(total, start_step, enabled=show_progress) as progress, CtrlC(interruptible) as ctrl_c:
+        progress.accuracy_before(accuracy_before)
+        for step in range(start_step + 1, total + 1):
+            noted = (resume_state(run), rng_state()) if ctrl_c.enabled else None  # as the step finds them
+            try:
+                ctrl_c.begin_step(step)
+                metrics = measured_step(run, step, ctrl_c.watch(progress.phase))
+            except KeyboardInterrupt:  # before the update: the step before is saved from what was noted
+                if noted is not None and ctrl_c.abandons() and step - 1 > saved:
+                    ctrl_c.saving(step - 1)
+                    set_rng_state(noted[1])
+                    checkpoint_stage(run, step - 1, extra(), noted[0])
+                raise
+            after = metrics if "eval/accuracy" in metrics else after
+            if writer is not None:
+                writer.write(step, metrics)
+            progress.update(step, metrics)
+            stopping = ctrl_c.end_step()  # a first Ctrl-C during the update: this step is saved, then it stops
+            if step % cfg.run.save_every == 0 or step == total or stopping:
+                progress.phase("checkpoint", step)
+                ctrl_c.saving(step)
+                checkpoint_stage(run, step, extra())
+                saved = step
+            if stopping:
+                raise KeyboardInterrupt
+    return after
+
+
+def run_fit(
     cfg: Config,
     run_dir: Path,
     record: RunRecord,
@@ -363,11 +405,12 @@ def _train(
     workers: RemoteWorkers | None,
     trackers: Sequence[Tracker],
 ) -> dict[str, Any]:
+    """``fit`` once the run directory is claimed (``record``): set up, restore, train the steps, export, sum up."""
     started = time.perf_counter()
-    preset, overrides = record.preset, record.overrides
     run = setup(cfg, run_dir, engine, verifier, backend, workers)
     main = backend.parallel.is_main  # rank 0 alone writes metrics, plots, the summary and the export
     try:
+        # 1. continue from the latest checkpoint (step 0 without one), open the metrics stream
         state = restore(run)
         start_step = state.get("step", 0)
         if main:
@@ -375,6 +418,7 @@ def _train(
         writer = MetricsWriter(run_dir, start_step, trackers=run.trackers) if main else None
         if main and cfg.run.log_samples:
             run.sample_log = SampleLog(run_dir, start_step, writer.trackers)
+        # 2. before the first step: the baseline evaluation, the offline reference's log-probs, value pretraining
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")
         if start_step == 0:
@@ -387,51 +431,28 @@ def _train(
         pretraining = state.get("value_pretraining", {})
         if start_step == 0 and run.plan.value_pretrain_steps:
             pretraining = value_pretrain_stage(run, show_progress)
-        total = cfg.train.rollout_steps
-        saved, after = start_step, {}  # the newest step with a checkpoint; the last step's evaluation
 
         def extra() -> dict[str, Any]:
             wall = elapsed_before + time.perf_counter() - started
             return {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
 
-        # Ctrl-C saves first (reasonrl.training.record.interrupt): one process; torchrun's ranks and Ray's stop at once
+        # 3. the steps; Ctrl-C saves first (reasonrl.training.record.interrupt): one process; torchrun's ranks and
+        # Ray's stop at once
         interruptible = backend.saves_when_interrupted and workers is None
-        with ProgressDisplay(total, start_step, enabled=show_progress) as progress, CtrlC(interruptible) as ctrl_c:
-            progress.accuracy_before(accuracy_before)
-            for step in range(start_step + 1, total + 1):
-                noted = (resume_state(run), rng_state()) if ctrl_c.enabled else None  # as the step finds them
-                try:
-                    ctrl_c.begin_step(step)
-                    metrics = measured_step(run, step, ctrl_c.watch(progress.phase))
-                except KeyboardInterrupt:  # before the update: the step before is saved from what was noted
-                    if noted is not None and ctrl_c.abandons() and step - 1 > saved:
-                        ctrl_c.saving(step - 1)
-                        set_rng_state(noted[1])
-                        checkpoint_stage(run, step - 1, extra(), noted[0])
-                    raise
-                after = metrics if "eval/accuracy" in metrics else after
-                if writer is not None:
-                    writer.write(step, metrics)
-                progress.update(step, metrics)
-                stopping = ctrl_c.end_step()  # a first Ctrl-C during the update: this step is saved, then it stops
-                if step % cfg.run.save_every == 0 or step == total or stopping:
-                    progress.phase("checkpoint", step)
-                    ctrl_c.saving(step)
-                    checkpoint_stage(run, step, extra())
-                    saved = step
-                if stopping:
-                    raise KeyboardInterrupt
+        after = run_steps(run, start_step, writer, show_progress, accuracy_before, extra, interruptible)
+        # 4. the final evaluation, the export, the plot and the summary
         after = after or evaluate(run)
         final = export_stage(run)
         if writer is not None:
             writer.close()
-            plot_metrics(read_metrics(writer.path), run_dir / PLOT_NAME, f"{preset}: {cfg.model.name_or_path}")
+            title = f"{record.preset}: {cfg.model.name_or_path}"
+            plot_metrics(read_metrics(writer.path), run_dir / PLOT_NAME, title)
         summary = {
-            "preset": preset,
+            "preset": record.preset,
             "run_dir": str(run_dir),
-            "overrides": list(overrides),
+            "overrides": list(record.overrides),
             "model": cfg.model.name_or_path,
-            "steps": total,
+            "steps": cfg.train.rollout_steps,
             "eval_prompts": int(after.get("eval/prompts", cfg.data.eval_prompts)),  # those evaluated
             "accuracy_before": accuracy_before,
             "accuracy_after": after["eval/accuracy"],

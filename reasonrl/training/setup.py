@@ -86,8 +86,8 @@ class Run:
     engine: RolloutEngine
     reference: TokenLogprobs | None
     """The frozen KL reference (None without a KL term, and with LoRA: then the policy's base is the reference)."""
-    pool: Scorer
-    stream: TrainingStream
+    scorer: Scorer
+    """What scores the responses (the reward router, a user's verifier, weighted reward functions)."""
     encoder: PromptEncoder
     collector: RolloutCollector
     """Synchronous single-turn rollouts (value pretraining always uses them)."""
@@ -104,8 +104,6 @@ class Run:
     held_out_episodes: ConversationCollector | None = None
     """What the held-out evaluation plays in an environment run (rollout.multiturn tool or env): the training
     rollouts' environment, built once with the run; None: evaluation answers each prompt in one turn."""
-    producer: AsyncRollouts | None = None
-    """The rollout producer process of an asynchronous run (rollout.max_staleness ≥ 1), stopped by ``close``."""
     trackers: list[Tracker] = field(default_factory=list)
     """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
     health: RunHealth = field(default_factory=lambda: RunHealth("engine", 0))
@@ -115,9 +113,8 @@ class Run:
 
     def close(self) -> None:
         """Stop what the run started beside this process: the rollout producer, the scoring workers."""
-        if self.producer is not None:
-            self.producer.close()
-        self.pool.close()
+        self.rollout.close()
+        self.scorer.close()
 
     @property
     def parallel(self) -> DataParallel:
@@ -276,12 +273,12 @@ def build_scorer(
     (an environment's episodes call their reward functions themselves, with the episodes' environments:
     ``training.rollouts.episode_rewards``)."""
     if verifier is not None:
-        pool: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
+        scorer: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
     else:
-        pool = build_router(cfg.reward, cfg.model.name_or_path, dtype, device)
+        scorer = build_router(cfg.reward, cfg.model.name_or_path, dtype, device)
     if terms and cfg.rollout.multiturn not in ("env", "tool"):
-        pool = WeightedRewards(terms, pool, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
-    return pool
+        scorer = WeightedRewards(terms, scorer, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
+    return scorer
 
 
 def setup(
@@ -338,8 +335,8 @@ def setup(
     backend.place(policy, dtype, cfg.train.offload_optimizer)
     if reference is not None:
         backend.place(reference, dtype)
-    pool = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
-    pool = backend.share_scorer(pool)
+    scorer = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
+    scorer = backend.share_scorer(scorer)
     updater = build_policy_updater(cfg, plan, policy, microbatch_tokens, backend)
     a = cfg.algo
     kl = (
@@ -358,7 +355,7 @@ def setup(
     if cfg.rollout.max_staleness:  # the producer generates; this process's engine serves evaluation
         producer, engine = asynchronous_rollouts(cfg, backend, model, engine, workers, stream, verifier, rollout_pool)
     settings = RolloutSettings.of(cfg, plan)
-    collector = RolloutCollector(settings, engine, tokenizer, pool, stream, encoder, process_rewards)
+    collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, encoder, process_rewards)
     critic = build_critic(cfg, plan, attention, dtype, device, backend) if plan.uses_critic else None
     rollout = producer or training_rollouts(cfg, collector, rollout_pool)
     return Run(
@@ -371,13 +368,11 @@ def setup(
         saved_tokenizer=processor if processor is not None else tokenizer,
         engine=engine,
         reference=reference,
-        pool=pool,
-        stream=stream,
+        scorer=scorer,
         encoder=encoder,
         collector=collector,
         rollout=rollout,
         held_out_episodes=evaluation_episodes(cfg, rollout, collector),
-        producer=producer,
         updater=updater,
         kl=kl,
         critic=critic,

@@ -134,7 +134,7 @@ def test_value_pretraining_never_changes_the_actor_and_saves_the_critic(tmp_path
         assert all(torch.equal(p, actor[n]) for n, p in run.model.named_parameters())
         assert any(not torch.equal(p, critic[n]) for n, p in run.critic.model.named_parameters())
     finally:
-        run.pool.close()
+        run.close()
     assert summary["value_pretrain_steps"] == 2
     records = read_metrics(tmp_path / "value_pretrain.jsonl")
     assert [r["step"] for r in records] == [1, 2]
@@ -159,7 +159,7 @@ def test_a_saved_critic_is_loaded_and_skips_pretraining(tmp_path):
         expected = load_value_model(saved).state_dict()
         assert all(torch.equal(expected[n], v) for n, v in run.critic.model.state_dict().items())
     finally:
-        run.pool.close()
+        run.close()
     with pytest.raises(Exception, match="not a saved value model"):
         load_value_model(first / "final")
 

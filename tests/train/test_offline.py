@@ -208,7 +208,7 @@ def test_an_offline_step_does_not_depend_on_the_micro_batch_size(tmp_path, prese
         run.microbatch_tokens = budget
         metrics = train_step(run, 1)
         results.append(metrics)
-        run.pool.close()
+        run.close()
     one, many = results
     assert "train/grad_norm" in one
     for key in one:

@@ -217,7 +217,7 @@ class ConversationCollector(RolloutStage):
         self.max_turns, self.token_cap = generated_turns(rollout), conversation_token_cap(rollout)
         self.timeout_s = rollout.environment_timeout_seconds
         settings = synchronous.settings
-        self.end_rewards = EpisodeRewards(settings.reward, synchronous.pool, settings.rollout_steps)
+        self.end_rewards = EpisodeRewards(settings.reward, synchronous.scorer, settings.rollout_steps)
 
     @property
     def stream(self) -> TrainingStream:
@@ -279,7 +279,7 @@ class ConversationCollector(RolloutStage):
         with timed(generated.timing, "perf/score_seconds"):
             if self.protocol in ("pag", "direct"):
                 flat = [(row, a) for row, x in enumerate(conversations) for a in x.turns(ROLE_POLICY)]
-                results = c.pool.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
+                results = c.scorer.score_examples([rows[row] for row, _ in flat], [a.text for _, a in flat])
             else:
                 flat = self.end_rewards.score(rows, conversations, prompt_messages, step)
                 results = [score.result for score in flat]

@@ -66,6 +66,9 @@ class RolloutStage(Protocol):
         """Continue from a checkpoint's ``state_dict``."""
         ...
 
+    def close(self) -> None:
+        """Stop what it runs beside this process (the asynchronous producer); nothing by default."""
+
 
 class DynamicSamplingError(ReasonRLError, RuntimeError):
     """Dynamic sampling could not fill a batch within its generation-pass budget."""
@@ -148,13 +151,13 @@ class RolloutCollector(RolloutStage):
         settings: RolloutSettings,
         engine: RolloutEngine,
         tokenizer,
-        pool: Scorer,
+        scorer: Scorer,
         stream: TrainingStream,
         encoder: PromptEncoder,
         process_rewards: Callable[[RolloutBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]] | None = None,
     ) -> None:
         self.settings = settings
-        self.engine, self.tokenizer, self.pool = engine, tokenizer, pool
+        self.engine, self.tokenizer, self.scorer = engine, tokenizer, scorer
         self.stream, self.encoder = stream, encoder
         self.process_rewards = process_rewards  # dense line rewards for code rows (reward.prm_dense), or None
         self.format_verifier = FormatVerifier()
@@ -278,7 +281,7 @@ class RolloutCollector(RolloutStage):
         none is left.  The seconds spent generating and scoring are added to ``timing``."""
         params, repeats = self.sampling_params(seed), self.group_size
         scored = sample_and_score(
-            self.engine, self.tokenizer, self.pool, self.encoder, examples, params, repeats, timing,
+            self.engine, self.tokenizer, self.scorer, self.encoder, examples, params, repeats, timing,
             step, self.settings.rollout_steps,
         )  # fmt: skip
         if not scored.completions:
@@ -379,7 +382,7 @@ class PoolCollector(RolloutStage):
             context = ScoringContext(
                 tuple(tuple(c.token_ids) for c in scored.completions), step, collector.settings.rollout_steps
             )
-            scored.results = collector.pool.score_examples(scored.examples, texts, context) if finished else []
+            scored.results = collector.scorer.score_examples(scored.examples, texts, context) if finished else []
         rewards = torch.zeros(len(sequences))
         results = [RewardResult(0.0, False) for _ in sequences]
         if finished:
