@@ -13,6 +13,7 @@ offloading changes nothing (the moments are in CPU memory already): its row chec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -71,10 +72,12 @@ def random_batch(rows: int, response_tokens: int, seed: int = 0):
 def measure(option: str, rows: int, response_tokens: int) -> dict:
     """One update under ``option``, in this process, built as setup builds the policy and its optimiser."""
 
+    import torch
+
     from reasonrl.config import load_config, resolve
     from reasonrl.models.load import load_model
     from reasonrl.training.backend import SingleProcess
-    from reasonrl.training.setup import build_policy_updater, forward_dtype, parameter_dtype
+    from reasonrl.training.setup import build_policy_updater
     from reasonrl.training.update.policy import TokenLogprobs
 
     overrides = [
@@ -86,11 +89,12 @@ def measure(option: str, rows: int, response_tokens: int) -> dict:
     ]
     cfg = load_config("grpo", overrides)
     before_load = rss_gb()
-    model = load_model(MODEL, parameter_dtype(cfg))
+    plan = dataclasses.replace(resolve(cfg, "cpu", 1), microbatch_tokens=768)
+    model = load_model(MODEL, getattr(torch, plan.parameter_dtype))
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    policy = TokenLogprobs(model, cfg.rollout.temperature, forward_dtype(cfg))
-    updater = build_policy_updater(cfg, resolve(cfg), policy, 768, SingleProcess())
+    policy = TokenLogprobs(model, cfg.rollout.temperature, getattr(torch, plan.forward_dtype))
+    updater = build_policy_updater(cfg, plan, policy, SingleProcess())
     batch = random_batch(rows, response_tokens)
     start = time.perf_counter()
     updater.update(batch, seed=0)
@@ -98,7 +102,7 @@ def measure(option: str, rows: int, response_tokens: int) -> dict:
     moments = [t for state in updater.optimizer.state.values() for k, t in state.items() if k != "step"]
     return {
         "overrides": OPTIONS[option],
-        "forward_dtype": str(forward_dtype(cfg)).removeprefix("torch."),
+        "forward_dtype": plan.forward_dtype,
         "optimizer": type(updater.optimizer).__name__,
         "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
         "adamw_moments_gb": sum(t.numel() * t.element_size() for t in moments) / 2**30,

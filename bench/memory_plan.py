@@ -86,33 +86,31 @@ def worker(name: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from reasonrl.config import resolve
-    from reasonrl.config.plan import microbatch_token_budget
-    from reasonrl.models.load import attention_implementation, compute_dtype
+    from reasonrl.models.load import compute_dtype
     from reasonrl.models.lora import add_lora
     from reasonrl.models.memory_plan import plan_memory
     from reasonrl.models.optim import trainable_parameters
     from reasonrl.training.update.policy import response_logprobs
 
     cfg, config = settings(name)
-    plan = resolve(cfg)
+    plan = resolve(cfg, "cpu", 1)
     baseline = peak_rss_bytes()
     torch.manual_seed(0)
     dtype = compute_dtype(cfg.model.dtype)
-    attention = attention_implementation(cfg.model.attention, torch.device("cpu"), plan.max_sequence_tokens)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=plan.attention)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     add_lora(model, cfg.model)
     reference = None
     if plan.uses_reference and not cfg.model.lora_rank:
-        reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention).eval()
+        reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=plan.attention).eval()
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6)
     for parameter in trainable_parameters(model):  # as after a first micro-batch: gradients accumulate
         parameter.grad = torch.zeros_like(parameter)
     optimizer.step()  # AdamW's states exist from the first step on
     resident = peak_rss_bytes()
     prompt, response = cfg.rollout.max_prompt_tokens, cfg.rollout.max_response_tokens
-    rows = microbatch_token_budget(cfg, "cpu") // (prompt + response)
+    rows = plan.microbatch_tokens // (prompt + response)
     prompt_ids = torch.randint(0, config.vocab_size, (rows, prompt))
     response_ids = torch.randint(0, config.vocab_size, (rows, response))
     masks = torch.ones_like(prompt_ids), torch.ones_like(response_ids)
@@ -130,7 +128,7 @@ def worker(name: str) -> dict:
         "model": CONFIGS[name][0] if isinstance(CONFIGS[name][0], str) else f"{config.model_type} (config dict)",
         "overrides": CONFIGS[name][1],
         "parameters": predicted.parameters,
-        "attention": attention,
+        "attention": plan.attention,
         "compute_dtype": str(dtype).removeprefix("torch."),
         "rows_per_microbatch": rows,
         "step_seconds": round(time.perf_counter() - started, 1),

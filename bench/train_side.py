@@ -320,11 +320,12 @@ def run_worker(sweep: Sweep, caps: list[int], smoke: bool, device_name: str) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.models.load import attention_implementation, compute_dtype
+    from reasonrl.config.plan import attention_implementation
+    from reasonrl.models.load import compute_dtype
 
     device = torch.device(device_name)
     prompt_tokens = SMOKE_PROMPT_TOKENS if smoke else PROMPT_TOKENS
-    attention = attention_implementation("auto", device, max(caps) + prompt_tokens[1])
+    attention = attention_implementation("auto", device.type, max(caps) + prompt_tokens[1])
     torch.manual_seed(0)
     with device:
         model = AutoModelForCausalLM.from_config(

@@ -58,13 +58,14 @@ def run_case(case: tuple, smoke: bool, out: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.models.load import attention_implementation, compute_dtype
+    from reasonrl.config.plan import attention_implementation
+    from reasonrl.models.load import compute_dtype
 
     shape, implementation, cap, rows, checkpointing = case
     cap = 64 if smoke else cap
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     prompt_tokens = SMOKE_PROMPT_TOKENS if smoke else PROMPT_TOKENS
-    attention = attention_implementation("auto", device, cap + prompt_tokens[1])
+    attention = attention_implementation("auto", device.type, cap + prompt_tokens[1])
     torch.manual_seed(0)
     with device:
         model = AutoModelForCausalLM.from_config(model_config(shape, smoke), attn_implementation=attention).eval()

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.config import Config, ConfigError, load_config, resolve
+from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.data.loaders import DataError, Fields, examples_from_rows
 from reasonrl.data.source import check_sources
 from reasonrl.rollout.multiturn.environments import given_environment
@@ -143,7 +143,6 @@ def train(
     try:
         inputs = {**named, **_written_inputs(run_dir, model, tokenizer, rows)}
         cfg = load_config(preset, {**chosen, **inputs})
-        resolve(cfg)  # every config problem surfaces before a model loads, as with `reasonrl train`
         check_sources(data_spec(cfg))
         overrides = tuple(override(key, value) for key, value in {**chosen, **inputs}.items())
         observers = [MetricsCallbacks(callbacks)] if callbacks else []

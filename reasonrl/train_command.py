@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from reasonrl.config import Config, ConfigError, load_config, resolve
+from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.errors import ReasonRLError
 
 DEFAULT_PRESET = "dapo"
@@ -119,7 +119,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(preset, overrides)
         run_dir = new_run_dir(cfg, preset)
         preset = Path(preset).stem
-    resolve(cfg)  # every config problem surfaces before a model loads
     if cfg.dist.backend == "ray" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError(
             "dist.backend=ray starts its own trainer workers: run `reasonrl train` once, not under torchrun"

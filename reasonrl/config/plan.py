@@ -1,12 +1,16 @@
-"""``resolve(cfg) -> Plan``: the numbers a run derives from its config, computed once, config untouched."""
+"""``resolve(cfg, device_type, world_size) -> Plan``: what a run derives from its config on the device it trains
+on, computed once (a run's setup resolves it, and the producer process receives it), config untouched."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from reasonrl.config.config_error import ConfigError
 from reasonrl.config.schema import Config
 from reasonrl.config.validate import validate
 
@@ -71,14 +75,36 @@ class Plan:
     partial_window_tokens: int | None
     """rollout.partial_window_tokens, or a quarter of max_response_tokens; None without partial rollouts."""
 
+    device_type: str
+    """The device type the run trains on ("cpu" or "cuda"): model.device, auto as this machine resolves it."""
+
+    world_size: int
+    """Trainer ranks the models are sharded over (FSDP2): dist.trainer_workers under Ray, torchrun's WORLD_SIZE."""
+
+    microbatch_tokens: int
+    """The token budget of one forward micro-batch: train.microbatch_tokens, or the device's default."""
+
+    attention: str
+    """The trainer's attention kernel: model.attention with auto resolved for the device and the sequence cap."""
+
+    forward_dtype: str
+    """What forward passes run in ("float32" or "bfloat16"): model.dtype with auto resolved for the device;
+    bfloat16 wherever the trained weights are stored in it."""
+
+    parameter_dtype: str
+    """What the trained weights and their gradients are stored in (train.param_dtype)."""
+
 
 PARTIAL_WINDOWS_PER_RESPONSE = 4  # partial rollouts' default window: a quarter of the response cap (our choice)
 CORRECTION_THRESHOLDS = {"none": 1.0, "decoupled": 5.0, "tis": 2.0, "mis": 2.0}  # AReaL's cap; verl's threshold
 
 
-def resolve(cfg: Config) -> Plan:
-    """Validate ``cfg`` and derive its Plan (the config itself is frozen and never changed)."""
+def resolve(cfg: Config, device_type: str | None = None, world_size: int | None = None) -> Plan:
+    """Validate ``cfg`` and derive its Plan on ``device_type`` ("cpu" or "cuda"; default: model.device on this
+    machine) with ``world_size`` trainer ranks (default: the launcher's); the config itself is never changed."""
     validate(cfg)
+    device_type = device_type or planned_device_type(cfg)
+    world_size = world_size or planned_world_size(cfg)
     a, r, t = cfg.algo, cfg.rollout, cfg.train
     offline = a.offline != "none"  # one optimiser step per step, on one mini-batch of the offline dataset
     sequences = t.minibatch_sequences if offline else r.rollout_prompts * r.samples_per_prompt
@@ -96,6 +122,7 @@ def resolve(cfg: Config) -> Plan:
     if correction == "auto":
         correction = "decoupled" if r.max_staleness else "none"
     threshold = a.rollout_correction_threshold or CORRECTION_THRESHOLDS[correction]
+    longest = r.max_prompt_tokens + r.max_response_tokens
     window = None
     if r.partial_rollouts:
         window = r.partial_window_tokens or max(1, r.max_response_tokens // PARTIAL_WINDOWS_PER_RESPONSE)
@@ -114,7 +141,7 @@ def resolve(cfg: Config) -> Plan:
         ),
         loss_agg_constant=constant,
         overlong_cache_tokens=cache,
-        max_sequence_tokens=r.max_prompt_tokens + r.max_response_tokens,
+        max_sequence_tokens=longest,
         separate_old_logprob_pass=not (
             per_rollout == 1
             and not (a.kl_placement != "none" and a.kl_coef > 0)
@@ -124,7 +151,74 @@ def resolve(cfg: Config) -> Plan:
         rollout_correction=correction,
         rollout_correction_threshold=threshold,
         partial_window_tokens=window,
+        device_type=device_type,
+        world_size=world_size,
+        microbatch_tokens=microbatch_token_budget(cfg, device_type),
+        attention=attention_implementation(cfg.model.attention, device_type, longest),
+        forward_dtype=forward_dtype_name(cfg, device_type),
+        parameter_dtype=t.param_dtype,
     )
+
+
+def planned_device_type(cfg: Config) -> str:
+    """model.device as a run resolves it on this machine: auto = cuda when a GPU is visible."""
+    import torch
+
+    if cfg.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.model.device
+
+
+def planned_world_size(cfg: Config) -> int:
+    """FSDP2 ranks the run trains on: dist.trainer_workers under Ray, else torchrun's WORLD_SIZE (1 outside it)."""
+    if cfg.dist.backend == "ray":
+        return cfg.dist.trainer_workers
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+EAGER_ATTENTION_MAX_TOKENS = 512
+
+
+def attention_implementation(name: str, device_type: str, max_sequence_tokens: int) -> str:
+    """The trainer's attention kernel of ``model.attention`` on ``device_type``.
+
+    auto: on the CPU eager for sequences up to 512 tokens, where its backward beats SDPA's
+    (`python bench/dtype.py`, key train_eager_over_sdpa), and SDPA above, where eager's saved T×T
+    attention matrices would cost too much memory; on a GPU flash-attn 2 when installed, else SDPA.
+    flash_attention_2 asked for explicitly needs a GPU and the flash-attn package (a ConfigError)."""
+    flash = importlib.util.find_spec("flash_attn") is not None
+    if name == "flash_attention_2" and (device_type != "cuda" or not flash):
+        raise ConfigError(
+            "model.attention=flash_attention_2 needs a CUDA device and the flash-attn package "
+            f"({'installed' if flash else 'not installed'}, device {device_type}); use auto or sdpa"
+        )
+    if name != "auto":
+        return name
+    if device_type == "cuda":
+        return "flash_attention_2" if flash else "sdpa"
+    return "eager" if max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS else "sdpa"
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether ``device_type`` here has native bf16 matmul (a GPU this machine does not see: assumed so).
+
+    Measured on the project's 2-core Xeon (AVX512-BF16), `python bench/dtype.py`: bf16 generates
+    1.9× and trains 1.9× faster than fp32 (docs/benchmarks.md); without native bf16 it is slower."""
+    import torch
+
+    if device_type == "cuda":
+        return not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def forward_dtype_name(cfg: Config, device_type: str) -> str:
+    """What forward passes run in on ``device_type``: bfloat16 where the trained weights are stored in it (the
+    validator refuses model.dtype=float32 then), else model.dtype, auto = bfloat16 where it is native."""
+    if cfg.train.param_dtype == "bfloat16":
+        return "bfloat16"
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    return "bfloat16" if native_bf16(device_type) else "float32"
 
 
 def vllm_engine_options(cfg: Config) -> dict[str, Any]:

@@ -290,45 +290,13 @@ def resolve_device(name: Literal["auto", "cpu", "cuda"]) -> torch.device:
     return torch.device(name)
 
 
-EAGER_ATTENTION_MAX_TOKENS = 512
-
-
-def attention_implementation(
-    name: Literal["auto", "eager", "sdpa", "flash_attention_2"], device: torch.device, max_sequence_tokens: int
-) -> str:
-    """The trainer's attention kernel of ``model.attention`` on ``device``.
-
-    auto: on the CPU eager for sequences up to 512 tokens, where its backward beats SDPA's
-    (`python bench/dtype.py`, key train_eager_over_sdpa), and SDPA above, where eager's saved T×T
-    attention matrices would cost too much memory; on a GPU flash-attn 2 when installed, else SDPA.
-    flash_attention_2 asked for explicitly needs a GPU and the flash-attn package."""
-    import importlib.util
-
-    flash = importlib.util.find_spec("flash_attn") is not None
-    if name == "flash_attention_2" and (device.type != "cuda" or not flash):
-        raise ModelError(
-            "model.attention=flash_attention_2 needs a CUDA device and the flash-attn package "
-            f"({'installed' if flash else 'not installed'}, device {device.type}); use auto or sdpa"
-        )
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        return "flash_attention_2" if flash else "sdpa"
-    return "eager" if max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS else "sdpa"
-
-
 def compute_dtype(name: Literal["auto", "float32", "bfloat16"]) -> torch.dtype:
-    """The dtype forward passes run in.  auto: bf16 where the hardware has native bf16 matmul.
-
-    Measured on the project's 2-core Xeon (AVX512-BF16), `python bench/dtype.py`: bf16 generates
-    1.9× and trains 1.9× faster than fp32 (docs/benchmarks.md); without native bf16 it is slower.
-    """
+    """The dtype forward passes run in.  auto: bf16 where this machine's device has native bf16 matmul
+    (``reasonrl.config.plan.native_bf16``)."""
     import torch
 
-    if name == "float32":
-        return torch.float32
-    if name == "bfloat16":
-        return torch.bfloat16
-    if torch.cuda.is_available():
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    from reasonrl.config.plan import native_bf16
+
+    if name == "auto":
+        return torch.bfloat16 if native_bf16("cuda" if torch.cuda.is_available() else "cpu") else torch.float32
+    return getattr(torch, name)

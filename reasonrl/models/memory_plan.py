@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.config import Config, ConfigError, resolve
-from reasonrl.config.plan import microbatch_token_budget
+from reasonrl.config.plan import microbatch_token_budget, planned_device_type, planned_world_size
 
 if TYPE_CHECKING:
     import torch
@@ -182,18 +182,6 @@ def element_size(dtype_name: str) -> int:
     return 2 if dtype_name == "bfloat16" else 4
 
 
-def planned_compute_dtype(cfg: Config, device_type: str) -> str:
-    """model.dtype as the trainer resolves it on ``device_type`` (auto: bfloat16 on a GPU and with
-    train.param_dtype=bfloat16)."""
-    if cfg.model.dtype != "auto":
-        return cfg.model.dtype
-    if device_type == "cuda" or cfg.train.param_dtype == "bfloat16":
-        return "bfloat16"
-    from reasonrl.models.load import compute_dtype
-
-    return str(compute_dtype("auto")).removeprefix("torch.")
-
-
 def plan_memory(
     cfg: Config,
     model_config: Any,
@@ -205,24 +193,19 @@ def plan_memory(
 ) -> MemoryPlan:
     """The peak memory per device of ``cfg``'s training on ``device_type`` ("cpu" or "cuda") with
     ``world_size`` FSDP2 ranks; ``device_memory`` is the GPU's total (vLLM's share is a fraction of it)."""
-    import torch
-
-    from reasonrl.models.load import attention_implementation
-
     m, t = cfg.model, cfg.train
-    plan = resolve(cfg)
+    plan = resolve(cfg, device_type, world_size)
     shape = ModelShape.of(model_config, m.lora_rank, m.lora_target_modules)
     param_bytes = element_size(t.param_dtype)
-    compute = planned_compute_dtype(cfg, device_type)
+    compute = plan.forward_dtype
     compute_bytes = element_size(compute)
     gradient_bytes = 4 if m.lora_rank else param_bytes  # LoRA's adapters stay fp32
     master = param_bytes != 4 and not m.lora_rank  # bf16 weights: an fp32 master beside the moments
     optimizer_bytes = ADAM_BYTES + (MASTER_BYTES if master else 0)
     offload = t.offload_optimizer and device_type == "cuda"
-    shards = max(1, world_size)
+    shards = max(1, plan.world_size)
     host_shards = offload and shards > 1  # FSDP2's CPUOffloadPolicy: the weights' and gradients' shards too
-    tokens = microbatch_token_budget(cfg, device_type)
-    attention = attention_implementation(m.attention, torch.device(device_type), plan.max_sequence_tokens)
+    tokens = plan.microbatch_tokens
     span = min(tokens, plan.max_sequence_tokens)  # a packed lane or a padded row: the longest row's length
     autocast = compute == "bfloat16" and param_bytes == 4
     hidden_factor, intermediate_factor = (
@@ -231,7 +214,8 @@ def plan_memory(
         else (ACTIVATION_HIDDEN, ACTIVATION_INTERMEDIATE)
     )
     per_layer = compute_bytes * (hidden_factor * shape.hidden + intermediate_factor * shape.intermediate)
-    attention_bytes = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if attention == "eager" else 0
+    eager = plan.attention == "eager"
+    attention_bytes = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if eager else 0
     if m.gradient_checkpointing:  # each layer's input kept (fp32 residual), one layer recomputed at a time
         activations = tokens * (shape.layers * 4 * shape.hidden + per_layer) + attention_bytes
     else:
@@ -322,22 +306,6 @@ def host_memory(local_ranks: int = 1) -> tuple[int, int]:
     info = dict(line.split(":", 1) for line in lines if ":" in line)
     available, total = (int(info[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
     return available // max(1, local_ranks), total
-
-
-def planned_device_type(cfg: Config) -> str:
-    """model.device as the run resolves it here: auto = cuda when this machine sees a GPU."""
-    import torch
-
-    if cfg.model.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.model.device
-
-
-def planned_world_size(cfg: Config) -> int:
-    """FSDP2 ranks the run trains on: dist.trainer_workers under Ray, else torchrun's WORLD_SIZE (1 outside it)."""
-    if cfg.dist.backend == "ray":
-        return cfg.dist.trainer_workers
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def with_setting(cfg: Config, key: str, value: Any) -> Config:

@@ -153,7 +153,7 @@ def logprob_stage(run: Run, batch: RolloutBatch, seed: int) -> dict[str, float]:
     (every token's reward) or in a loss that trains on them."""
     packed, updater = run.updater.policy.packed, run.updater
     groups = first_epoch_row_groups(  # data-parallel: this rank's rows
-        batch, updater.minibatch_sequences, seed, run.parallel, run.microbatch_tokens, packed
+        batch, updater.minibatch_sequences, seed, run.parallel, run.plan.microbatch_tokens, packed
     )
     stale = None if batch.pool_window is None else batch.pool_window.stale_mask  # [B, T]
     fresh = batch.response_mask if stale is None else batch.response_mask & ~stale

@@ -17,20 +17,13 @@ import torch
 
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController
 from reasonrl.config import Config, ConfigError, Plan, resolve
-from reasonrl.config.plan import microbatch_token_budget, vllm_engine_options
+from reasonrl.config.plan import vllm_engine_options
 from reasonrl.config.validate import RunFacts, refuse_not_run_together
 from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import DataSpec, TrainingStream, check_held_out, check_prompt_lengths
 from reasonrl.models.forward import packing_refusal
-from reasonrl.models.load import (
-    attention_implementation,
-    compute_dtype,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-    vision_processor,
-)
+from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
 from reasonrl.models.memory_plan import check_memory, engine_name
 from reasonrl.models.optim import adamw, trainable_parameters
@@ -97,8 +90,6 @@ class Run:
     updater: PolicyUpdater
     kl: FixedKLController | AdaptiveKLController
     critic: CriticUpdater | None
-    microbatch_tokens: int
-    """The token budget of one forward micro-batch (train.microbatch_tokens, resolved for the device)."""
     offline: OfflineData | None = None
     """The offline dataset of algo.offline (dpo, dqo); None = online RL."""
     held_out_episodes: ConversationCollector | None = None
@@ -141,16 +132,12 @@ def data_spec(cfg: Config) -> DataSpec:
 
 
 def build_critic(
-    cfg: Config,
-    plan: Plan,
-    attention: str | None,
-    dtype: torch.dtype,
-    device: torch.device,
-    backend: TrainingBackend | None = None,
+    cfg: Config, plan: Plan, device: torch.device, backend: TrainingBackend | None = None
 ) -> CriticUpdater:
     """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, placed
     by ``backend`` (default: this process), and its optimiser."""
     backend = backend or SingleProcess()
+    attention, dtype = plan.attention, getattr(torch, plan.forward_dtype)
     if cfg.critic.init == "policy":
         model = value_model_from_policy(cfg.model.name_or_path, attention, device)
     elif cfg.critic.init == "prm":  # the PRM's success probability, on the reward scale (arXiv 2410.17621)
@@ -159,7 +146,7 @@ def build_critic(
         model = model.to(device)
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
-    model.to(parameter_dtype(cfg))
+    model.to(getattr(torch, plan.parameter_dtype))
     if cfg.model.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
@@ -171,7 +158,7 @@ def build_critic(
         value_clip=cfg.algo.value_clip,
         minibatch_sequences=cfg.train.minibatch_sequences,
         epochs=cfg.train.epochs_per_rollout,
-        microbatch_tokens=microbatch_token_budget(cfg, device.type),
+        microbatch_tokens=plan.microbatch_tokens,
         grad_clip=cfg.train.grad_clip,
         compute_dtype=dtype,
         parallel=backend.parallel,
@@ -179,9 +166,7 @@ def build_critic(
     )
 
 
-def build_policy_updater(
-    cfg: Config, plan: Plan, policy: TokenLogprobs, microbatch_tokens: int, backend: TrainingBackend
-) -> PolicyUpdater:
+def build_policy_updater(cfg: Config, plan: Plan, policy: TokenLogprobs, backend: TrainingBackend) -> PolicyUpdater:
     """The policy's optimiser (over its trainable weights, as ``backend`` placed them; its moments in CPU
     memory with train.offload_optimizer), its warm-up schedule, and the update of ``cfg.algo``."""
     t = cfg.train
@@ -195,7 +180,7 @@ def build_policy_updater(
         cfg.algo,
         minibatch_sequences=cfg.train.minibatch_sequences,
         epochs=cfg.train.epochs_per_rollout,
-        microbatch_tokens=microbatch_tokens,
+        microbatch_tokens=plan.microbatch_tokens,
         grad_clip=cfg.train.grad_clip,
         loss_agg_constant=plan.loss_agg_constant,
         parallel=backend.parallel,
@@ -212,17 +197,6 @@ def packs_sequences(cfg: Config, model_config: Any, role: str) -> bool:
     if refusal is not None:
         log.warning("train.pack_sequences: the %s: %s", role, refusal)
     return cfg.train.pack_sequences and refusal is None
-
-
-def parameter_dtype(cfg: Config) -> torch.dtype:
-    """What the trained weights (policy, critic) and their gradients are stored in (train.param_dtype)."""
-    return getattr(torch, cfg.train.param_dtype)
-
-
-def forward_dtype(cfg: Config) -> torch.dtype:
-    """The dtype the forward passes run in (model.dtype): bf16 where the trained weights are stored in bf16,
-    whatever model.dtype=auto would pick for the hardware (the validator refuses model.dtype=float32 then)."""
-    return compute_dtype("bfloat16" if cfg.train.param_dtype == "bfloat16" else cfg.model.dtype)
 
 
 def preflight(cfg: Config) -> list[RewardTerm]:
@@ -294,16 +268,18 @@ def setup(
     and the scorer's calls)."""
     backend = backend or SingleProcess()
     apply_threads(cfg.run.threads)  # torch's threads: the cores other work leaves free (run.threads chooses)
-    plan = resolve(cfg)
-    terms = preflight(cfg)
     device = resolve_device(cfg.model.device)
-    check_memory(cfg, device, backend.parallel.world_size)  # from the model's config: before any weight loads
-    attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
+    plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
+    terms = preflight(cfg)
+    check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
-    dtype = forward_dtype(cfg)
-    microbatch_tokens = microbatch_token_budget(cfg, device.type)
+    attention, dtype, parameters = (
+        plan.attention,
+        getattr(torch, plan.forward_dtype),
+        getattr(torch, plan.parameter_dtype),
+    )
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     processor = vision_processor(cfg.model.name_or_path)
     refuse_not_run_together(cfg, RunFacts(vision_language=processor is not None, engine_given=engine is not None))
@@ -315,7 +291,7 @@ def setup(
         offline = OfflineData(
             cfg.data.offline_path, cfg.algo.offline, cfg.train.minibatch_sequences, cfg.run.seed, len(tokenizer)
         )
-    model = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)  # fp32 master weights, or bf16
+    model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if workers is not None:
@@ -330,14 +306,14 @@ def setup(
     if separate_reference:
         # the reference computes as the policy does (its weights' dtype, the same autocast and packing): at
         # identical weights the two log-probs of a row are equal to the bit, and the KL's gradient is 0
-        frozen = load_model(cfg.model.name_or_path, parameter_dtype(cfg), attention, device)
+        frozen = load_model(cfg.model.name_or_path, parameters, attention, device)
         reference = TokenLogprobs(frozen, policy.temperature, dtype, policy.packed)
     backend.place(policy, dtype, cfg.train.offload_optimizer)
     if reference is not None:
         backend.place(reference, dtype)
     scorer = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
     scorer = backend.share_scorer(scorer)
-    updater = build_policy_updater(cfg, plan, policy, microbatch_tokens, backend)
+    updater = build_policy_updater(cfg, plan, policy, backend)
     a = cfg.algo
     kl = (
         AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
@@ -353,10 +329,12 @@ def setup(
     rollout_pool = RolloutPool(plan.sequences_per_rollout, window, cfg.rollout.max_response_tokens) if window else None
     producer = None
     if cfg.rollout.max_staleness:  # the producer generates; this process's engine serves evaluation
-        producer, engine = asynchronous_rollouts(cfg, backend, model, engine, workers, stream, verifier, rollout_pool)
+        producer, engine = asynchronous_rollouts(
+            cfg, plan, backend, model, engine, workers, stream, verifier, rollout_pool
+        )
     settings = RolloutSettings.of(cfg, plan)
     collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, encoder, process_rewards)
-    critic = build_critic(cfg, plan, attention, dtype, device, backend) if plan.uses_critic else None
+    critic = build_critic(cfg, plan, device, backend) if plan.uses_critic else None
     rollout = producer or training_rollouts(cfg, collector, rollout_pool)
     return Run(
         cfg=cfg,
@@ -376,7 +354,6 @@ def setup(
         updater=updater,
         kl=kl,
         critic=critic,
-        microbatch_tokens=microbatch_tokens,
         offline=offline,
         health=RunHealth(engine_name(cfg, device.type), cfg.train.constant_reward_stop_steps),
     )
@@ -384,6 +361,7 @@ def setup(
 
 def asynchronous_rollouts(
     cfg: Config,
+    plan: Plan,
     backend: TrainingBackend,
     model: torch.nn.Module,
     engine: RolloutEngine,
@@ -399,16 +377,17 @@ def asynchronous_rollouts(
     rank 0 that generates on the rollout workers and scores on the reward workers; evaluation shares the
     rollout workers, each call at its own version (``EngineVersions``), and rank 0 alone calls them, for
     every rank (``RankZeroEngine``): only rank 0 knows which version they hold."""
-    device = resolve_device(cfg.model.device)
     current = lambda: backend.engine_weights(model, engine)  # noqa: E731
     parallel = backend.parallel
     if workers is None:
-        transport = ProducerProcess(producer_collector, verifier, spare_gpu(device), share_cores=device.type == "cpu")
-        producer = AsyncRollouts(cfg, transport, stream, current, rollout_pool, parallel)
+        transport = ProducerProcess(
+            producer_collector, verifier, spare_gpu(plan), share_cores=plan.device_type == "cpu"
+        )
+        producer = AsyncRollouts(cfg, plan, transport, stream, current, rollout_pool, parallel)
         return producer, PublishingEngine(engine, producer)
     versions = EngineVersions(workers.engine) if parallel.is_main else None
     build = functools.partial(shared_engine_collector, versions, workers.scorer)
-    producer = AsyncRollouts(cfg, ProducerThread(build, versions), stream, current, rollout_pool, parallel)
+    producer = AsyncRollouts(cfg, plan, ProducerThread(build, versions), stream, current, rollout_pool, parallel)
     evaluation = RankZeroEngine(EvaluationEngine(versions) if versions else workers.engine, parallel)
     return producer, PublishingEngine(evaluation, producer)
 
@@ -433,45 +412,51 @@ def evaluation_episodes(
     return rollout if isinstance(rollout, ConversationCollector) else ConversationCollector(collector)
 
 
-def spare_gpu(device: torch.device) -> str | None:
+def spare_gpu(plan: Plan) -> str | None:
     """The GPU an asynchronous run's producer takes: one that no trainer rank on this machine uses."""
-    if device.type != "cuda":
+    if plan.device_type != "cuda":
         return None
     trainer_gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return producer_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), trainer_gpus)
 
 
-def producer_collector(cfg: Config, state: dict, verifier: Verifier | None, policy: ProducerPolicy) -> RolloutStage:
+def producer_collector(
+    cfg: Config, plan: Plan, state: dict, verifier: Verifier | None, policy: ProducerPolicy
+) -> RolloutStage:
     """The rollout producer's collector (rollout.max_staleness ≥ 1), built in its own process from the
     config (and the run's own ``verifier``, pickled across): the policy's engine as ``policy`` wraps it
     (its weights come from the trainer before the first batch) and the scorer (``producer_rollouts``)."""
-    device = resolve_device(cfg.model.device)
-    plan = resolve(cfg)
-    dtype = forward_dtype(cfg)
+    device = resolve_device(cfg.model.device)  # "cuda" is the producer's own GPU (its CUDA_VISIBLE_DEVICES)
+    dtype = getattr(torch, plan.forward_dtype)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
-    attention = attention_implementation(cfg.model.attention, device, plan.max_sequence_tokens)
-    model = load_model(cfg.model.name_or_path, dtype, attention, device)
+    model = load_model(cfg.model.name_or_path, dtype, plan.attention, device)
     engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
     scorer = build_scorer(cfg, dtype, device, verifier, preflight(cfg))
-    return producer_rollouts(cfg, state, policy, policy.engine_for(engine), scorer, tokenizer)
+    return producer_rollouts(cfg, plan, state, policy, policy.engine_for(engine), scorer, tokenizer)
 
 
 def shared_engine_collector(
-    versions: EngineVersions, scorer: Scorer, cfg: Config, state: dict, verifier: Any, policy: ProducerPolicy
+    versions: EngineVersions,
+    scorer: Scorer,
+    cfg: Config,
+    plan: Plan,
+    state: dict,
+    verifier: Any,
+    policy: ProducerPolicy,
 ) -> RolloutStage:
     """The collector of a producer thread on remote engines (dist.backend=ray): the rollout workers at the
     producer's version (``versions``) and the reward workers (``scorer``), both shared with evaluation."""
     tokenizer = load_tokenizer(cfg.model.name_or_path)  # its own: a thread does not share the trainer's
-    return producer_rollouts(cfg, state, policy, policy.engine_for(ProducerEngine(versions)), scorer, tokenizer)
+    engine = policy.engine_for(ProducerEngine(versions))
+    return producer_rollouts(cfg, plan, state, policy, engine, scorer, tokenizer)
 
 
 def producer_rollouts(
-    cfg: Config, state: dict, policy: ProducerPolicy, engine: RolloutEngine, scorer: Scorer, tokenizer
+    cfg: Config, plan: Plan, state: dict, policy: ProducerPolicy, engine: RolloutEngine, scorer: Scorer, tokenizer
 ) -> RolloutStage:
     """The producer's rollouts through ``engine`` and ``scorer``: its own prompt stream at ``state["stream"]``,
     T-PPO's pool at ``state["pool"]`` or multi-turn conversations where the run has them, each batch tagged
     with the version ``policy`` holds."""
-    plan = resolve(cfg)
     stream = TrainingStream(data_spec(cfg), cfg.run.seed)
     stream.load_state_dict(state["stream"])
     rollout_pool = None

@@ -158,7 +158,7 @@ def test_a_critic_backbone_with_lora_saves_and_reloads(tmp_path):
     from reasonrl.training.setup import build_critic
 
     cfg = load_config("ppo", [*TINY, "model.lora_rank=4"])
-    critic = build_critic(cfg, resolve(cfg), None, torch.float32, torch.device("cpu"))
+    critic = build_critic(cfg, resolve(cfg, "cpu", 1), torch.device("cpu"))
     held = {id(p) for group in critic.optimizer.param_groups for p in group["params"]}
     trainable = {n for n, p in critic.model.named_parameters() if id(p) in held}
     assert {"head.weight", "head.bias"} <= trainable
@@ -168,7 +168,7 @@ def test_a_critic_backbone_with_lora_saves_and_reloads(tmp_path):
         critic.model.head.weight.normal_()
     critic.model.save(tmp_path)
     assert (tmp_path / ADAPTER_DIR / ADAPTER_FILE).exists()
-    rebuilt = build_critic(cfg, resolve(cfg), None, torch.float32, torch.device("cpu"))
+    rebuilt = build_critic(cfg, resolve(cfg, "cpu", 1), torch.device("cpu"))
     load_value_weights(rebuilt.model, tmp_path)
     a, b = critic.model.state_dict(), rebuilt.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import ConfigError, load_config
+from reasonrl.config import ConfigError, load_config, resolve
 from reasonrl.training.loop import fit
 from reasonrl.training.placement.parallel import SINGLE_PROCESS, collective_timeout_seconds
 from reasonrl.training.record.metrics import read_metrics
@@ -83,7 +83,7 @@ class StandInCollector:
         return batch, stats
 
 
-def stand_in(cfg, state, verifier, policy):
+def stand_in(cfg, plan, state, verifier, policy):
     return StandInCollector(state["stream"], verifier, policy.engine_for)  # the "verifier" slot carries the behaviour
 
 
@@ -112,7 +112,7 @@ def producer(
     versions = EngineVersions(RecordingEngine()) if thread else None
     weights = lambda: {"w": torch.zeros(2)}  # noqa: E731
     transport = ProducerThread(stand_in, versions, behaviour) if thread else ProducerProcess(stand_in, behaviour, gpu)
-    return AsyncRollouts(cfg, transport, StartedStream(), weights, parallel=parallel)
+    return AsyncRollouts(cfg, resolve(cfg, "cpu", 1), transport, StartedStream(), weights, parallel=parallel)
 
 
 def queued_steps(rollouts: AsyncRollouts, settle: float = 3.0) -> list[int]:

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from reasonrl.cli import main
-from reasonrl.config import load_config
-from reasonrl.models.load import ModelError, attention_implementation, resolve_device
+from reasonrl.config import ConfigError, load_config, resolve
+from reasonrl.config.plan import attention_implementation
+from reasonrl.models.load import ModelError, resolve_device
 from reasonrl.training.loop import fit
 from tests.helpers import DigitFraction
 from tests.train.test_loop import TINY
@@ -30,17 +31,32 @@ def test_asking_for_cuda_without_one_fails_before_anything_loads(tmp_path, monke
 
 
 def test_attention_auto_is_eager_for_short_cpu_sequences_and_sdpa_otherwise(monkeypatch):
-    assert attention_implementation("auto", CPU, 512) == "eager"  # its backward is faster there (bench/dtype.py)
-    assert attention_implementation("auto", CPU, 513) == "sdpa"
-    assert attention_implementation("auto", CUDA, 128) in ("sdpa", "flash_attention_2")
-    assert attention_implementation("sdpa", CPU, 128) == "sdpa"
-    with pytest.raises(ModelError, match="flash_attention_2 needs a CUDA device and the flash-attn package"):
-        attention_implementation("flash_attention_2", CPU, 128)
+    assert attention_implementation("auto", "cpu", 512) == "eager"  # its backward is faster there (bench/dtype.py)
+    assert attention_implementation("auto", "cpu", 513) == "sdpa"
+    assert attention_implementation("auto", "cuda", 128) in ("sdpa", "flash_attention_2")
+    assert attention_implementation("sdpa", "cpu", 128) == "sdpa"
+    with pytest.raises(ConfigError, match="flash_attention_2 needs a CUDA device and the flash-attn package"):
+        attention_implementation("flash_attention_2", "cpu", 128)
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flash_attn" else real(name))
-    assert attention_implementation("auto", CUDA, 128) == "flash_attention_2"
+    assert attention_implementation("auto", "cuda", 128) == "flash_attention_2"
+
+
+def test_the_plan_resolves_the_device_dependent_settings_once_for_the_device_and_ranks_given():
+    cfg = load_config("grpo", [*TINY, "train.microbatch_tokens=null"])
+    longest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    cpu, gpu = resolve(cfg, "cpu", 1), resolve(cfg, "cuda", 8)
+    assert (cpu.device_type, cpu.world_size, gpu.device_type, gpu.world_size) == ("cpu", 1, "cuda", 8)
+    assert (cpu.microbatch_tokens, gpu.microbatch_tokens) == (max(768, longest), max(16384, longest))
+    assert cpu.attention == ("eager" if longest <= 512 else "sdpa") and gpu.attention in ("sdpa", "flash_attention_2")
+    assert gpu.forward_dtype == "bfloat16" or torch.cuda.is_available()  # a GPU planned from here: bf16
+    bf16 = resolve(load_config("grpo", [*TINY, "train.param_dtype=bfloat16", "model.dtype=auto"]), "cpu", 1)
+    assert (bf16.forward_dtype, bf16.parameter_dtype) == ("bfloat16", "bfloat16")
+    assert resolve(load_config("grpo", [*TINY, "model.dtype=float32"]), "cpu", 1).forward_dtype == "float32"
+    with pytest.raises(ConfigError, match="flash_attention_2 needs a CUDA device"):
+        resolve(load_config("grpo", [*TINY, "model.attention=flash_attention_2"]), "cpu", 1)
 
 
 def test_micro_batches_move_to_the_device_and_the_batch_stays():

@@ -1,6 +1,8 @@
 """Memory options of the trainer: bf16 weights and gradients with fp32 AdamW moments
 (train.param_dtype), AdamW's moments in CPU memory (train.offload_optimizer), and checkpoints of both."""
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,7 +13,7 @@ from reasonrl.models.optim import MasterWeightAdamW
 from reasonrl.training.backend import SingleProcess
 from reasonrl.training.loop import fit
 from reasonrl.training.record.metrics import read_metrics
-from reasonrl.training.setup import build_policy_updater, forward_dtype, parameter_dtype
+from reasonrl.training.setup import build_policy_updater
 from reasonrl.training.update.policy import TokenLogprobs
 from tests.helpers import DigitFraction
 from tests.train.test_loop import comparable, tiny_config
@@ -26,12 +28,13 @@ def updated_policy(*overrides, device="cpu", steps=2):
     config; the gradients' dtypes seen in its backward passes; and its optimiser."""
     cfg = tiny_config("train.lr=1e-3", f"model.device={device}", *overrides)
     torch.manual_seed(0)
-    model = load_model("tiny-random", parameter_dtype(cfg), device=device)
-    policy = TokenLogprobs(model, temperature=1.0, compute_dtype=forward_dtype(cfg))
+    plan = dataclasses.replace(resolve(cfg), microbatch_tokens=512)
+    model = load_model("tiny-random", getattr(torch, plan.parameter_dtype), device=device)
+    policy = TokenLogprobs(model, temperature=1.0, compute_dtype=getattr(torch, plan.forward_dtype))
     gradient_dtypes = set()
     for parameter in model.parameters():
         parameter.register_post_accumulate_grad_hook(lambda p: gradient_dtypes.add(p.grad.dtype))
-    updater = build_policy_updater(cfg, resolve(cfg), policy, 512, SingleProcess())
+    updater = build_policy_updater(cfg, plan, policy, SingleProcess())
     for step in range(steps):
         updater.update(rollout_batch(seed=step), seed=step)
     return dict(model.named_parameters()), gradient_dtypes, updater.optimizer
@@ -71,7 +74,8 @@ def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(opt
 
     def moves(*overrides):
         cfg = tiny_config(*overrides)
-        start = {n: p.detach().float() for n, p in load_model("tiny-random", parameter_dtype(cfg)).named_parameters()}
+        initial = load_model("tiny-random", getattr(torch, cfg.train.param_dtype))
+        start = {n: p.detach().float() for n, p in initial.named_parameters()}
         weights, _, optimizer = updated_policy(*overrides)
         learnt = {n: w - start[n] for n, w in trained_weights(optimizer, weights).items()}
         stored = {n: w.detach().float() - start[n] for n, w in weights.items()}
@@ -89,7 +93,7 @@ def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(opt
 
 
 def test_bf16_parameters_run_the_forward_passes_in_bf16_and_refuse_float32_ones():
-    assert forward_dtype(tiny_config(*BF16)) == torch.bfloat16  # even where model.dtype=auto would pick fp32
+    assert resolve(tiny_config(*BF16), "cpu").forward_dtype == "bfloat16"  # even where model.dtype=auto would pick fp32
     with pytest.raises(ConfigError, match=r"train.param_dtype=bfloat16 .* set model.dtype=bfloat16 \(or auto\)"):
         tiny_config(*BF16, "model.dtype=float32")
 
@@ -130,7 +134,7 @@ def test_a_run_with_each_memory_option_resumes_exactly(tmp_path, first_half, sec
     checkpoints = [tmp_path / run / "checkpoints" / "step-000002" for run in ("straight", "split")]
     a, b = (load_file(c / "model.safetensors") for c in checkpoints)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert {w.dtype for w in a.values()} == {parameter_dtype(tiny_config(*second_half))}
+    assert {w.dtype for w in a.values()} == {getattr(torch, tiny_config(*second_half).train.param_dtype)}
     moments = torch.load(checkpoints[0] / "trainer.pt", weights_only=True)["optimizer"]["state"]
     assert {m.dtype for state in moments.values() for m in (state["exp_avg"], state["exp_avg_sq"])} == {torch.float32}
     if BF16[0] in second_half:  # the fp32 masters are saved: a resumed run continues what was learnt, not its bf16 copy

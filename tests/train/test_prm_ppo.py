@@ -122,7 +122,7 @@ def test_the_critic_starts_as_the_prm_on_the_reward_scale(prm_dir):
     from reasonrl.training.setup import build_critic
 
     cfg = load_config("prm_ppo", [*TINY, f"reward.prm_path={prm_dir}"])
-    critic = build_critic(cfg, resolve(cfg), None, torch.float32, torch.device("cpu"))
+    critic = build_critic(cfg, resolve(cfg, "cpu", 1), torch.device("cpu"))
     prm = ProcessRewardModel(str(prm_dir), load_tokenizer("tiny-random"), torch.float32)
     ids, mask = torch.randint(3, 200, (2, 6)), torch.ones(2, 6, dtype=torch.bool)
     with torch.no_grad():

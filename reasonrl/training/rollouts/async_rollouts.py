@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config
+from reasonrl.config import Config, Plan
 from reasonrl.data.loaders import DataError
 from reasonrl.data.source import TrainingStream
 from reasonrl.errors import ReasonRLError
@@ -85,13 +85,15 @@ class AsyncRollouts(RolloutStage):
     def __init__(
         self,
         cfg: Config,
+        plan: Plan,
         transport: ProducerTransport,
         stream: TrainingStream,
         current_weights: Callable[[], Mapping[str, torch.Tensor]],
         rollout_pool: RolloutPool | None = None,
         parallel: DataParallel = SINGLE_PROCESS,
     ) -> None:
-        self.cfg, self.transport, self.stream, self.current_weights = cfg, transport, stream, current_weights
+        self.cfg, self.plan, self.transport = cfg, plan, transport
+        self.stream, self.current_weights = stream, current_weights
         self.rollout_pool = rollout_pool  # T-PPO: the checkpointed copy of the producer's pool
         self.parallel = parallel  # rank 0 runs the producer and broadcasts its batches
         self.started = False
@@ -101,7 +103,7 @@ class AsyncRollouts(RolloutStage):
         self.started = True
         current = self.current_weights()  # every rank: gathering a sharded model's weights is a collective
         if self.parallel.is_main:
-            self.transport.start(self.cfg, first_step, self.state_dict(), current)
+            self.transport.start(self.cfg, self.plan, first_step, self.state_dict(), current)
 
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Step ``step``'s batch and its metrics: the producer's, with its staleness and the waits."""

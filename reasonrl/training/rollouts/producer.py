@@ -33,7 +33,7 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Config, resolve
+from reasonrl.config import Config, Plan
 from reasonrl.rollout.engine_protocol import RolloutEngine
 from reasonrl.rollout.tppo_pool import PartialRollouts
 from reasonrl.training.rollouts.engine_versions import EngineVersions, ProducerStopped
@@ -43,7 +43,7 @@ WAKE_SECONDS = 0.02  # how often the waiting producer looks for a newer version
 STOP_SECONDS = 10.0  # a stopped producer gets this long to exit before it is killed
 # torchrun's description of a rank, which the producer (a process of its own, spawned by rank 0) drops
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_PORT")
-BuildCollector = Callable[[Config, dict, Any, "ProducerPolicy"], Any]
+BuildCollector = Callable[[Config, Plan, dict, Any, "ProducerPolicy"], Any]
 """Builds the producer's collector (a RolloutStage) from the config, the stream's state, the run's verifier and the
 producer's policy: a module-level function, which a process pickles by name."""
 
@@ -115,8 +115,8 @@ class SharedWeights:
 class ProducerPolicy:
     """The producer's view of the policy: its engine and the version of the weights it holds."""
 
-    def __init__(self, weights: SharedWeights | EngineVersions, cfg: Config) -> None:
-        self.weights, self.window_tokens = weights, resolve(cfg).partial_window_tokens
+    def __init__(self, weights: SharedWeights | EngineVersions, plan: Plan) -> None:
+        self.weights, self.window_tokens = weights, plan.partial_window_tokens
         self.engine: RolloutEngine | None = None
         self.partial: PartialRollouts | None = None
         self.loaded: int | None = None
@@ -145,8 +145,9 @@ class ProducerPolicy:
 
 
 def run_producer(
-    build: Callable[[Config, dict, Any, ProducerPolicy], Any],
+    build: BuildCollector,
     cfg: Config,
+    plan: Plan,
     verifier: Any,
     first_step: int,
     collector_state: dict,
@@ -164,12 +165,13 @@ def run_producer(
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     torch.set_num_threads(cfg.rollout.producer_threads)
     send = lambda result: results.put(as_bytes(result))  # noqa: E731
-    produce(build, cfg, verifier, first_step, collector_state, weights, send, stop)
+    produce(build, cfg, plan, verifier, first_step, collector_state, weights, send, stop)
 
 
 def produce(
-    build: Callable[[Config, dict, Any, ProducerPolicy], Any],
+    build: BuildCollector,
     cfg: Config,
+    plan: Plan,
     verifier: Any,
     first_step: int,
     collector_state: dict,
@@ -182,8 +184,8 @@ def produce(
     is gone, or with its error sent."""
     step = first_step
     try:
-        policy = ProducerPolicy(weights, cfg)
-        collector = build(cfg, collector_state, verifier, policy)
+        policy = ProducerPolicy(weights, plan)
+        collector = build(cfg, plan, collector_state, verifier, policy)
         for step in range(first_step, cfg.train.rollout_steps + 1):
             waited = time.perf_counter()
             if not weights.wait_for_version(step - 1 - cfg.rollout.max_staleness, stop):  # 1. fresh enough
@@ -224,7 +226,7 @@ def as_bytes(result: ProducedBatch | ProducerFailure) -> bytes:
 class ProducerTransport(Protocol):
     """How rank 0 runs the producer and talks to it: ``ProducerProcess`` or ``ProducerThread``."""
 
-    def start(self, cfg: Config, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
+    def start(self, cfg: Config, plan: Plan, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
         """Start ``produce`` at ``first_step`` from the stream's ``state``, with the weights ``current`` as
         version ``first_step`` − 1."""
         ...
@@ -262,11 +264,11 @@ class ProducerProcess(ProducerTransport):
         self.process: Any = None
         self.weights: SharedWeights | None = None
 
-    def start(self, cfg: Config, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
+    def start(self, cfg: Config, plan: Plan, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
         self.weights = SharedWeights(current, first_step - 1, self.context)
         self.results = self.context.Queue()
         self.stop_flag = self.context.Value("b", 0, lock=False)  # a flag, not an Event: nothing a kill can wedge
-        arguments = (self.build, cfg, self.verifier, first_step, state, self.weights,
+        arguments = (self.build, cfg, plan, self.verifier, first_step, state, self.weights,
                      self.results, self.stop_flag, self.gpu)  # fmt: skip
         self.process = self.context.Process(target=run_producer, args=arguments, name="reasonrl-rollout-producer")
         self.process.start()
@@ -310,11 +312,11 @@ class ProducerThread(ProducerTransport):
         self.thread: threading.Thread | None = None
         self.results: queue.Queue = queue.Queue()
 
-    def start(self, cfg: Config, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
+    def start(self, cfg: Config, plan: Plan, first_step: int, state: dict, current: Mapping[str, torch.Tensor]) -> None:
         self.versions.publish(current, first_step - 1)
         self.results = queue.Queue()
         self.versions.stop.value = 0
-        arguments = (self.build, cfg, self.verifier, first_step, state, self.versions, self.results.put,
+        arguments = (self.build, cfg, plan, self.verifier, first_step, state, self.versions, self.results.put,
                      self.versions.stop)  # fmt: skip
         self.thread = threading.Thread(target=produce, args=arguments, name="reasonrl-rollout-producer", daemon=True)
         self.thread.start()
