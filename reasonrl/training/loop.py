@@ -63,7 +63,7 @@ VALUE_PRETRAIN = "value_pretrain"  # its metrics file (.jsonl) and plot (.png)
 
 def restore(run: Run) -> dict[str, Any]:
     """Continue from the latest checkpoint when resuming; returns its state (empty for a fresh run)."""
-    checkpoint = latest_checkpoint(run.run_dir) if run.cfg.run.resume == "auto" else None
+    checkpoint = latest_checkpoint(run.outputs.run_dir) if run.cfg.run.resume == "auto" else None
     if checkpoint is None:
         return {}
     state = run.backend.load_checkpoint(checkpoint, run.trained)
@@ -81,12 +81,13 @@ def evaluate(run: Run) -> dict[str, float]:
     examples = eval_examples(data_spec(run.cfg), run.cfg.data.eval_prompts)
     params = SamplingParams(max_new_tokens=run.cfg.rollout.max_response_tokens, temperature=0.0)
     timing: dict[str, float] = {}
-    if run.held_out_episodes is not None:
+    held_out = run.evaluation
+    if held_out.episodes is not None:
         with timed(timing, "perf/eval_seconds"):
-            episodes = run.held_out_episodes.evaluate(examples, params)
+            episodes = held_out.episodes.evaluate(examples, params)
         return {**episodes, "eval/prompts": float(len(examples)), **timing}
     with timed(timing, "perf/eval_seconds"):
-        scored = sample_and_score(run.engine, run.tokenizer, run.scorer, run.encoder, examples, params)
+        scored = sample_and_score(run.engine, run.tokenizer, held_out.scorer, held_out.encoder, examples, params)
     lengths = [len(c.token_ids) for c in scored.completions]
     return {
         "eval/accuracy": sum(r.correct for r in scored.results) / max(1, len(scored.results)),
@@ -104,7 +105,8 @@ def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]
     instead of pretraining again.  Metrics go to ``value_pretrain.jsonl`` and ``value_pretrain.png``.
     """
     assert run.critic is not None
-    saved = run.run_dir / PRETRAINED_CRITIC
+    outputs = run.outputs
+    saved = outputs.run_dir / PRETRAINED_CRITIC
     main = run.parallel.is_main
     if run.backend.load_pretrained_critic(run.critic.model, saved):
         log.info("loaded the pretrained critic from %s", saved)
@@ -112,7 +114,7 @@ def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]
     steps = run.plan.value_pretrain_steps
     timing: dict[str, float] = {}
     with timed(timing, "value_pretrain_seconds"):
-        writer = MetricsWriter(run.run_dir, name=VALUE_PRETRAIN, trackers=run.trackers) if main else None
+        writer = MetricsWriter(outputs.run_dir, name=VALUE_PRETRAIN, trackers=outputs.trackers) if main else None
         show = show_progress if main else False
         with ProgressDisplay(steps, 0, show, "value pretraining", "rollout, critic update") as progress:
 
@@ -136,7 +138,7 @@ def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]
             writer.close()
             records = read_metrics(writer.path)
             title = "value pretraining (policy frozen)"
-            plot_metrics(records, run.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
+            plot_metrics(records, outputs.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
             explained = records[-1].get("critic/explained_variance") if records else None
         run.backend.save_critic(run.critic.model, saved)
         release_free_memory()
@@ -220,7 +222,7 @@ def checkpoint_stage(run: Run, step: int, extra: dict[str, Any], noted: dict[str
     run's ``resume_state`` as ``noted`` (when a step was abandoned: as it began) or as it is now."""
     state = {**(resume_state(run) if noted is None else noted), **extra}
     run.backend.save_checkpoint(
-        run.run_dir, step, run.trained, state, run.cfg.run.keep_checkpoints, run.saved_tokenizer
+        run.outputs.run_dir, step, run.trained, state, run.cfg.run.keep_checkpoints, run.outputs.saved_tokenizer
     )
 
 
@@ -228,7 +230,7 @@ def export_stage(run: Run) -> Path:
     """The final policy as a Hugging Face directory (``from_pretrained`` loads it; with LoRA the merged
     model, and its adapter in ``final/adapter``): the last step's checkpoint's, hard-linked (``export_model``),
     so a run stores its final weights once; the checkpoint keeps the optimiser state a longer run resumes."""
-    return run.backend.export(run.run_dir)
+    return run.backend.export(run.outputs.run_dir)
 
 
 def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: None) -> dict[str, float]:
@@ -250,8 +252,8 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
             batch.values = run.critic.values(batch, values_tally := ForwardTally("values"))
         metrics |= run.parallel.sum_metrics(values_tally.metrics())
     metrics |= assign_advantages(batch, cfg.algo, kl_coef)
-    if run.sample_log is not None:  # a few samples as text, before the update (their advantages are the update's)
-        run.sample_log.write(step, step_samples(batch, run.tokenizer, cfg.run.log_samples, seed))
+    if (sample_log := run.outputs.sample_log) is not None:  # before the update (whose advantages they show)
+        sample_log.write(step, step_samples(batch, run.tokenizer, cfg.run.log_samples, seed))
     phase(UPDATE_PHASE)
     run.engine.sleep()  # vLLM's sleep mode: the update gets its GPU memory; load_weights wakes it
     signal = bool(batch.advantages[batch.policy_loss_mask.bool()].any())
@@ -414,10 +416,10 @@ def run_fit(
         state = restore(run)
         start_step = state.get("step", 0)
         if main:
-            run.trackers = [*open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg)), *trackers]
-        writer = MetricsWriter(run_dir, start_step, trackers=run.trackers) if main else None
+            run.outputs.trackers = [*open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg)), *trackers]
+        writer = MetricsWriter(run_dir, start_step, trackers=run.outputs.trackers) if main else None
         if main and cfg.run.log_samples:
-            run.sample_log = SampleLog(run_dir, start_step, writer.trackers)
+            run.outputs.sample_log = SampleLog(run_dir, start_step, writer.trackers)
         # 2. before the first step: the baseline evaluation, the offline reference's log-probs, value pretraining
         elapsed_before = state.get("wall_seconds", 0.0)
         accuracy_before = state.get("accuracy_before")
@@ -468,5 +470,5 @@ def run_fit(
         return summary
     finally:
         run.close()
-        for tracker in run.trackers:
+        for tracker in run.outputs.trackers:
             tracker.close()

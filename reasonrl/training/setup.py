@@ -63,25 +63,47 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
+class RunOutputs:
+    """Where a run writes: its directory (checkpoints, the export, metrics), the trackers, the sample log."""
+
+    run_dir: Path
+    saved_tokenizer: Any
+    """What a checkpoint and the exported model save beside the weights: a vision-language model's processor
+    (its tokenizer, image processor and chat template), else the tokenizer."""
+    trackers: list[Tracker] = field(default_factory=list)
+    """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``, rank 0)."""
+    sample_log: SampleLog | None = None
+    """Where a few samples of each step go as text (run.log_samples; rank 0 only, opened by ``fit``)."""
+
+
+@dataclass(kw_only=True)
+class HeldOutEvaluation:
+    """What the held-out evaluation answers with, beside the run's engine and tokenizer."""
+
+    scorer: Scorer
+    """What scores the responses (the reward router, a user's verifier, weighted reward functions); the
+    training rollouts' scorer too, closed with the run."""
+    encoder: PromptEncoder
+    episodes: ConversationCollector | None = None
+    """What the evaluation plays in an environment run (rollout.multiturn tool or env): the training rollouts'
+    environment, built once with the run; None: the evaluation answers each prompt in one turn."""
+
+
+@dataclass(kw_only=True)
 class Run:
     """Everything a run holds while it trains."""
 
     cfg: Config
     plan: Plan
-    run_dir: Path
+    outputs: RunOutputs
     backend: TrainingBackend
     """Where the trained models live (one process, or one FSDP2 rank): checkpoints and weight syncs go through it."""
     model: torch.nn.Module
     tokenizer: Any
-    saved_tokenizer: Any
-    """What a checkpoint and the exported model save beside the weights: a vision-language model's processor
-    (its tokenizer, image processor and chat template), else the tokenizer."""
     engine: RolloutEngine
     reference: TokenLogprobs | None
     """The frozen KL reference (None without a KL term, and with LoRA: then the policy's base is the reference)."""
-    scorer: Scorer
-    """What scores the responses (the reward router, a user's verifier, weighted reward functions)."""
-    encoder: PromptEncoder
+    evaluation: HeldOutEvaluation
     collector: RolloutCollector
     """Synchronous single-turn rollouts (value pretraining always uses them)."""
     rollout: RolloutStage
@@ -92,20 +114,13 @@ class Run:
     critic: CriticUpdater | None
     offline: OfflineData | None = None
     """The offline dataset of algo.offline (dpo, dqo); None = online RL."""
-    held_out_episodes: ConversationCollector | None = None
-    """What the held-out evaluation plays in an environment run (rollout.multiturn tool or env): the training
-    rollouts' environment, built once with the run; None: evaluation answers each prompt in one turn."""
-    trackers: list[Tracker] = field(default_factory=list)
-    """The experiment trackers of run.loggers, shared by the metrics streams (opened by ``fit``)."""
     health: RunHealth = field(default_factory=lambda: RunHealth("engine", 0))
     """The checks that stop a run training on nothing or on weights other than its own (``run_health``)."""
-    sample_log: SampleLog | None = None
-    """Where a few samples of each step go as text (run.log_samples; rank 0 only, opened by ``fit``)."""
 
     def close(self) -> None:
         """Stop what the run started beside this process: the rollout producer, the scoring workers."""
         self.rollout.close()
-        self.scorer.close()
+        self.evaluation.scorer.close()
 
     @property
     def parallel(self) -> DataParallel:
@@ -339,18 +354,17 @@ def setup(
     return Run(
         cfg=cfg,
         plan=plan,
-        run_dir=run_dir,
+        outputs=RunOutputs(run_dir=run_dir, saved_tokenizer=processor if processor is not None else tokenizer),
         backend=backend,
         model=model,
         tokenizer=tokenizer,
-        saved_tokenizer=processor if processor is not None else tokenizer,
         engine=engine,
         reference=reference,
-        scorer=scorer,
-        encoder=encoder,
+        evaluation=HeldOutEvaluation(
+            scorer=scorer, encoder=encoder, episodes=evaluation_episodes(cfg, rollout, collector)
+        ),
         collector=collector,
         rollout=rollout,
-        held_out_episodes=evaluation_episodes(cfg, rollout, collector),
         updater=updater,
         kl=kl,
         critic=critic,

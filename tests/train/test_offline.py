@@ -1,5 +1,6 @@
 """Offline training on tiny-random: the dataset file, DPO and DQO learning, resume parity, clear errors."""
 
+import dataclasses
 import json
 import math
 
@@ -205,7 +206,7 @@ def test_an_offline_step_does_not_depend_on_the_micro_batch_size(tmp_path, prese
         cfg = offline_config(preset, path, "train.lr=1e-3", "critic.lr=1e-2", "model.dtype=float32")
         run = setup(cfg, tmp_path / f"run-{budget}")
         compute_reference(run, run.offline, tmp_path / f"{REFERENCE_CACHE}-{budget}")
-        run.microbatch_tokens = budget
+        run.plan = dataclasses.replace(run.plan, microbatch_tokens=budget)
         metrics = train_step(run, 1)
         results.append(metrics)
         run.close()
