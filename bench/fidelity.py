@@ -154,7 +154,7 @@ def worker_rm(config: dict, profile: dict, work: Path) -> None:
     from reasonrl.data.source import TrainingStream
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.scored import sample_and_score
-    from reasonrl.training.setup import build_scorer, data_spec
+    from reasonrl.training.run_inputs import build_scorer, data_spec
 
     settings, out = profile["rm"], work / "rm"
     cfg = family_config(config, profile, "value", settings["seed"])
@@ -245,7 +245,7 @@ def worker_race(config: dict, profile: dict, work: Path, seed: int) -> dict[str,
     from reasonrl.data.source import TrainingStream
     from reasonrl.rollout import SamplingParams
     from reasonrl.rollout.tppo_pool import PoolSequence, RolloutPool, slot_utilisation
-    from reasonrl.training.setup import data_spec
+    from reasonrl.training.run_inputs import data_spec
 
     cfg = family_config(config, profile, "tppo", seed)
     family, goal = profile["tppo"], profile["race"]["completed"]

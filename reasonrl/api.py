@@ -46,7 +46,7 @@ from reasonrl.train_command import DEFAULT_PRESET, new_run_dir
 from reasonrl.training.loop import fit
 from reasonrl.training.record.rundir import SCRIPT_MODULE, RunDirError, has_progress, make_run_dir, override
 from reasonrl.training.record.trackers import MAIN_STREAM
-from reasonrl.training.setup import data_spec
+from reasonrl.training.run_inputs import data_spec
 
 log = logging.getLogger(__name__)
 

@@ -210,13 +210,9 @@ def _settings_from_args(settings: type, args: argparse.Namespace):
     return settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``reasonrl`` command."""
+def _add_train_parser(commands) -> None:
+    """`reasonrl train` (and `reasonrl eval`, which evaluates what it trains)."""
     from reasonrl.data.loaders import builtin_names
-
-    parser = _CommandParser(prog="reasonrl", description="RL for reasoning language models.")
-    parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="run RL training")
     train.add_argument("preset", nargs="?", help=f"a preset name or YAML file (default: {DEFAULT_PRESET})")
@@ -241,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--output", help="also write the JSON here")
 
+
+def _add_config_parsers(commands) -> None:
+    """`reasonrl presets` and `reasonrl config show|validate`."""
     presets = commands.add_parser("presets", help="list the run presets")
     presets.set_defaults(handler=_cmd_presets)
 
@@ -256,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides")
     validate.set_defaults(handler=_cmd_config_validate)
 
+
+def _add_sandbox_parser(commands) -> None:
+    """`reasonrl sandbox run`: untrusted code against tests, as the reward runs it."""
     sandbox = commands.add_parser("sandbox", help="run untrusted code against tests in the sandbox")
     sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
     run = sandbox_commands.add_parser(
@@ -274,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--one-process", action="store_true", help="one process for all tests (faster, less isolated)")
     run.set_defaults(handler=_cmd_sandbox_run)
 
+
+def _add_push_parser(commands) -> None:
+    """`reasonrl push`: a run's model to the Hugging Face Hub."""
     push = commands.add_parser(
         "push", help="upload a run's model, a generated model card and the run's record to the Hugging Face Hub"
     )
@@ -286,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--dry-run", action="store_true", help="print the files and model card; upload nothing")
     push.set_defaults(handler=_cmd_push)
 
+
+def _add_side_job_parsers(commands) -> None:
+    """The side jobs (``reasonrl.jobs``): reward models, a VLM, PRM labels, data."""
     rm = commands.add_parser("rm", help="reward models")
     rm_commands = rm.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
     rm_commands.add_parser(
@@ -333,6 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
         job=jobs.offline_sample_job,
         help="offline dataset for dpo/dqo: n scored responses per prompt with behaviour log-probs (resumable)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``reasonrl`` command."""
+    parser = _CommandParser(prog="reasonrl", description="RL for reasoning language models.")
+    parser.add_argument("--version", action="version", version=f"reasonrl {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_train_parser, _add_config_parsers, _add_sandbox_parser, _add_push_parser, _add_side_job_parsers):
+        add(commands)
     return parser
 
 

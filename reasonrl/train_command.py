@@ -101,7 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     sleeping_openmp_threads()  # before torch loads OpenMP: on a busy machine its idle threads sleep, not spin
     from reasonrl.data.source import check_sources
-    from reasonrl.training.loop import data_spec, fit
+    from reasonrl.training.loop import fit
+    from reasonrl.training.run_inputs import data_spec
 
     preset, overrides = _preset_and_overrides(args)
     run_dir = None

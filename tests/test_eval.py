@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl.cli import main
-from reasonrl.jobs.evaluate import majority_correct, sampled_metrics
+from reasonrl.jobs.eval_metrics import majority_correct, sampled_metrics
 from reasonrl.reward.verifier_protocol import RewardResult
 from tests.train.test_loop import TINY
 
@@ -264,7 +264,7 @@ def test_eval_command_with_fire(tmp_path, capsys):
 
 def test_pag_metrics_hand_computed():
     from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
-    from reasonrl.jobs.evaluate import pag_metrics
+    from reasonrl.jobs.eval_metrics import pag_metrics
 
     attempts = [
         [True],  # right, judged correct: no revision

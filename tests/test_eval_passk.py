@@ -6,7 +6,7 @@ import pytest
 
 from reasonrl.cli import main
 from reasonrl.data.examples import Example
-from reasonrl.jobs.evaluate import pass_at_k, per_source_metrics, sampled_metrics
+from reasonrl.jobs.eval_metrics import pass_at_k, per_source_metrics, sampled_metrics
 from reasonrl.reward.verifier_protocol import RewardResult
 
 

@@ -46,7 +46,7 @@ RUN_SECONDS = 10.0**9  # a training call has no time limit of its own; its worke
 def run_scorer(cfg: Config) -> Scorer:
     """The scorer a reward worker builds: the run's reward router and reward functions, on the CPU."""
     from reasonrl.models.load import compute_dtype
-    from reasonrl.training.setup import build_scorer, preflight
+    from reasonrl.training.run_inputs import build_scorer, preflight
 
     return build_scorer(cfg, compute_dtype(cfg.model.dtype), torch.device("cpu"), terms=preflight(cfg))
 

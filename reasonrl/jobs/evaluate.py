@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_WRONG
 from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.config.routes import VERIFIER_SOURCES, resolve_routes
 from reasonrl.config.schema import FireConfig
@@ -22,32 +18,28 @@ from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import benchmark_examples, eval_examples
+from reasonrl.jobs.eval_metrics import pag_metrics, per_source_metrics, sampled_metrics
 from reasonrl.models.load import compute_dtype, load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.reward.custom import RewardFunctionError, RewardTerm, reward_terms
-from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.engine_protocol import share_params
-from reasonrl.rollout.multiturn.conversations import (
-    PAG_VERIFY_PROMPT,
+from reasonrl.rollout.multiturn.conversations import injected_ids, run_conversations
+from reasonrl.rollout.multiturn.episodes import (
     ROLE_INJECTED,
     ROLE_POLICY,
     ROLE_VERIFIER,
     Conversation,
     Environment,
     Injection,
-    PAGRule,
     Segment,
     Step,
-    injected_ids,
-    parse_verdict,
-    probability_correct,
-    run_conversations,
 )
+from reasonrl.rollout.multiturn.pag_rules import PAG_VERIFY_PROMPT, PAGRule, parse_verdict, probability_correct
 from reasonrl.rollout.sampling import fire_params
 from reasonrl.rollout.scored import Scored, sample_and_score
 from reasonrl.timing import Progress
 from reasonrl.training.record.rundir import CONFIG_FILE, RECORD_FILE
-from reasonrl.training.setup import build_scorer, data_spec
+from reasonrl.training.run_inputs import build_scorer, data_spec
 
 log = logging.getLogger(__name__)
 VLLM_BATCH_SEQUENCES = 256  # the vLLM engine's default max_batch_sequences (it keeps no attribute for it)
@@ -202,86 +194,6 @@ class _VerifyOnce(Environment):
 
 
 VERIFY_ONCE = _VerifyOnce()
-
-
-def _vote_key(result: RewardResult) -> str | None:
-    answer = result.info.get("extracted")
-    if answer is None:
-        return None
-    cleaned = str(answer).strip().strip("$").replace(",", "")
-    try:
-        return str(Fraction(cleaned))
-    except (ValueError, ZeroDivisionError):
-        return cleaned
-
-
-def majority_correct(results: list[RewardResult]) -> bool:
-    """Whether the most frequent extracted answer (ties: the earliest) is correct."""
-    keys = [_vote_key(r) for r in results]
-    counts = Counter(k for k in keys if k is not None)
-    if not counts:
-        return False
-    top = max(counts.values())
-    winner = next(k for k in keys if k is not None and counts[k] == top)
-    return next(r.correct for r, k in zip(results, keys, strict=True) if k == winner)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased estimate of pass@k from n samples of which c are correct (Chen et al. 2021,
-    arXiv:2107.03374, eq. 1): 1 − C(n−c, k) / C(n, k), the chance that k of the n drawn without
-    replacement include a correct one."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k})")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def sampled_metrics(per_problem: list[list[RewardResult]], k: int | None = None) -> dict[str, float]:
-    """Over each problem's n samples: avg@k (mean accuracy of all n, an unbiased estimate of a k-sample
-    mean), maj@k (the majority vote of the first k) and pass@k (the unbiased estimator from n); ``k``
-    defaults to n, where pass@k is "any sample correct"."""
-    count = max(1, len(per_problem))
-    return {
-        "avg@k": sum(sum(r.correct for r in rs) / len(rs) for rs in per_problem) / count,
-        "maj@k": sum(majority_correct(rs[: k or len(rs)]) for rs in per_problem) / count,
-        "pass@k": sum(pass_at_k(len(rs), sum(r.correct for r in rs), k or len(rs)) for rs in per_problem) / count,
-    }
-
-
-def per_source_metrics(
-    examples: list[Example], greedy: list[RewardResult], per_problem: list[list[RewardResult]], k: int
-) -> dict[str, dict[str, float]]:
-    """The metrics of each data source (the row's ``data_source``, else the dataset's name) on its own."""
-    rows: dict[str, list[int]] = {}
-    for i, example in enumerate(examples):
-        rows.setdefault(example.data_source or "unknown", []).append(i)
-    return {
-        source: {
-            "problems": len(indices),
-            "greedy_pass@1": sum(greedy[i].correct for i in indices) / len(indices),
-            **sampled_metrics([per_problem[i] for i in indices], k),
-        }
-        for source, indices in rows.items()
-    }
-
-
-def pag_metrics(attempts_correct: list[list[bool]], verdicts: list[list[int]]) -> dict[str, float]:
-    """PAG's evaluation metrics (arXiv 2506.10406 §4) from each problem's attempts (their truth, in order)
-    and the verdicts of its verify turns (verdict j judges attempt j): acc@t1, acc@final; the verdicts
-    that match the truth of the attempt they judge (an unparsed verdict matches nothing); the fractions
-    of problems turned from incorrect to correct and from correct to incorrect; the fraction revised."""
-    n = max(1, len(attempts_correct))
-    judged = [
-        (v, attempts[j]) for attempts, vs in zip(attempts_correct, verdicts, strict=True) for j, v in enumerate(vs)
-    ]
-    right = sum((v == VERDICT_CORRECT and truth) or (v == VERDICT_WRONG and not truth) for v, truth in judged)
-    return {
-        "acc@t1": sum(a[0] for a in attempts_correct) / n,
-        "acc@final": sum(a[-1] for a in attempts_correct) / n,
-        "verifier_accuracy": right / len(judged) if judged else float("nan"),
-        "delta_i_to_c": sum(not a[0] and a[-1] for a in attempts_correct) / n,
-        "delta_c_to_i": sum(a[0] and not a[-1] for a in attempts_correct) / n,
-        "revision_rate": sum(len(a) > 1 for a in attempts_correct) / n,
-    }
 
 
 def pag_protocol(engine, tokenizer, pool, encoder, examples, params, settings: EvalSettings) -> dict[str, float]:
@@ -449,7 +361,7 @@ def environment_eval(
     from reasonrl.data.source import TrainingStream
     from reasonrl.training.rollouts.conversation_stage import ConversationCollector
     from reasonrl.training.rollouts.rollout_stage import RolloutCollector, RolloutSettings
-    from reasonrl.training.setup import prompt_encoder
+    from reasonrl.training.run_inputs import prompt_encoder
 
     encoder = prompt_encoder(cfg, tokenizer, vision_processor(settings.model))
     synchronous = RolloutCollector(
@@ -466,6 +378,43 @@ def environment_eval(
         **{key.removeprefix("eval/"): value for key, value in played.items() if key != "eval/accuracy"},
         "wall_seconds": time.perf_counter() - started,
     }
+
+
+def scored_passes(
+    settings: EvalSettings, engine, tokenizer, pool, encoder: PromptEncoder, examples: list[Example], progress
+) -> tuple[Scored, Scored, dict[str, float]]:
+    """The evaluation's passes over ``examples``: one greedy answer each, ``samples`` sampled ones each, and
+    with --protocol pag / --self-verify-bon their conversations' metrics."""
+    greedy_params = SamplingParams(settings.max_new_tokens, temperature=0.0)
+    sampled_params = SamplingParams(
+        settings.max_new_tokens,
+        settings.temperature,
+        settings.top_p,
+        seed=settings.seed,
+        fire=fire_params(settings.fire_config()),
+    )
+    n, samples = len(examples), settings.samples or settings.k
+    with Progress("eval", progress) as shown:
+        shown.stage("greedy", n, "problems")
+        greedy = scored_in_batches(engine, tokenizer, pool, encoder, examples, greedy_params, shown)
+        shown.stage("sampled", n, "problems")
+        sampled = scored_in_batches(engine, tokenizer, pool, encoder, examples, sampled_params, shown, samples)
+        pag: dict[str, float] = {}
+        if settings.protocol == "pag":
+            pag = shown.measure(
+                "pag",
+                n,
+                "problems",
+                lambda: pag_protocol(engine, tokenizer, pool, encoder, examples, greedy_params, settings),
+            )
+        if settings.self_verify_bon:
+            pag["self_verify_bon@k"] = shown.measure(
+                "self-verify",
+                n,
+                "problems",
+                lambda: self_verify_best_of_n(engine, tokenizer, encoder, sampled, samples, greedy_params),
+            )
+    return greedy, sampled, pag
 
 
 def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str, Any]:
@@ -486,7 +435,6 @@ def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str,
         check_episode_eval(settings, cfg)
     else:
         check_scorable(dataset, examples, cfg, terms)
-    samples = settings.samples or settings.k
     device, dtype = resolve_device(settings.device), compute_dtype(settings.dtype)
     tokenizer = load_tokenizer(settings.model)
     model = load_model(settings.model, device=device)
@@ -503,40 +451,13 @@ def run_eval(settings: EvalSettings, progress: bool | None = False) -> dict[str,
             return environment_eval(settings, cfg, dataset, examples, engine, tokenizer, pool, started)
         finally:
             pool.close()
-    greedy_params = SamplingParams(settings.max_new_tokens, temperature=0.0)
-    sampled_params = SamplingParams(
-        settings.max_new_tokens,
-        settings.temperature,
-        settings.top_p,
-        seed=settings.seed,
-        fire=fire_params(settings.fire_config()),
-    )
-    n = len(examples)
     try:
-        with Progress("eval", progress) as shown:
-            shown.stage("greedy", n, "problems")
-            greedy = scored_in_batches(engine, tokenizer, pool, encoder, examples, greedy_params, shown)
-            shown.stage("sampled", n, "problems")
-            sampled = scored_in_batches(engine, tokenizer, pool, encoder, examples, sampled_params, shown, samples)
-            pag: dict[str, float] = {}
-            if settings.protocol == "pag":
-                pag = shown.measure(
-                    "pag",
-                    n,
-                    "problems",
-                    lambda: pag_protocol(engine, tokenizer, pool, encoder, examples, greedy_params, settings),
-                )
-            if settings.self_verify_bon:
-                pag["self_verify_bon@k"] = shown.measure(
-                    "self-verify",
-                    n,
-                    "problems",
-                    lambda: self_verify_best_of_n(engine, tokenizer, encoder, sampled, samples, greedy_params),
-                )
+        greedy, sampled, pag = scored_passes(settings, engine, tokenizer, pool, encoder, examples, progress)
     finally:
         pool.close()
     if settings.records:
         write_records(greedy, tokenizer, Path(settings.records))
+    samples = settings.samples or settings.k
     groups = [sampled.results[i * samples : (i + 1) * samples] for i in range(len(examples))]
     return {
         "model": settings.model,

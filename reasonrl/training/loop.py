@@ -49,7 +49,8 @@ from reasonrl.training.record.sample_log import SampleLog, step_samples
 from reasonrl.training.record.trackers import Tracker, open_trackers
 from reasonrl.training.rollouts.rollout_stage import hash_seed
 from reasonrl.training.rollouts.rollout_stats import ground_truth_stats
-from reasonrl.training.setup import Run, data_spec, setup
+from reasonrl.training.run_inputs import data_spec
+from reasonrl.training.setup import Run, setup
 from reasonrl.training.update.advantage_stage import assign_advantages
 from reasonrl.training.update.policy import TokenLogprobs, head_tokens
 from reasonrl.training.update.step import first_epoch_row_groups

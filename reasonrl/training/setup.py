@@ -16,44 +16,43 @@ import numpy as np
 import torch
 
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController
-from reasonrl.config import Config, ConfigError, Plan, resolve
+from reasonrl.config import Config, Plan, resolve
+from reasonrl.config.combinations import RunFacts, refuse_not_run_together
 from reasonrl.config.plan import vllm_engine_options
-from reasonrl.config.validate import RunFacts, refuse_not_run_together
-from reasonrl.data.loaders import Fields
 from reasonrl.data.prompts import PromptEncoder
-from reasonrl.data.source import DataSpec, TrainingStream, check_held_out, check_prompt_lengths
+from reasonrl.data.source import TrainingStream
 from reasonrl.models.forward import packing_refusal
 from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
 from reasonrl.models.memory_plan import check_memory, engine_name
 from reasonrl.models.optim import adamw, trainable_parameters
 from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
-from reasonrl.reward.custom import RewardFunctionError, RewardTerm, WeightedRewards, reward_terms
 from reasonrl.reward.prm import ProcessRewardModel
-from reasonrl.reward.router import build_router
-from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.reward.verifier_protocol import Scorer, Verifier
 from reasonrl.rollout import RolloutEngine, build_engine
-from reasonrl.rollout.multiturn.environments import EnvironmentLoadError, environment_class
-from reasonrl.rollout.multiturn.openenv_environments import OPENENV_PREFIX
 from reasonrl.rollout.tppo_pool import RolloutPool
 from reasonrl.training.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.training.placement.cpu_threads import apply_threads
 from reasonrl.training.placement.parallel import DataParallel, RankZeroEngine, RemoteWorkers
 from reasonrl.training.record.run_health import RunHealth
 from reasonrl.training.record.sample_log import SampleLog
-from reasonrl.training.record.trackers import Tracker, TrackerError, check_trackers
+from reasonrl.training.record.trackers import Tracker
 from reasonrl.training.rollouts.async_rollouts import AsyncRollouts, PublishingEngine
 from reasonrl.training.rollouts.conversation_stage import (
     ConversationCollector,
-    environment_name,
-    episode_encoder,
-    prompt_tools,
 )
 from reasonrl.training.rollouts.engine_versions import EngineVersions, EvaluationEngine, ProducerEngine
 from reasonrl.training.rollouts.process_rewards import ProcessRewards
 from reasonrl.training.rollouts.producer import ProducerPolicy, ProducerProcess, ProducerThread, producer_gpu
 from reasonrl.training.rollouts.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings, RolloutStage
+from reasonrl.training.run_inputs import (
+    build_scorer,
+    check_prompts,
+    checked_encoder,
+    data_spec,
+    preflight,
+    prompt_encoder,
+)
 from reasonrl.training.update.critic import CriticUpdater
 from reasonrl.training.update.offline_batches import OfflineData
 from reasonrl.training.update.policy import TokenLogprobs
@@ -133,19 +132,6 @@ class Run:
         return TrainedModels(self.updater, self.critic)
 
 
-def data_spec(cfg: Config) -> DataSpec:
-    """The data settings of a config."""
-    d = cfg.data
-    return DataSpec(
-        d.dataset,
-        d.eval_dataset,
-        d.arithmetic_digits,
-        d.arithmetic_operations,
-        Fields(d.question_field, d.answer_field, answer_optional=cfg.rollout.multiturn == "env"),
-        d.task_mix,
-    )
-
-
 def build_critic(
     cfg: Config, plan: Plan, device: torch.device, backend: TrainingBackend | None = None
 ) -> CriticUpdater:
@@ -214,98 +200,31 @@ def packs_sequences(cfg: Config, model_config: Any, role: str) -> bool:
     return cfg.train.pack_sequences and refusal is None
 
 
-def preflight(cfg: Config) -> list[RewardTerm]:
-    """What the user plugs in, checked before any model loads: the trackers' packages, the terms of
-    ``reward.functions`` (each function imported once) and the environment a run names (its class imported, a
-    TRL factory's tools described); a problem is a ConfigError of one line."""
-    try:
-        check_trackers(cfg.run.loggers)
-        terms = reward_terms(cfg.reward.functions, cfg.reward.weights)
-        name = environment_name(cfg.rollout)
-        if name is not None and not name.startswith(OPENENV_PREFIX):  # an OpenEnv server is asked when it connects
-            environment_class(name)
-        return terms
-    except (RewardFunctionError, TrackerError, EnvironmentLoadError) as exc:
-        raise ConfigError(str(exc)) from None
+def kl_controller(cfg: Config) -> FixedKLController | AdaptiveKLController:
+    """The KL coefficient's controller: fixed, or adaptive toward algo.kl_target (Ziegler et al. 2019)."""
+    a = cfg.algo
+    if a.kl_controller == "adaptive":
+        return AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
+    return FixedKLController(a.kl_coef)
 
 
-def check_prompts(cfg: Config, stream: TrainingStream, encoder: PromptEncoder) -> None:
-    """Before any model loads: refuse a run whose first training prompts are mostly longer than
-    rollout.max_prompt_tokens (a DataError naming the value that fits them), warn when some are, and say when
-    the held-out evaluation has fewer prompts than data.eval_prompts (a warning when it has none)."""
-    if cfg.algo.offline == "none" and (warning := check_prompt_lengths(stream, encoder)):
-        log.warning("%s", warning)
-    if (held_out := check_held_out(data_spec(cfg), cfg.data.eval_prompts, encoder)) is not None:
-        empty, line = held_out
-        log.log(logging.WARNING if empty else logging.INFO, "%s", line)
-
-
-def checked_encoder(cfg: Config, encoder: PromptEncoder) -> PromptEncoder:
-    """The encoder whose prompts ``check_prompts`` measures: an environment run's, with the environment's tools
-    written into the system prompt where the chat template cannot render them (``episode_encoder``: the episodes'
-    prompts; an OpenEnv server's tools are known once it is asked, so its prompts are measured without them)."""
-    name = environment_name(cfg.rollout)
-    if name is None or name.startswith(OPENENV_PREFIX):
-        return encoder
-    return episode_encoder(encoder, getattr(environment_class(name), "tools", ()), announce=False)
-
-
-def build_scorer(
+def load_policy(
     cfg: Config,
-    dtype: torch.dtype,
+    plan: Plan,
     device: torch.device,
-    verifier: Verifier | None = None,
-    terms: list[RewardTerm] | None = None,
-) -> Scorer:
-    """What scores the responses: a user's ``verifier`` for every task, else the reward router of
-    ``cfg``, and with ``reward.functions`` (``terms``) their weighted sum, that scorer as the "verifier" term
-    (an environment's episodes call their reward functions themselves, with the episodes' environments:
-    ``training.rollouts.episode_rewards``)."""
-    if verifier is not None:
-        scorer: Scorer = ScoringPool(verifier, cfg.reward.workers, cfg.reward.timeout_seconds)
-    else:
-        scorer = build_router(cfg.reward, cfg.model.name_or_path, dtype, device)
-    if terms and cfg.rollout.multiturn not in ("env", "tool"):
-        scorer = WeightedRewards(terms, scorer, workers=cfg.reward.workers, timeout=cfg.reward.timeout_seconds)
-    return scorer
-
-
-def setup(
-    cfg: Config,
-    run_dir: Path,
-    engine: RolloutEngine | None = None,
-    verifier: Verifier | None = None,
-    backend: TrainingBackend | None = None,
-    workers: RemoteWorkers | None = None,
-) -> Run:
-    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data, each
-    placed by ``backend`` (default: this process; FSDP2 ranks shard the models and split the engine's
-    and the scorer's calls)."""
-    backend = backend or SingleProcess()
-    apply_threads(cfg.run.threads)  # torch's threads: the cores other work leaves free (run.threads chooses)
-    device = resolve_device(cfg.model.device)
-    plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
-    terms = preflight(cfg)
-    check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
+    tokenizer,
+    engine: RolloutEngine | None,
+    workers: RemoteWorkers | None,
+    backend: TrainingBackend,
+) -> tuple[torch.nn.Module, RolloutEngine, TokenLogprobs, TokenLogprobs | None]:
+    """The policy model (fp32 master weights, or bf16) and its log-probs, its engine (``engine`` given, the remote
+    workers', or built on the plain weights before LoRA's adapters are added) and the frozen reference where the
+    run has one (a KL term without LoRA), placed by ``backend``."""
     attention, dtype, parameters = (
         plan.attention,
         getattr(torch, plan.forward_dtype),
         getattr(torch, plan.parameter_dtype),
     )
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    processor = vision_processor(cfg.model.name_or_path)
-    refuse_not_run_together(cfg, RunFacts(vision_language=processor is not None, engine_given=engine is not None))
-    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    encoder = prompt_encoder(cfg, tokenizer, processor)
-    check_prompts(cfg, stream, checked_encoder(cfg, encoder))  # the prompts and the held-out set, before any model
-    offline = None
-    if cfg.algo.offline != "none":  # a malformed file fails here, before the models load
-        offline = OfflineData(
-            cfg.data.offline_path, cfg.algo.offline, cfg.train.minibatch_sequences, cfg.run.seed, len(tokenizer)
-        )
     model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -326,15 +245,49 @@ def setup(
     backend.place(policy, dtype, cfg.train.offload_optimizer)
     if reference is not None:
         backend.place(reference, dtype)
+    return model, engine, policy, reference
+
+
+def setup(
+    cfg: Config,
+    run_dir: Path,
+    engine: RolloutEngine | None = None,
+    verifier: Verifier | None = None,
+    backend: TrainingBackend | None = None,
+    workers: RemoteWorkers | None = None,
+) -> Run:
+    """Load the policy, its engine, the reference (only with a KL term), the scorer and the data, each
+    placed by ``backend`` (default: this process; FSDP2 ranks shard the models and split the engine's
+    and the scorer's calls)."""
+    # 1. the plan on this device, and what is checked before anything loads
+    backend = backend or SingleProcess()
+    apply_threads(cfg.run.threads)  # torch's threads: the cores other work leaves free (run.threads chooses)
+    device = resolve_device(cfg.model.device)
+    plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
+    terms = preflight(cfg)
+    check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    dtype = getattr(torch, plan.forward_dtype)
+    # 2. what needs no model: the tokenizer, the refusals, the prompts (their lengths), the offline data
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    processor = vision_processor(cfg.model.name_or_path)
+    refuse_not_run_together(cfg, RunFacts(vision_language=processor is not None, engine_given=engine is not None))
+    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
+    encoder = prompt_encoder(cfg, tokenizer, processor)
+    check_prompts(cfg, stream, checked_encoder(cfg, encoder))  # the prompts and the held-out set, before any model
+    offline = None
+    if cfg.algo.offline != "none":  # a malformed file fails here, before the models load
+        offline = OfflineData(
+            cfg.data.offline_path, cfg.algo.offline, cfg.train.minibatch_sequences, cfg.run.seed, len(tokenizer)
+        )
+    # 3. the models: the policy and its engine, the reference, then the scorer and the updater
+    model, engine, policy, reference = load_policy(cfg, plan, device, tokenizer, engine, workers, backend)
     scorer = workers.scorer if workers is not None else build_scorer(cfg, dtype, device, verifier, terms)
     scorer = backend.share_scorer(scorer)
     updater = build_policy_updater(cfg, plan, policy, backend)
-    a = cfg.algo
-    kl = (
-        AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
-        if a.kl_controller == "adaptive"
-        else (FixedKLController(a.kl_coef))
-    )
+    # 4. the rollouts (dense process rewards, T-PPO's pool, the asynchronous producer, the stage), the critic
     process_rewards = (
         ProcessRewards(cfg.reward, ProcessRewardModel(cfg.reward.prm_path, tokenizer, dtype, device))
         if cfg.reward.prm_dense != "off"
@@ -349,7 +302,7 @@ def setup(
         )
     settings = RolloutSettings.of(cfg, plan)
     collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, encoder, process_rewards)
-    critic = build_critic(cfg, plan, device, backend) if plan.uses_critic else None
+    critic = build_critic(cfg, plan, device, backend) if plan.uses_critic else None  # (after: the RNG's order)
     rollout = producer or training_rollouts(cfg, collector, rollout_pool)
     return Run(
         cfg=cfg,
@@ -366,7 +319,7 @@ def setup(
         collector=collector,
         rollout=rollout,
         updater=updater,
-        kl=kl,
+        kl=kl_controller(cfg),
         critic=critic,
         offline=offline,
         health=RunHealth(engine_name(cfg, device.type), cfg.train.constant_reward_stop_steps),
@@ -404,14 +357,6 @@ def asynchronous_rollouts(
     producer = AsyncRollouts(cfg, plan, ProducerThread(build, versions), stream, current, rollout_pool, parallel)
     evaluation = RankZeroEngine(EvaluationEngine(versions) if versions else workers.engine, parallel)
     return producer, PublishingEngine(evaluation, producer)
-
-
-def prompt_encoder(cfg: Config, tokenizer, processor=None) -> PromptEncoder:
-    """Prompts as the policy reads them: the template, the token cap, the system prompt, the tools."""
-    tools = prompt_tools(cfg.rollout, tokenizer)
-    return PromptEncoder(
-        tokenizer, cfg.data.prompt_template, cfg.rollout.max_prompt_tokens, cfg.data.system_prompt, tools, processor
-    )
 
 
 def evaluation_episodes(

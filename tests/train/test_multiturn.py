@@ -11,12 +11,8 @@ from reasonrl.algo.presets import get_preset
 from reasonrl.config import ConfigError, load_config
 from reasonrl.models.load import load_tokenizer
 from reasonrl.rollout.fake import FakeEngine
-from reasonrl.rollout.multiturn.conversations import (
-    DIRECT_REVISE_PROMPT,
-    PAG_REVISE_PROMPT,
-    PAG_VERIFY_PROMPT,
-    ROLE_POLICY,
-)
+from reasonrl.rollout.multiturn.episodes import ROLE_POLICY
+from reasonrl.rollout.multiturn.pag_rules import DIRECT_REVISE_PROMPT, PAG_REVISE_PROMPT, PAG_VERIFY_PROMPT
 from reasonrl.training.loop import fit
 from reasonrl.training.record.metrics import read_metrics
 from reasonrl.training.update.advantage_stage import assign_advantages

@@ -15,7 +15,6 @@ from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout.engine_protocol import Completion
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.rollout.scored import Scored
-from reasonrl.training.loop import data_spec
 from reasonrl.training.rollouts.rollout_stage import (
     DynamicSamplingError,
     Generated,
@@ -25,6 +24,7 @@ from reasonrl.training.rollouts.rollout_stage import (
     build_batch,
 )
 from reasonrl.training.rollouts.rollout_stats import finished_stats
+from reasonrl.training.run_inputs import data_spec
 from tests.helpers import DigitFraction, RaisesOn
 
 

@@ -18,10 +18,11 @@ from reasonrl.models.value import load_value_model, value_model_from_policy
 from reasonrl.reward.scoring_pool import ScoringPool
 from reasonrl.rollout.fake import FakeEngine
 from reasonrl.rollout.tppo_pool import RolloutPool
-from reasonrl.training.loop import data_spec, fit, logprob_stage
+from reasonrl.training.loop import fit, logprob_stage
 from reasonrl.training.placement.parallel import SINGLE_PROCESS
 from reasonrl.training.record.metrics import read_metrics
 from reasonrl.training.rollouts.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings
+from reasonrl.training.run_inputs import data_spec
 from reasonrl.training.update.advantage_stage import assign_advantages
 from reasonrl.training.update.critic import CriticUpdater
 from reasonrl.training.update.policy import TokenLogprobs

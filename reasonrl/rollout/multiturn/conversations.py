@@ -10,23 +10,21 @@ and what it spells is tokenised as plain text (``data/control_tokens.py``: it ca
 template token).  Injected tokens are fed to the model but never trained on (``conversation_tensors`` marks
 them).  A conversation also ends at a limit of generated turns or of response tokens (generated + injected).
 
-PAG's rule (arXiv 2506.10406 §3, "selective revision") is the environment ``PAGRule``: answer, verify the
-answer, and revise only after a "wrong" verdict.  ``DirectRevisionRule`` is its Direct MultiTurn baseline
-(always revise, no verify turn).  ``ToolRule`` runs a python tool called with a fenced python block or the
-chat template's own tool-call format (``rollout/multiturn/tool_calls.py``); the calls of one turn of every
-conversation run together, and a call that cannot be read or fails is answered with an error message
-(counted in ``Conversation.tool_errors``), never an error of the run.  The calls a turn makes in the template's
-format are answered together, a "tool" message each, in order (``tool_answers``; ``answer_tool_calls`` for an
-environment's ``FunctionTool``s), as TRL answers them.  The shipped game environments are in
-``rollout/multiturn/environments.py``.
+PAG's rule (arXiv 2506.10406 §3, "selective revision") is the environment ``PAGRule``
+(``rollout/multiturn/pag_rules.py``): answer, verify the answer, and revise only after a "wrong" verdict.
+``DirectRevisionRule`` is its Direct MultiTurn baseline (always revise, no verify turn). ``ToolRule`` runs a python
+tool called with a fenced python block or the chat template's own tool-call format
+(``rollout/multiturn/tool_calls.py``); the calls of one turn of every conversation run together, and a call that
+cannot be read or fails is answered with an error message (counted in ``Conversation.tool_errors``), never an error
+of the run. The calls a turn makes in the template's format are answered together, a "tool" message each, in order
+(``tool_answers``; ``answer_tool_calls`` for an environment's ``FunctionTool``s), as TRL answers them. The shipped
+game environments are in ``rollout/multiturn/environments.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -34,7 +32,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from reasonrl.algo.pag import VERDICT_CORRECT, VERDICT_UNPARSED, VERDICT_WRONG
 from reasonrl.data.control_tokens import control_tokens
 from reasonrl.data.examples import Example
 from reasonrl.data.prompts import chat_token_ids
@@ -43,7 +40,6 @@ from reasonrl.rollout.engine_protocol import RolloutEngine, SamplingParams
 from reasonrl.rollout.multiturn.episodes import (
     ROLE_INJECTED,
     ROLE_POLICY,
-    ROLE_VERIFIER,
     Conversation,
     Environment,
     Failure,
@@ -63,21 +59,8 @@ from reasonrl.rollout.multiturn.tool_calls import (
     native_tool_format,
 )
 
-# The PAG release's prompts (quick_start/qwen1p5b_pag.sh's rollout): verify, then revise after "wrong".
-PAG_VERIFY_PROMPT = (
-    "Check the math solution step-by-step. If you find a mistake: state the wrong step, explain why it's wrong, "
-    "and end your response with 'The answer is wrong'. If all steps are correct, end your response with "
-    "'The answer is correct'."
-)
-PAG_REVISE_PROMPT = (
-    "You indicated that your previous answer was wrong. Please provide the correct solution to the math problem."
-)
-# Direct MultiTurn (PAG's baseline): revise without a verify turn.
-DIRECT_REVISE_PROMPT = "Review your previous solution and provide a correct solution to the math problem."
-
 INJECTED_TURN_TOKENS = 128  # room left per injected turn in the default conversation cap
 
-VERDICT_PATTERN = re.compile(r"The answer is (correct|wrong)\.\s*\Z")
 FENCED_CALL = ("```python\n", "```")  # a fenced python block ending the turn
 NATIVE_CALL_ERROR = 'Error: a tool call must be {"name": "python", "arguments": {"code": "<program>"}}'
 CALLS_SPENT = "Error: this episode's tool calls are spent; this call was not run"
@@ -99,69 +82,6 @@ ENVIRONMENT_TIMEOUT_S = 60.0  # one turn's environment steps, all together (roll
 
 class MultiTurnError(ValueError):
     """A conversation that cannot be continued, with what to do about it."""
-
-
-def parse_verdict(text: str) -> int:
-    """The verdict at the end of a verify turn (PAG §3): ``VERDICT_CORRECT`` or ``VERDICT_WRONG`` when
-    the text ends with exactly "The answer is correct." / "The answer is wrong." (trailing whitespace
-    allowed), else ``VERDICT_UNPARSED``."""
-    match = VERDICT_PATTERN.search(text)
-    if match is None:
-        return VERDICT_UNPARSED
-    return VERDICT_CORRECT if match.group(1) == "correct" else VERDICT_WRONG
-
-
-def probability_correct(tokenizer, turn: Segment) -> float:
-    """PAG's self-verification score of a verify turn: the probability of "correct" at the token where
-    the verdict is decided (the first token of its last word), from the turn's log-probs; for a "wrong"
-    verdict 1 − the probability of "wrong"; 0 when the verdict is unparsed."""
-    verdict = parse_verdict(turn.text)
-    if verdict == VERDICT_UNPARSED:
-        return 0.0
-    match = VERDICT_PATTERN.search(turn.text)
-    assert match is not None
-    word_start = match.start(1)
-    for i in range(len(turn.token_ids)):  # the token whose text reaches into the verdict word
-        if len(tokenizer.decode(turn.token_ids[: i + 1], skip_special_tokens=True)) > word_start:
-            p = math.exp(turn.logprobs[i])
-            return p if verdict == VERDICT_CORRECT else 1.0 - p
-    return 0.0
-
-
-@dataclass(frozen=True)
-class PAGRule(Environment):
-    """PAG's selective revision (§3), as an environment: attempt → verify → (only after "wrong") revise → verify → ...
-
-    At most ``max_attempts`` policy turns, and no verify turn after the last one (the release's
-    default).  An unparsed verdict ends the conversation in training (reward 0, no revision) and counts
-    as "wrong" at evaluation (``revise_unparsed``), as the release does.  Its rewards are PAG's (eq 1),
-    from the verifier's verdict on every attempt (``training/rollouts/conversation_stage.py``)."""
-
-    max_attempts: int = 2
-    revise_unparsed: bool = False
-
-    def step(self, episode: Conversation) -> Step:
-        last = episode.turns()[-1]
-        if last.role == ROLE_POLICY:
-            if len(episode.turns(ROLE_POLICY)) >= self.max_attempts:
-                return Step()
-            return Step(Injection(PAG_VERIFY_PROMPT, ROLE_VERIFIER))
-        verdict = parse_verdict(last.text)
-        if verdict == VERDICT_WRONG or (verdict == VERDICT_UNPARSED and self.revise_unparsed):
-            return Step(Injection(PAG_REVISE_PROMPT, ROLE_POLICY))
-        return Step()
-
-
-@dataclass(frozen=True)
-class DirectRevisionRule(Environment):
-    """PAG's Direct MultiTurn baseline: revise after every attempt, up to ``max_attempts``, never verify."""
-
-    max_attempts: int = 2
-
-    def step(self, episode: Conversation) -> Step:
-        if len(episode.turns(ROLE_POLICY)) >= self.max_attempts:
-            return Step()
-        return Step(Injection(DIRECT_REVISE_PROMPT, ROLE_POLICY))
 
 
 @dataclass(frozen=True)

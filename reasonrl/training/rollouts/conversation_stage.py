@@ -31,23 +31,16 @@ from reasonrl.data.source import TrainingStream
 from reasonrl.reward.verifier_protocol import RewardResult
 from reasonrl.rollout.multiturn.conversations import (
     INJECTED_TURN_TOKENS,
-    ROLE_POLICY,
-    Conversation,
-    DirectRevisionRule,
-    Environment,
-    PAGRule,
-    ToolOutput,
     ToolRule,
     conversation_tensors,
-    native_tool_format,
-    parse_verdict,
     run_conversations,
     start_conversations,
 )
 from reasonrl.rollout.multiturn.environments import Countdown, environment_class
-from reasonrl.rollout.multiturn.episodes import batch_started
+from reasonrl.rollout.multiturn.episodes import ROLE_POLICY, Conversation, Environment, batch_started
 from reasonrl.rollout.multiturn.openenv_environments import OPENENV_PREFIX, OpenEnvEnvironment
-from reasonrl.rollout.multiturn.tool_calls import hermes_tool_prompt, with_tool_prompt
+from reasonrl.rollout.multiturn.pag_rules import DirectRevisionRule, PAGRule, parse_verdict
+from reasonrl.rollout.multiturn.tool_calls import ToolOutput, hermes_tool_prompt, native_tool_format, with_tool_prompt
 from reasonrl.rollout.multiturn.trl_environments import TRLEnvironment
 from reasonrl.timing import timed
 from reasonrl.training.rollouts.episode_rewards import EpisodeRewards, EpisodeScore
