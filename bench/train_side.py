@@ -220,9 +220,14 @@ class ReasonrlPasses:
             *applied,
         ]
         cfg = load_config("grpo", overrides)
-        self.budget = microbatch_token_budget(cfg, self.device.type)
         self.updater = None  # the previous cap's optimiser states go before the next ones come
-        self.updater = build_policy_updater(cfg, resolve(cfg), self.policy, self.budget, SingleProcess())
+        if takes(build_policy_updater, "microbatch_tokens"):  # a reasonrl from before the plan held the budget
+            self.budget = microbatch_token_budget(cfg, self.device.type)
+            self.updater = build_policy_updater(cfg, resolve(cfg), self.policy, self.budget, SingleProcess())
+        else:
+            plan = resolve(cfg, self.device.type, 1)
+            self.budget = plan.microbatch_tokens
+            self.updater = build_policy_updater(cfg, plan, self.policy, SingleProcess())
         return {"microbatch_tokens": self.budget, "overrides": overrides, "not_in_this_reasonrl": sorted(
             set(wanted) - set(applied)), "memory_plan_gib": self.planned_gib(cfg)}  # fmt: skip
 
