@@ -28,8 +28,8 @@ from pathlib import Path
 from reasonrl import jobs
 from reasonrl.config import ConfigError, list_presets, load_config, resolve
 from reasonrl.config.docs import field_docs
+from reasonrl.config.ranges import finite_number
 from reasonrl.config.render import render_yaml
-from reasonrl.config.validate import finite_number
 from reasonrl.errors import ReasonRLError
 from reasonrl.train_command import DEFAULT_PRESET, cmd_train, main_rank
 from reasonrl.version import __version__

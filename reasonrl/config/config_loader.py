@@ -22,8 +22,9 @@ import yaml
 
 from reasonrl.algo.presets import PRESETS as ALGO_PRESETS
 from reasonrl.config.config_error import ConfigError, listing
+from reasonrl.config.ranges import finite_number
 from reasonrl.config.schema import Config
-from reasonrl.config.validate import finite_number, validate
+from reasonrl.config.validate import validate
 
 PRESET_DIR = Path(__file__).parent / "presets"
 META_KEYS = ("preset", "algo_preset", "description", "paper", "status")

@@ -1,121 +1,23 @@
-"""Cross-field checks that run before anything heavy loads.
+"""Cross-field checks that run before anything heavy loads, and ``NOT_RUN_TOGETHER``: every combination of modes
+reasonrl refuses, in one table (a new mode adds its rows there).  Single settings' ranges are ``config/ranges.py``'s.
 
 Every problem is reported at once, each with the keys involved and a way to fix it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from reasonrl.config.combinations import RunFacts, data_parallel_size, not_run_together
 from reasonrl.config.config_error import listing
+from reasonrl.config.ranges import non_finite_settings, range_problems
 from reasonrl.config.schema import Config
 
 
 def _divisors_near(n: int, target: int, count: int = 3) -> list[int]:
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     return sorted(sorted(divisors, key=lambda d: abs(d - target))[:count])
-
-
-FLOAT32_MAX = 3.4028234663852886e38
-"""The largest float32: the trainer's tensors, and so every number setting and reward, stay within ±FLOAT32_MAX."""
-
-
-def finite_number(value: float) -> bool:
-    """Whether a number setting means something: finite, and finite in float32 too (1e39 is a Python float but
-    inf in a tensor; torch refuses a learning rate of 1e39 with a traceback)."""
-    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
-
-
-def non_finite_settings(settings: Any, prefix: str = "") -> list[str]:
-    """A problem per number setting of ``settings`` (a settings dataclass, groups included) that is NaN, an
-    infinity or beyond float32's range: no setting means anything there (a Config built in Python skips the
-    loader's check)."""
-    problems = []
-    for item in dataclasses.fields(settings):
-        value, key = getattr(settings, item.name), f"{prefix}{item.name}"
-        if dataclasses.is_dataclass(value):
-            problems += non_finite_settings(value, f"{key}.")
-            continue
-        values = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(v, float) and not finite_number(v) for v in values):
-            problems.append(f"{key}: expected a finite number, got {value!r}")
-    return problems
-
-
-def _ranges(cfg: Config) -> list[str]:
-    """Single-field range checks."""
-    a, r, t = cfg.algo, cfg.rollout, cfg.train
-    checks = [
-        (r.rollout_prompts >= 1, "rollout.rollout_prompts must be >= 1"),
-        (r.samples_per_prompt >= 1, "rollout.samples_per_prompt must be >= 1"),
-        (r.max_prompt_tokens >= 1, "rollout.max_prompt_tokens must be >= 1"),
-        (r.max_response_tokens >= 1, "rollout.max_response_tokens must be >= 1"),
-        (r.temperature > 0, "rollout.temperature must be > 0"),
-        (0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
-        (r.top_k is None or r.top_k >= 1, "rollout.top_k must be >= 1 (or null to disable)"),
-        (r.fire.temperature > 0, "rollout.fire.temperature must be > 0"),
-        (r.fire.top_k >= 1, "rollout.fire.top_k must be >= 1"),
-        (0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization must be in (0, 1]"),
-        (r.vllm.tensor_parallel_size >= 1, "rollout.vllm.tensor_parallel_size must be >= 1"),
-        (r.vllm.cpu_kv_cache_gib >= 1, "rollout.vllm.cpu_kv_cache_gib must be >= 1"),
-        (r.vllm.weight_bucket_mb >= 1, "rollout.vllm.weight_bucket_mb must be >= 1"),
-        (
-            # a response cap below 1 is its own problem: no position is checked against it
-            bool(r.fire.positions)
-            and (r.max_response_tokens < 1 or all(0 <= p < r.max_response_tokens for p in r.fire.positions)),
-            "rollout.fire.positions must be response positions in [0, rollout.max_response_tokens)",
-        ),
-        (0 <= a.gamma <= 1, "algo.gamma must be in [0, 1]"),
-        (0 <= a.lambda_policy <= 1, "algo.lambda_policy must be in [0, 1]"),
-        (0 <= a.lambda_critic <= 1, "algo.lambda_critic must be in [0, 1]"),
-        (a.length_alpha > 0, "algo.length_alpha must be > 0"),
-        (0 <= a.eps_low < 1, "algo.eps_low must be in [0, 1)"),
-        (a.eps_high >= 0, "algo.eps_high must be >= 0"),
-        (a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip must be > 1 (or null to disable)"),
-        (a.loss_agg_constant is None or a.loss_agg_constant > 0, "algo.loss_agg_constant must be > 0"),
-        (a.nll_weight >= 0, "algo.nll_weight must be >= 0"),
-        (a.kl_coef >= 0, "algo.kl_coef must be >= 0"),
-        (a.kl_target > 0, "algo.kl_target must be > 0"),
-        (a.kl_horizon >= 1, "algo.kl_horizon must be >= 1"),
-        (a.value_clip is None or a.value_clip > 0, "algo.value_clip must be > 0 (or null to disable)"),
-        (a.value_pretrain_steps >= 0, "algo.value_pretrain_steps must be >= 0"),
-        (a.oversample_factor >= 1, "algo.oversample_factor must be >= 1"),
-        (a.max_generation_passes >= 0, "algo.max_generation_passes must be >= 0 (0 = unlimited)"),
-        (a.overlong_penalty_factor >= 0, "algo.overlong_penalty_factor must be >= 0"),
-        (cfg.model.lora_rank >= 0, "model.lora_rank must be >= 0 (0 = full fine-tuning)"),
-        (cfg.model.lora_alpha > 0, "model.lora_alpha must be > 0"),
-        (bool(cfg.model.lora_target_modules), "model.lora_target_modules must name layers (or be all-linear)"),
-        (t.rollout_steps >= 1, "train.rollout_steps must be >= 1"),
-        (t.lr > 0, "train.lr must be > 0"),
-        (t.warmup_rollout_steps >= 0, "train.warmup_rollout_steps must be >= 0"),
-        (t.weight_decay >= 0, "train.weight_decay must be >= 0"),
-        (t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be > 0 (or null to disable)"),
-        (t.epochs_per_rollout >= 1, "train.epochs_per_rollout must be >= 1"),
-        (t.minibatch_sequences >= 1, "train.minibatch_sequences must be >= 1"),
-        (t.constant_reward_stop_steps >= 0, "train.constant_reward_stop_steps must be >= 0 (0 = never stop)"),
-        (cfg.critic.lr is None or cfg.critic.lr > 0, "critic.lr must be > 0 (or null for 2 × train.lr)"),
-        (cfg.reward.timeout_seconds > 0, "reward.timeout_seconds must be > 0"),
-        (cfg.reward.workers >= 1, "reward.workers must be >= 1"),
-        (cfg.reward.max_error_fraction > 0, "reward.max_error_fraction must be > 0 (1 = stop when every call fails)"),
-        (cfg.data.eval_prompts >= 0, "data.eval_prompts must be >= 0"),
-        (cfg.data.arithmetic_digits >= 1, "data.arithmetic_digits must be >= 1"),
-        (
-            bool(cfg.data.arithmetic_operations) and set(cfg.data.arithmetic_operations) <= set("+-*"),
-            "data.arithmetic_operations must be made of the operators + - *",
-        ),
-        (cfg.run.eval_every >= 1, "run.eval_every must be >= 1"),
-        (cfg.run.save_every >= 1, "run.save_every must be >= 1"),
-        (cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1"),
-        (cfg.run.log_samples >= 0, "run.log_samples must be >= 0 (0 = none)"),
-        (
-            cfg.run.threads is None or cfg.run.threads >= 1,
-            "run.threads must be >= 1 (or null: chosen from the free cores)",
-        ),
-    ]
-    return [message for ok, message in checks if not ok]
 
 
 def _batch_sizes(cfg: Config) -> list[str]:
@@ -361,6 +263,137 @@ def _asynchronous(cfg: Config) -> list[str]:
     return problems
 
 
+def data_parallel_size(cfg: Config) -> int:
+    """How many data-parallel trainer ranks the run has: dist.trainer_workers with Ray, the torchrun
+    world size (WORLD_SIZE) with torch (or auto under torchrun), else 1."""
+    backend = cfg.dist.backend
+    if backend == "ray":
+        return cfg.dist.trainer_workers
+    if backend in ("torch", "auto"):
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    return 1
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What decides whether settings run together beyond the settings themselves, known once a run starts
+    (``setup``); ``validate`` checks the settings alone, with these at their defaults."""
+
+    vision_language: bool = False
+    """The policy is a vision-language model (known from its config)."""
+    engine_given: bool = False
+    """The run was given an engine object (the Python API, tests) rather than building one from the settings."""
+
+
+@dataclass(frozen=True)
+class NotRunTogether:
+    """A combination reasonrl does not run: ``first`` with ``second``, refused with ``fix`` (what to change and
+    why) wherever ``combined`` holds."""
+
+    first: str
+    second: str
+    combined: Callable[[Config, RunFacts], bool]
+    fix: str
+
+    def message(self) -> str:
+        return f"{self.first} does not run with {self.second}: {self.fix}"
+
+
+def _async(cfg: Config) -> bool:
+    return cfg.rollout.max_staleness >= 1
+
+
+def _multiturn(cfg: Config) -> bool:
+    return cfg.rollout.multiturn != "none"
+
+
+def _tppo(cfg: Config) -> bool:
+    return cfg.algo.window_tokens is not None
+
+
+VLM = "a vision-language model"
+VLM_FIX = "train it with single-turn rollouts, full fine-tuning, in one process (not supported yet)"
+NOT_RUN_TOGETHER: tuple[NotRunTogether, ...] = (
+    # T-PPO's truncated rollouts continue responses across steps
+    NotRunTogether("algo.window_tokens (T-PPO)", "algo.dynamic_sampling",
+                   lambda c, _: _tppo(c) and c.algo.dynamic_sampling,
+                   "dynamic sampling regenerates whole groups, which truncated rollouts never wait for; "
+                   "set algo.dynamic_sampling=false"),
+    NotRunTogether("algo.window_tokens (T-PPO)", "rollout.fire", lambda c, _: _tppo(c) and c.rollout.fire.enabled,
+                   "FIRE samples fixed response positions in one call, but truncated rollouts continue responses "
+                   "across calls; set rollout.fire.enabled=false"),
+    # multi-turn conversations
+    NotRunTogether("rollout.multiturn", "algo.window_tokens (T-PPO)", lambda c, _: _multiturn(c) and _tppo(c),
+                   "turn one off"),
+    NotRunTogether("rollout.multiturn", "algo.dynamic_sampling",
+                   lambda c, _: _multiturn(c) and c.algo.dynamic_sampling, "turn one off"),
+    NotRunTogether("rollout.multiturn", "rollout.fire", lambda c, _: _multiturn(c) and c.rollout.fire.enabled,
+                   "turn one off"),
+    NotRunTogether("rollout.multiturn", "algo.overlong=soft",
+                   lambda c, _: _multiturn(c) and c.algo.overlong == "soft",
+                   "the soft penalty is per single-turn response; turn one off"),
+    # dense process rewards score whole single-turn responses
+    NotRunTogether("reward.prm_dense", "rollout.multiturn",
+                   lambda c, _: c.reward.prm_dense != "off" and _multiturn(c),
+                   "it scores whole single-turn responses; turn one off"),
+    NotRunTogether("reward.prm_dense", "algo.window_tokens (T-PPO)",
+                   lambda c, _: c.reward.prm_dense != "off" and _tppo(c),
+                   "it scores whole responses, not windows; turn one off"),
+    # offline data and precision
+    NotRunTogether("algo.offline", "data parallelism (torchrun or Ray trainers)",
+                   lambda c, _: c.algo.offline != "none" and data_parallel_size(c) > 1,
+                   "an offline run trains in one process; run it without torchrun or Ray trainers"),
+    NotRunTogether("train.param_dtype=bfloat16", "model.dtype=float32",
+                   lambda c, _: c.train.param_dtype == "bfloat16" and c.model.dtype == "float32",
+                   "bf16 trained weights cannot run float32 forward passes; set model.dtype=bfloat16 (or auto), "
+                   "or train.param_dtype=float32"),
+    # the asynchronous producer (rollout.max_staleness >= 1; docs/async.md)
+    NotRunTogether("rollout.max_staleness>=1 with rollout.partial_rollouts", "algo.window_tokens (T-PPO)",
+                   lambda c, _: _async(c) and c.rollout.partial_rollouts and _tppo(c),
+                   "T-PPO's windows already continue responses under the weights of the steps after (not yet)"),
+    NotRunTogether("rollout.max_staleness>=1 with rollout.partial_rollouts", "rollout.multiturn",
+                   lambda c, _: _async(c) and c.rollout.partial_rollouts and _multiturn(c),
+                   "a conversation's turns do not keep each token's policy version (not yet)"),
+    NotRunTogether("rollout.max_staleness>=1", "algo.offline", lambda c, _: _async(c) and c.algo.offline != "none",
+                   "an offline run generates nothing"),
+    NotRunTogether("rollout.max_staleness>=1", "reward.prm_dense",
+                   lambda c, _: _async(c) and c.reward.prm_dense != "off",
+                   "the process reward model is loaded by the trainer (not yet)"),
+    NotRunTogether("rollout.max_staleness>=1", "an engine object given to the run",
+                   lambda c, facts: _async(c) and facts.engine_given,
+                   "the producer process builds its engine from the config: a run given its own engine object "
+                   "runs synchronously (max_staleness=0)"),
+    # a vision-language policy
+    NotRunTogether(VLM, "rollout.multiturn", lambda c, facts: facts.vision_language and _multiturn(c), VLM_FIX),
+    NotRunTogether(VLM, "algo.window_tokens (T-PPO)", lambda c, facts: facts.vision_language and _tppo(c), VLM_FIX),
+    NotRunTogether(VLM, "algo.offline", lambda c, facts: facts.vision_language and c.algo.offline != "none",
+                   VLM_FIX),
+    NotRunTogether(VLM, "model.lora_rank", lambda c, facts: facts.vision_language and bool(c.model.lora_rank),
+                   VLM_FIX),
+    NotRunTogether(VLM, "data parallelism", lambda c, facts: facts.vision_language and data_parallel_size(c) > 1,
+                   VLM_FIX),
+    NotRunTogether(VLM, "dist.backend=ray", lambda c, facts: facts.vision_language and c.dist.backend == "ray",
+                   VLM_FIX),
+    NotRunTogether(VLM, "reward.prm_dense (a text PRM)",
+                   lambda c, facts: facts.vision_language and c.reward.prm_dense != "off", VLM_FIX),
+    NotRunTogether(VLM, "critic.init=reward_model or prm (a text model)",
+                   lambda c, facts: facts.vision_language and c.critic.init in ("reward_model", "prm"), VLM_FIX),
+)  # fmt: skip
+"""Every combination of modes reasonrl refuses, in one place: a new mode adds its rows here."""
+
+
+def not_run_together(cfg: Config, facts: RunFacts) -> list[str]:
+    """The message of every row of ``NOT_RUN_TOGETHER`` that ``cfg`` (with ``facts``) combines."""
+    return [row.message() for row in NOT_RUN_TOGETHER if row.combined(cfg, facts)]
+
+
+def refuse_not_run_together(cfg: Config, facts: RunFacts) -> None:
+    """Raise ConfigError listing what ``cfg`` combines that does not run together, facts of the run included."""
+    problems = not_run_together(cfg, facts)
+    if problems:
+        raise listing(problems)
+
+
 def _run_name(cfg: Config) -> list[str]:
     """``run.name`` is one directory inside ``run.output_dir``, the only place a run writes or removes files."""
     name = cfg.run.name
@@ -376,7 +409,7 @@ def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem of ``cfg`` (nothing heavy is imported or loaded)."""
     problems = (
         non_finite_settings(cfg)
-        + _ranges(cfg)
+        + range_problems(cfg)
         + _run_name(cfg)
         + _batch_sizes(cfg)
         + _algorithm(cfg)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.config.validate import FLOAT32_MAX
+from reasonrl.config.ranges import FLOAT32_MAX
 from reasonrl.data.examples import Example
 from reasonrl.errors import ReasonRLError
 from reasonrl.reward.scoring_pool import ScoringPool

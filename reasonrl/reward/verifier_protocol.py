@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from reasonrl.config.validate import finite_number
+from reasonrl.config.ranges import finite_number
 
 if TYPE_CHECKING:
     from reasonrl.data.examples import Example

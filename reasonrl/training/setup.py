@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +14,8 @@ import torch
 
 from reasonrl.algo.kl import AdaptiveKLController, FixedKLController
 from reasonrl.config import Config, Plan, resolve
-from reasonrl.config.combinations import RunFacts, refuse_not_run_together
 from reasonrl.config.plan import vllm_engine_options
+from reasonrl.config.validate import RunFacts, refuse_not_run_together
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.models.forward import packing_refusal
@@ -33,18 +30,16 @@ from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.tppo_pool import RolloutPool
 from reasonrl.training.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.training.placement.cpu_threads import apply_threads
-from reasonrl.training.placement.parallel import DataParallel, RankZeroEngine, RemoteWorkers
+from reasonrl.training.placement.parallel import DataParallel, RemoteWorkers
 from reasonrl.training.record.run_health import RunHealth
 from reasonrl.training.record.sample_log import SampleLog
 from reasonrl.training.record.trackers import Tracker
-from reasonrl.training.rollouts.async_rollouts import AsyncRollouts, PublishingEngine
+from reasonrl.training.rollout_setup import asynchronous_rollouts, training_rollouts
 from reasonrl.training.rollouts.conversation_stage import (
     ConversationCollector,
 )
-from reasonrl.training.rollouts.engine_versions import EngineVersions, EvaluationEngine, ProducerEngine
 from reasonrl.training.rollouts.process_rewards import ProcessRewards
-from reasonrl.training.rollouts.producer import ProducerPolicy, ProducerProcess, ProducerThread, producer_gpu
-from reasonrl.training.rollouts.rollout_stage import PoolCollector, RolloutCollector, RolloutSettings, RolloutStage
+from reasonrl.training.rollouts.rollout_stage import RolloutCollector, RolloutSettings, RolloutStage
 from reasonrl.training.run_inputs import (
     build_scorer,
     check_prompts,
@@ -303,7 +298,10 @@ def setup(
     settings = RolloutSettings.of(cfg, plan)
     collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, encoder, process_rewards)
     critic = build_critic(cfg, plan, device, backend) if plan.uses_critic else None  # (after: the RNG's order)
-    rollout = producer or training_rollouts(cfg, collector, rollout_pool)
+    # an environment run's evaluation plays episodes: the training rollouts' own conversations (one environment,
+    # one sandbox, one connection for both), or its own where an asynchronous run's producer plays elsewhere
+    episodes = ConversationCollector(collector) if cfg.rollout.multiturn in ("tool", "env") else None
+    rollout = producer or training_rollouts(cfg, collector, rollout_pool, conversations=episodes)
     return Run(
         cfg=cfg,
         plan=plan,
@@ -313,9 +311,7 @@ def setup(
         tokenizer=tokenizer,
         engine=engine,
         reference=reference,
-        evaluation=HeldOutEvaluation(
-            scorer=scorer, encoder=encoder, episodes=evaluation_episodes(cfg, rollout, collector)
-        ),
+        evaluation=HeldOutEvaluation(scorer=scorer, encoder=encoder, episodes=episodes),
         collector=collector,
         rollout=rollout,
         updater=updater,
@@ -324,120 +320,3 @@ def setup(
         offline=offline,
         health=RunHealth(engine_name(cfg, device.type), cfg.train.constant_reward_stop_steps),
     )
-
-
-def asynchronous_rollouts(
-    cfg: Config,
-    plan: Plan,
-    backend: TrainingBackend,
-    model: torch.nn.Module,
-    engine: RolloutEngine,
-    workers: RemoteWorkers | None,
-    stream: TrainingStream,
-    verifier: Verifier | None,
-    rollout_pool: RolloutPool | None,
-) -> tuple[AsyncRollouts, RolloutEngine]:
-    """The producer of an asynchronous run (rollout.max_staleness ≥ 1) and the engine the trainer then
-    evaluates with, which publishes each update's weights to the producer.
-
-    A producer process builds its own engine and scorer. With remote workers (Ray) the producer is a thread of
-    rank 0 that generates on the rollout workers and scores on the reward workers; evaluation shares the
-    rollout workers, each call at its own version (``EngineVersions``), and rank 0 alone calls them, for
-    every rank (``RankZeroEngine``): only rank 0 knows which version they hold."""
-    current = lambda: backend.engine_weights(model, engine)  # noqa: E731
-    parallel = backend.parallel
-    if workers is None:
-        transport = ProducerProcess(
-            producer_collector, verifier, spare_gpu(plan), share_cores=plan.device_type == "cpu"
-        )
-        producer = AsyncRollouts(cfg, plan, transport, stream, current, rollout_pool, parallel)
-        return producer, PublishingEngine(engine, producer)
-    versions = EngineVersions(workers.engine) if parallel.is_main else None
-    build = functools.partial(shared_engine_collector, versions, workers.scorer)
-    producer = AsyncRollouts(cfg, plan, ProducerThread(build, versions), stream, current, rollout_pool, parallel)
-    evaluation = RankZeroEngine(EvaluationEngine(versions) if versions else workers.engine, parallel)
-    return producer, PublishingEngine(evaluation, producer)
-
-
-def evaluation_episodes(
-    cfg: Config, rollout: RolloutStage, collector: RolloutCollector
-) -> ConversationCollector | None:
-    """The held-out episodes of an environment run (rollout.multiturn tool or env): the training rollouts where
-    they are conversations (one environment, one sandbox, one connection for both), else conversations of their
-    own (an asynchronous run's producer plays its own elsewhere); None for a run whose evaluation answers in one
-    turn."""
-    if cfg.rollout.multiturn not in ("tool", "env"):
-        return None
-    return rollout if isinstance(rollout, ConversationCollector) else ConversationCollector(collector)
-
-
-def spare_gpu(plan: Plan) -> str | None:
-    """The GPU an asynchronous run's producer takes: one that no trainer rank on this machine uses."""
-    if plan.device_type != "cuda":
-        return None
-    trainer_gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return producer_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), trainer_gpus)
-
-
-def producer_collector(
-    cfg: Config, plan: Plan, state: dict, verifier: Verifier | None, policy: ProducerPolicy
-) -> RolloutStage:
-    """The rollout producer's collector (rollout.max_staleness ≥ 1), built in its own process from the
-    config (and the run's own ``verifier``, pickled across): the policy's engine as ``policy`` wraps it
-    (its weights come from the trainer before the first batch) and the scorer (``producer_rollouts``)."""
-    device = resolve_device(cfg.model.device)  # "cuda" is the producer's own GPU (its CUDA_VISIBLE_DEVICES)
-    dtype = getattr(torch, plan.forward_dtype)
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    model = load_model(cfg.model.name_or_path, dtype, plan.attention, device)
-    engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
-    scorer = build_scorer(cfg, dtype, device, verifier, preflight(cfg))
-    return producer_rollouts(cfg, plan, state, policy, policy.engine_for(engine), scorer, tokenizer)
-
-
-def shared_engine_collector(
-    versions: EngineVersions,
-    scorer: Scorer,
-    cfg: Config,
-    plan: Plan,
-    state: dict,
-    verifier: Any,
-    policy: ProducerPolicy,
-) -> RolloutStage:
-    """The collector of a producer thread on remote engines (dist.backend=ray): the rollout workers at the
-    producer's version (``versions``) and the reward workers (``scorer``), both shared with evaluation."""
-    tokenizer = load_tokenizer(cfg.model.name_or_path)  # its own: a thread does not share the trainer's
-    engine = policy.engine_for(ProducerEngine(versions))
-    return producer_rollouts(cfg, plan, state, policy, engine, scorer, tokenizer)
-
-
-def producer_rollouts(
-    cfg: Config, plan: Plan, state: dict, policy: ProducerPolicy, engine: RolloutEngine, scorer: Scorer, tokenizer
-) -> RolloutStage:
-    """The producer's rollouts through ``engine`` and ``scorer``: its own prompt stream at ``state["stream"]``,
-    T-PPO's pool at ``state["pool"]`` or multi-turn conversations where the run has them, each batch tagged
-    with the version ``policy`` holds."""
-    stream = TrainingStream(data_spec(cfg), cfg.run.seed)
-    stream.load_state_dict(state["stream"])
-    rollout_pool = None
-    if cfg.algo.window_tokens:
-        rollout_pool = RolloutPool(plan.sequences_per_rollout, cfg.algo.window_tokens, cfg.rollout.max_response_tokens)
-        rollout_pool.load_state_dict(state["pool"])
-    settings = RolloutSettings.of(cfg, plan)
-    collector = RolloutCollector(settings, engine, tokenizer, scorer, stream, prompt_encoder(cfg, tokenizer))
-    return training_rollouts(cfg, collector, rollout_pool, sampling_version=lambda step: policy.loaded)
-
-
-def training_rollouts(
-    cfg: Config,
-    collector: RolloutCollector,
-    pool: RolloutPool | None,
-    sampling_version: Callable[[int], int] | None = None,
-) -> RolloutStage:
-    """The rollouts each step trains on: T-PPO's windows of ``pool`` (sampled with the policy version
-    ``sampling_version(step)``: step − 1 by default), multi-turn conversations (rollout.multiturn), else
-    ``collector``'s synchronous single-turn ones."""
-    if pool is not None:
-        return PoolCollector(collector, pool, sampling_version)
-    if cfg.rollout.multiturn != "none":
-        return ConversationCollector(collector)
-    return collector

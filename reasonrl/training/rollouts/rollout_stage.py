@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 class RolloutStage(Protocol):
     """Where each step's batch comes from: every way a run produces it implements this (``RolloutCollector``:
     synchronous single-turn rollouts; ``PoolCollector``: T-PPO's windows; ``ConversationCollector``: multi-turn
-    episodes; ``AsyncRollouts``: any of them in a producer ahead of the trainer), and ``setup.training_rollouts``
-    is the one place that picks it from the settings.
+    episodes; ``AsyncRollouts``: any of them in a producer ahead of the trainer), and
+    ``training.rollout_setup.training_rollouts`` is the one place that picks it from the settings.
 
     Its state is what a checkpoint keeps of it so a resumed run continues exactly: the prompt stream's position
     (``stream``), and T-PPO's sequences in flight (``pool``) where it has them."""
