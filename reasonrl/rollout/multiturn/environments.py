@@ -7,13 +7,13 @@
   own check, else 0.
 - ``guess_number``: guess the secret number of the row (``data/guess_number.py``); after each wrong guess the
   environment says "higher" or "lower".  The turn that guesses it is rewarded 1 and ends the game.
-- ``python``: the python tool (``rollout/conversations.ToolRule``; the same as ``rollout.multiturn=tool``).
+- ``python``: the python tool (``rollout/multiturn/conversations.ToolRule``; the same as ``rollout.multiturn=tool``).
 
 A user's environment is a class named ``module:Class`` or ``path/to/file.py:Class``, loaded like
 ``reward.functions`` (``reward/custom.load_named``: loading it is the user's choice; nothing generated is
 ever loaded or run) and built with no arguments; docs/environments.md says what it implements.  A TRL
 ``environment_factory`` class (``reset`` and tool methods, no ``step`` or ``finish``) is played through
-``rollout/trl_environments.TRLEnvironment``.
+``rollout/multiturn/trl_environments.TRLEnvironment``.
 """
 
 from __future__ import annotations
