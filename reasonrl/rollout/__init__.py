@@ -21,7 +21,8 @@ def build_engine(
     vllm_options: Mapping[str, Any] | None = None,
     **options,
 ) -> RolloutEngine:
-    """The engine called ``name`` (``fast``, ``hf``, ``vllm`` or ``auto``), serving its own copy of ``model``'s weights.
+    """The engine called ``name`` (``fast``, ``hf``, ``paged``, ``vllm`` or ``auto``), serving its own copy of
+    ``model``'s weights.
 
     ``options`` go to any engine; ``vllm_options`` (rollout.vllm settings) only to the vLLM engine.
 
@@ -50,6 +51,10 @@ def build_engine(
         from reasonrl.rollout.hf import HFEngine
 
         return HFEngine(model, tokenizer, **options)
+    if name == "paged":
+        from reasonrl.rollout.paged import PagedEngine
+
+        return PagedEngine(model, tokenizer, **options)
     if name == "fast":
         from reasonrl.rollout.fast import FastEngine
 
@@ -58,4 +63,4 @@ def build_engine(
         from reasonrl.rollout.vllm import VLLMEngine
 
         return VLLMEngine(model, tokenizer, **options, **(vllm_options or {}))
-    raise ValueError(f"unknown rollout engine {name!r}; available: auto, fast, hf, vllm")
+    raise ValueError(f"unknown rollout engine {name!r}; available: auto, fast, hf, paged, vllm")

@@ -148,6 +148,15 @@ class EngineWrapper(RolloutEngine):
         self.engine.sleep()
 
 
+def stop_token_ids_of(model, tokenizer) -> frozenset[int]:
+    """The token ids that end a completion of ``model``: its generation config's eos ids and the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    stop = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        stop.add(tokenizer.eos_token_id)
+    return frozenset(stop)
+
+
 def finish(token_ids: list[int], logprobs: list[float], stop_ids: frozenset[int], max_new_tokens: int) -> Completion:
     """Cut generated ids at the first stop token (kept) within the cap, and label the finish reason."""
     for i, token in enumerate(token_ids[:max_new_tokens]):

@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.models.load import ModelError
-from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, request_seed
+from reasonrl.rollout.engine_protocol import Completion, RolloutEngine, SamplingParams, request_seed, stop_token_ids_of
 from reasonrl.rollout.sampling import sample_tokens
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -177,12 +177,8 @@ class FastEngine(RolloutEngine):
         self.w = _Weights(model, self.dtype)
         self.max_batch_sequences = max_batch_sequences
         self.prefill_tokens = prefill_tokens
-        eos = model.generation_config.eos_token_id
-        stop = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if tokenizer.eos_token_id is not None:
-            stop.add(tokenizer.eos_token_id)
-        self.stop_token_ids = frozenset(stop)
-        self._stop = torch.tensor(sorted(stop), dtype=torch.long)
+        self.stop_token_ids = stop_token_ids_of(model, tokenizer)
+        self._stop = torch.tensor(sorted(self.stop_token_ids), dtype=torch.long)
         inv_freq = 1.0 / (self.w.rope_theta ** (torch.arange(0, self.w.head_dim, 2).float() / self.w.head_dim))
         self._inv_freq = inv_freq
         self._cos = self._sin = torch.empty(0)

@@ -19,6 +19,7 @@ from reasonrl.rollout.engine_protocol import (
     finish,
     first_token_fire,
     request_seed,
+    stop_token_ids_of,
 )
 from reasonrl.rollout.sampling import sampling_logprobs
 
@@ -67,12 +68,8 @@ class HFEngine(RolloutEngine):
     ) -> None:
         self.model = copy.deepcopy(model).to(dtype or next(model.parameters()).dtype).eval()
         self.max_batch_sequences = max_batch_sequences
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if tokenizer.eos_token_id is not None:
-            eos_ids.add(tokenizer.eos_token_id)
-        self.stop_token_ids = frozenset(eos_ids)
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+        self.stop_token_ids = stop_token_ids_of(self.model, tokenizer)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_token_ids)
         self.image_token_id = getattr(self.model.config, "image_token_id", None)  # a VLM's image placeholder
 
     def _vision_inputs(self, prompts: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:

@@ -40,6 +40,7 @@ from reasonrl.rollout.engine_protocol import (
     finish,
     first_token_fire,
     request_seed,
+    stop_token_ids_of,
 )
 
 MAX_VLLM_TEMPERATURE = 2.0  # vLLM rejects hotter requests
@@ -208,10 +209,7 @@ class VLLMEngine(RolloutEngine):
         # a reload restores layers that have no weights (rotary embeddings) and warns about each one
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if self.cuda else "cpu")
-        stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        eos = model.generation_config.eos_token_id
-        stop |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.stop_token_ids = frozenset(stop)
+        self.stop_token_ids = stop_token_ids_of(model, tokenizer)
         self.load_weights(model.state_dict())  # serve exactly the trainer's weights
 
     def sleep(self) -> None:

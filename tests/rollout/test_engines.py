@@ -1,4 +1,5 @@
-"""The engine contract, run against the scripted fake engine, hf, fast and vLLM (`make test-vllm`)."""
+"""The engine contract, run against the scripted fake engine, hf, fast, paged (transformers' continuous batching)
+and vLLM (`make test-vllm`)."""
 
 import importlib.util
 
@@ -46,7 +47,7 @@ def scripted(prompt, rng):
     return [*tokens, STOP] if rng.random() < 0.7 else tokens + [7] * 20
 
 
-@pytest.fixture(params=["fake", "hf", "fast", VLLM])
+@pytest.fixture(params=["fake", "hf", "fast", "paged", VLLM])
 def engine(request):
     if request.param == "fake":
         return FakeEngine(scripted, stop_token_ids=[STOP])
@@ -85,7 +86,7 @@ def test_max_tokens_finish_reasons_and_logprob_shapes(engine, max_new_tokens):
             assert not stops and len(c.token_ids) == max_new_tokens
 
 
-@pytest.mark.parametrize("name", ["hf", "fast", VLLM])
+@pytest.mark.parametrize("name", ["hf", "fast", "paged", VLLM])
 def test_logprobs_match_the_trainer_forward(request, name):
     model, engine = served(request, name)
     for temperature in (1.0, 0.7):
@@ -102,7 +103,7 @@ def test_logprobs_match_the_trainer_forward(request, name):
             torch.testing.assert_close(lp[0], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["hf", "fast", VLLM])
+@pytest.mark.parametrize("name", ["hf", "fast", "paged", VLLM])
 def test_load_weights_changes_what_is_served(request, name):
     model, engine = served(request, name)
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
@@ -164,7 +165,7 @@ def test_repeated_prompts_share_one_prefill_and_sample_independently(tiny):
     assert greedy[0] == greedy[1] == greedy[2] == single
 
 
-@pytest.mark.parametrize("name", ["hf", "fast", VLLM])
+@pytest.mark.parametrize("name", ["hf", "fast", "paged", VLLM])
 def test_ignore_stop_generates_exactly_max_new_tokens(request, name):
     engine = served(request, name)[1]
     completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=9, seed=2, ignore_stop=True))

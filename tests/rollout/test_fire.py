@@ -64,7 +64,7 @@ def test_rows_after_the_first_token_sample_exactly_as_without_fire():
     torch.testing.assert_close(mixed_lp[fire_rows], hot.gather(1, mixed[fire_rows][:, None]).squeeze(1))
 
 
-@pytest.mark.parametrize("name", ["hf", "fast"])
+@pytest.mark.parametrize("name", ["hf", "fast", "paged"])
 def test_engines_sample_the_first_token_flaming_hot(name):
     model, tokenizer = load_model("tiny-random"), load_tokenizer("tiny-random")
     engine = build_engine(name, model, tokenizer, dtype=torch.float32)
