@@ -30,9 +30,10 @@ PAGE_TOKENS = 256  # tokens of one cache page (transformers' default)
 PREFILL_TOKENS = 4096  # tokens one forward pass takes at most (prompts are prefilled in chunks of it)
 
 
-def continuous_batching_config():
-    """transformers' ``ContinuousBatchingConfig`` class, refused with its reason where this transformers lacks
-    what the engine needs (continuous batching that returns log-probs and takes a seed)."""
+def continuous_batching_config() -> tuple[type, str]:
+    """transformers' ``ContinuousBatchingConfig`` class and the name of its page-size field (``block_size`` before
+    transformers 5.18, ``page_size`` since), refused with its reason where this transformers lacks what the engine
+    needs (continuous batching that returns log-probs and takes a seed)."""
     import transformers
 
     try:
@@ -40,12 +41,14 @@ def continuous_batching_config():
     except ImportError:
         ContinuousBatchingConfig = None
     fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)} if ContinuousBatchingConfig else set()
-    if not {"return_logprobs", "seed", "num_blocks", "page_size"} <= fields:
+    pages = [name for name in ("page_size", "block_size") if name in fields]
+    needed = {"return_logprobs", "seed", "num_blocks", "max_batch_tokens", "max_requests_per_batch"}
+    if not needed <= fields or not pages:
         raise ModelError(
             f"rollout.engine=paged needs transformers' continuous batching with log-probs and seeds, which "
             f"transformers {transformers.__version__} lacks; use rollout.engine=hf (or vllm)"
         )
-    return ContinuousBatchingConfig
+    return ContinuousBatchingConfig, pages[0]
 
 
 class PagedEngine(HFEngine):
@@ -60,7 +63,8 @@ class PagedEngine(HFEngine):
         dtype: torch.dtype | None = None,
         max_batch_sequences: int = 256,
     ) -> None:
-        self.config_class = continuous_batching_config()  # refused here, before any copy of the weights
+        # refused here, before any copy of the weights
+        self.config_class, self.page_field = continuous_batching_config()
         if hasattr(model.config, "vision_config"):
             raise ModelError("rollout.engine=paged is text-only; a vision-language model generates with hf or vllm")
         super().__init__(model, tokenizer, dtype=dtype, max_batch_sequences=max_batch_sequences)
@@ -78,7 +82,7 @@ class PagedEngine(HFEngine):
         repeated prompts' blocks, which only frees pages), prefill chunks of PREFILL_TOKENS."""
         pages = sum(math.ceil((len(p) + max_new_tokens) / PAGE_TOKENS) for p in prompts)
         return {
-            "page_size": PAGE_TOKENS,
+            self.page_field: PAGE_TOKENS,
             "num_blocks": pages + 1,
             "max_batch_tokens": max(PREFILL_TOKENS, max(len(p) for p in prompts) + 1),
             "max_requests_per_batch": self.max_batch_sequences,

@@ -78,3 +78,22 @@ def test_a_prompt_with_images_is_refused(tiny):
     engine = build_engine("paged", *tiny, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"rollout.engine=paged is text-only"):
         engine.generate([ImagePrompt([1, 2, 3], {"pixel_values": torch.zeros(1, 3, 4, 4)})], SamplingParams(4))
+
+
+def test_the_page_size_goes_by_the_name_this_transformers_gives_it(tiny, monkeypatch):
+    import transformers.generation.configuration_utils as configuration
+
+    @dataclasses.dataclass
+    class ContinuousBatchingConfig517:  # transformers 5.17 (the GPU machines'): block_size, not page_size
+        block_size: int = 256
+        num_blocks: int | None = None
+        max_batch_tokens: int | None = None
+        max_requests_per_batch: int | None = None
+        return_logprobs: bool = False
+        seed: int | None = None
+
+    monkeypatch.setattr(configuration, "ContinuousBatchingConfig", ContinuousBatchingConfig517)
+    engine = build_engine("paged", *tiny, dtype=torch.float32)
+    settings = engine.cache_settings([[1, 2, 3], [4] * 300], max_new_tokens=100)
+    assert settings["block_size"] == 256 and "page_size" not in settings
+    assert settings["num_blocks"] == 1 + 2 + 1  # 103 tokens in one page, 400 in two, one spare
