@@ -16,9 +16,12 @@ step does not stop the ones after it, so one lease brings back every result):
    importable at a version it accepts; the unmet ones are named.
 4. ``pytest``: ``pytest -m gpu``, its results per test in OUT/pytest.json (from its JUnit XML), its output
    in OUT/pytest.log.
-5. the benchmarks (``--benchmarks``, or the environment variable GPU_CHECK_BENCHMARKS; default both), each
+5. the benchmarks (``--benchmarks``, or the environment variable GPU_CHECK_BENCHMARKS; default all), each
    where its file exists (skipped with a note where it does not), its results under OUT/NAME, its output in
    OUT/NAME.log:
+   - ``gpu_rollout``: ``bench/gpu_rollout.py --profile gpu``, generation without vLLM (transformers' ``generate``
+     against its continuous batching, the paged engine's) on the 0.5B and 1.5B shapes at batches 16, 64 and
+     256, within 240 s;
    - ``async_rl``: ``bench/async_rl.py --profile gpu``, synchronous against one-step-off rollouts on a
      random-weight Qwen2.5-1.5B, 4 steps each, within 420 s (about 350 s on an H200);
    - ``train_side``: ``bench/train_side.py --profile gpu``, within what is left of the budget.
@@ -26,8 +29,8 @@ step does not stop the ones after it, so one lease brings back every result):
 
 OUT/gpu_check.json holds the device and each step's status (passed, failed, timed_out, skipped), exit
 code, seconds and note; it is rewritten after every step, so a run stopped from outside still leaves it.
-The whole run keeps within ``--budget`` seconds (default 480: 8 minutes on one H100; both benchmarks whole need
-about 900, more than one lent command: pick one with ``--benchmarks``); the exit code is 0
+The whole run keeps within ``--budget`` seconds (default 480: 8 minutes on one H100; all benchmarks whole need
+more than one lent command: pick them with ``--benchmarks``); the exit code is 0
 when no step failed or timed out.  Only the Python standard library is imported before the install.
 """
 
@@ -50,9 +53,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESERVE_SECONDS = 5  # kept back from every step for writing the results after it
 MIN_STEP_SECONDS = 10  # a step that would get less is skipped, not started
-STEP_BUDGETS = {"install": 60, "device": 60, "requirements": 60, "pytest": 150, "async_rl": 420}  # others: what is left
+STEP_BUDGETS = {"install": 60, "device": 60, "requirements": 60, "pytest": 150, "gpu_rollout": 240, "async_rl": 420}
+"""Each step's limit in seconds; a step not listed gets what is left of the run's budget."""
 # the benchmarks, in the order they run, and their arguments given the folder of their results
 BENCHMARKS = {
+    "gpu_rollout": lambda out: ["--profile", "gpu", "--out", str(out)],
     "async_rl": lambda out: ["--profile", "gpu", "--variants", "sync", "async1", "--seeds", "0",
                              "--out", str(out / "async_rl_gpu.json"), "train.rollout_steps=4"],
     "train_side": lambda out: ["--profile", "gpu", "--out", str(out)],

@@ -51,6 +51,21 @@ def continuous_batching_config() -> tuple[type, str]:
     return ContinuousBatchingConfig, pages[0]
 
 
+def cache_settings(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, page_field: str, max_batch_sequences: int
+) -> dict[str, int]:
+    """The paged cache of one call: pages for every request's prompt and answer cap (without the sharing of
+    repeated prompts' blocks, which only frees pages), prefill chunks of PREFILL_TOKENS, at most
+    ``max_batch_sequences`` requests decoding together; ``page_field``: the name of the page size here."""
+    pages = sum(math.ceil((len(p) + max_new_tokens) / PAGE_TOKENS) for p in prompts)
+    return {
+        page_field: PAGE_TOKENS,
+        "num_blocks": pages + 1,
+        "max_batch_tokens": max(PREFILL_TOKENS, max(len(p) for p in prompts) + 1),
+        "max_requests_per_batch": max_batch_sequences,
+    }
+
+
 class PagedEngine(HFEngine):
     """transformers' ``generate_batch`` (continuous batching, paged attention) behind the engine protocol, on the
     hf engine's copy of the policy (its weights loaded in place, its stop and pad tokens)."""
@@ -77,17 +92,6 @@ class PagedEngine(HFEngine):
             return first_token_fire(self._generate, prompts, params)
         return self._generate(prompts, params)
 
-    def cache_settings(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> dict[str, int]:
-        """The paged cache of one call: pages for every request's prompt and answer cap (without the sharing of
-        repeated prompts' blocks, which only frees pages), prefill chunks of PREFILL_TOKENS."""
-        pages = sum(math.ceil((len(p) + max_new_tokens) / PAGE_TOKENS) for p in prompts)
-        return {
-            self.page_field: PAGE_TOKENS,
-            "num_blocks": pages + 1,
-            "max_batch_tokens": max(PREFILL_TOKENS, max(len(p) for p in prompts) + 1),
-            "max_requests_per_batch": self.max_batch_sequences,
-        }
-
     @torch.no_grad()
     def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         if not prompts:
@@ -106,7 +110,7 @@ class PagedEngine(HFEngine):
         batching = self.config_class(
             return_logprobs=True,
             seed=request_seed(params, 0),  # the call's stream: another share of a batch, another seed
-            **self.cache_settings(prompts, params.max_new_tokens),
+            **cache_settings(prompts, params.max_new_tokens, self.page_field, self.max_batch_sequences),
         )
         outputs = self.model.generate_batch(
             [list(p) for p in prompts],
@@ -118,6 +122,9 @@ class PagedEngine(HFEngine):
         by_index = {int(request.removeprefix("req_")): output for request, output in outputs.items()}
         if sorted(by_index) != list(range(len(prompts))):
             raise RuntimeError(f"transformers' generate_batch answered {len(by_index)} of {len(prompts)} requests")
+        failed = [output.error for output in by_index.values() if output.error]
+        if failed:
+            raise RuntimeError(f"transformers' generate_batch failed {len(failed)} request(s): {failed[0]}")
         return [
             finish(list(by_index[i].generated_tokens), list(by_index[i].logprobs), stop_ids, params.max_new_tokens)
             for i in range(len(prompts))

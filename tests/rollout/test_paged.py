@@ -11,6 +11,7 @@ from reasonrl.batch import ImagePrompt
 from reasonrl.config import load_config
 from reasonrl.models.load import ModelError, load_model, load_tokenizer
 from reasonrl.rollout import SamplingParams, build_engine
+from reasonrl.rollout.paged import cache_settings
 from reasonrl.rollout.sampling import sampling_logprobs
 from reasonrl.training.loop import fit
 from reasonrl.training.record.metrics import read_metrics
@@ -94,6 +95,6 @@ def test_the_page_size_goes_by_the_name_this_transformers_gives_it(tiny, monkeyp
 
     monkeypatch.setattr(configuration, "ContinuousBatchingConfig", ContinuousBatchingConfig517)
     engine = build_engine("paged", *tiny, dtype=torch.float32)
-    settings = engine.cache_settings([[1, 2, 3], [4] * 300], max_new_tokens=100)
+    settings = cache_settings([[1, 2, 3], [4] * 300], 100, engine.page_field, engine.max_batch_sequences)
     assert settings["block_size"] == 256 and "page_size" not in settings
     assert settings["num_blocks"] == 1 + 2 + 1  # 103 tokens in one page, 400 in two, one spare
