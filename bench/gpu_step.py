@@ -127,9 +127,10 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument(
         "--engine",
-        choices=["vllm", "hf", "fast"],
+        choices=["vllm", "hf", "paged", "fast"],
         default=None,
-        help="rollout engine (default: vllm on cuda where it is installed, else hf; fast on the cpu)",
+        help="rollout engine (default: vllm on cuda where it is installed, else hf; fast on the cpu); paged: "
+        "transformers' continuous batching, and TRL's use_transformers_paged",
     )
     parser.add_argument("--trl-steps", type=int, default=6, help="steps of the TRL comparison (0 = skip it)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")

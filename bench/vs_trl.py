@@ -8,7 +8,8 @@ On ``--device cuda`` both trainers keep the policy on the GPU and generate with 
 same card, in sleep mode, with the same memory share (TRL: ``use_vllm``, ``vllm_mode="colocate"``;
 reasonrl: ``model.device=cuda rollout.engine=vllm``). ``--engine hf`` makes both generate with transformers'
 ``generate`` on the GPU instead (TRL: ``use_vllm=False``; reasonrl: ``rollout.engine=hf``), for a machine
-without vLLM.
+without vLLM; ``--engine paged`` with transformers' continuous batching (TRL: ``use_transformers_paged=True``;
+reasonrl: ``rollout.engine=paged``).
 
 Same model (SmolLM2-135M-Instruct, the same converted weights), the same prompts (the first
 steps × prompts problems of the arithmetic task, chat-formatted with the same template), the same
@@ -92,6 +93,8 @@ def run_trl(args: argparse.Namespace) -> dict:
                     "vllm_max_model_length": MAX_PROMPT_TOKENS + args.max_new_tokens,
                 }
                 if args.engine == "vllm"
+                else {"use_transformers_paged": True}
+                if args.engine == "paged"
                 else {}
             ),
             beta=0.0,
@@ -168,9 +171,10 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument(
         "--engine",
-        choices=["vllm", "hf", "fast"],
+        choices=["vllm", "hf", "paged", "fast"],
         default=None,
-        help="generation for both trainers on cuda: vllm (colocated) or hf (transformers' generate); "
+        help="generation for both trainers on cuda: vllm (colocated), hf (transformers' generate) or paged "
+        "(transformers' continuous batching); "
         "default vllm where installed, else hf. On the cpu reasonrl uses fast and TRL transformers' generate",
     )
     parser.add_argument("--worker", choices=["trl", "reasonrl"], help=argparse.SUPPRESS)

@@ -98,3 +98,13 @@ def test_the_page_size_goes_by_the_name_this_transformers_gives_it(tiny, monkeyp
     settings = cache_settings([[1, 2, 3], [4] * 300], 100, engine.page_field, engine.max_batch_sequences)
     assert settings["block_size"] == 256 and "page_size" not in settings
     assert settings["num_blocks"] == 1 + 2 + 1  # 103 tokens in one page, 400 in two, one spare
+
+
+def test_partial_rollouts_in_the_producer_and_lora_generate_on_paged(tmp_path):
+    partial = ("rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.partial_window_tokens=4")
+    cfg = tiny_config("train.rollout_steps=2", "rollout.engine=paged", *partial)
+    fit(cfg, tmp_path / "partial", verifier=DigitFraction(), show_progress=False)
+    assert all(r["rollout/reprefill_tokens"] > 0 for r in generated_steps(tmp_path / "partial"))  # windows continued
+    lora = tiny_config("train.rollout_steps=2", "rollout.engine=paged", "model.lora_rank=4", "train.lr=1e-2")
+    fit(lora, tmp_path / "lora", verifier=DigitFraction(), show_progress=False)
+    assert all(r["rollout/logprob_abs_diff"] < 0.01 for r in generated_steps(tmp_path / "lora"))  # ~1e-3, as hf
