@@ -182,6 +182,8 @@ def main() -> None:
     if args.engine is None:
         vllm_installed = importlib.util.find_spec("vllm") is not None
         args.engine = "fast" if args.device == "cpu" else ("vllm" if vllm_installed else "hf")
+    if args.engine == "paged" and args.device == "cpu":  # seen 2026-11-29: TRL 1.16 on transformers 5.24
+        sys.exit("--engine paged is for --device cuda: TRL's use_transformers_paged gives empty answers on a CPU")
     if args.worker:
         print(json.dumps((run_trl if args.worker == "trl" else run_reasonrl)(args)))
         return
