@@ -6,6 +6,7 @@ import torch
 from reasonrl.models.load import load_model, load_tokenizer
 from reasonrl.rollout import SamplingParams, build_engine
 from reasonrl.rollout.sampling import FireParams, sample_tokens, sampling_logprobs
+from tests.rollout.test_engines import PAGED
 
 CHI2_DF15_P001 = 37.70  # χ² critical value, 15 degrees of freedom, p = 0.001
 N = 32_000
@@ -64,7 +65,7 @@ def test_rows_after_the_first_token_sample_exactly_as_without_fire():
     torch.testing.assert_close(mixed_lp[fire_rows], hot.gather(1, mixed[fire_rows][:, None]).squeeze(1))
 
 
-@pytest.mark.parametrize("name", ["hf", "fast", "paged"])
+@pytest.mark.parametrize("name", ["hf", "fast", PAGED])
 def test_engines_sample_the_first_token_flaming_hot(name):
     model, tokenizer = load_model("tiny-random"), load_tokenizer("tiny-random")
     engine = build_engine(name, model, tokenizer, dtype=torch.float32)

@@ -16,10 +16,12 @@ from reasonrl.rollout.sampling import sampling_logprobs
 from reasonrl.training.loop import fit
 from reasonrl.training.record.metrics import read_metrics
 from tests.helpers import DigitFraction
-from tests.rollout.test_engines import PROMPTS
+from tests.rollout.test_engines import PROMPTS, paged_available
 from tests.train.test_loop import tiny_config
 from tests.train.test_multiturn import PAG_TINY
 from tests.train.test_tppo import tppo_config
+
+needs_paged = pytest.mark.skipif(not paged_available(), reason="this transformers lacks continuous batching log-probs")
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,7 @@ def tiny():
     return load_model("tiny-random"), load_tokenizer("tiny-random")
 
 
+@needs_paged
 def test_the_log_probs_of_filtered_sampling_are_the_filtered_distributions(tiny):
     model, tokenizer = tiny
     engine = build_engine("paged", model, tokenizer, dtype=torch.float32)
@@ -45,6 +48,7 @@ def generated_steps(run_dir):
     return steps
 
 
+@needs_paged
 def test_a_grpo_run_on_paged_agrees_with_the_trainer_as_closely_as_on_hf(tmp_path):
     gaps = {}
     for engine in ("hf", "paged"):
@@ -54,6 +58,7 @@ def test_a_grpo_run_on_paged_agrees_with_the_trainer_as_closely_as_on_hf(tmp_pat
     assert gaps["paged"] <= gaps["hf"] + 1e-5 and gaps["paged"] < 1e-4, gaps  # fp32 engine and trainer
 
 
+@needs_paged
 def test_t_ppo_windows_and_pag_conversations_generate_on_paged(tmp_path):
     fit(tppo_config("rollout.engine=paged", "train.rollout_steps=3"), tmp_path / "t_ppo", verifier=DigitFraction())
     windows = generated_steps(tmp_path / "t_ppo")
@@ -75,6 +80,7 @@ def test_a_transformers_without_continuous_batching_log_probs_is_refused_with_th
         build_engine("paged", *tiny)
 
 
+@needs_paged
 def test_a_prompt_with_images_is_refused(tiny):
     engine = build_engine("paged", *tiny, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"rollout.engine=paged is text-only"):
@@ -100,6 +106,7 @@ def test_the_page_size_goes_by_the_name_this_transformers_gives_it(tiny, monkeyp
     assert settings["num_blocks"] == 1 + 2 + 1  # 103 tokens in one page, 400 in two, one spare
 
 
+@needs_paged
 def test_partial_rollouts_in_the_producer_and_lora_generate_on_paged(tmp_path):
     partial = ("rollout.max_staleness=1", "rollout.partial_rollouts=true", "rollout.partial_window_tokens=4")
     cfg = tiny_config("train.rollout_steps=2", "rollout.engine=paged", *partial)
