@@ -289,6 +289,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def stderr_of_exited(process, timeout: float) -> str:
+    """The stderr of ``process`` once it exits; one still running after ``timeout`` seconds fails the test
+    with the stack of each of its threads (faulthandler, on SIGABRT), so a hang says where it hangs."""
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        err = process.communicate()[1]
+        pytest.fail(f"the training process did not exit within {timeout:g} s; its threads:\n{err[-8000:]}")
+
+
 def start_training(tmp_path, *python):
     """``reasonrl train`` of 100 steps (a checkpoint every 10) as a terminal's foreground job."""
     command = [*python, "train", "grpo", *TINY, f"run.output_dir={tmp_path}", "run.name=r", "train.rollout_steps=100"]
@@ -300,7 +311,7 @@ def start_training(tmp_path, *python):
         text=True,
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env={**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONFAULTHANDLER": "1"},
     )
 
 
@@ -315,7 +326,7 @@ def test_the_first_ctrl_c_saves_the_last_finished_step_and_the_run_resumes_from_
     run_dir = tmp_path / "r"
     process = start_training(tmp_path, sys.executable, "-m", "reasonrl")
     ctrl_c_after_step_1(process, run_dir)
-    _, err = process.communicate(timeout=120)
+    err = stderr_of_exited(process, timeout=120)
     assert process.returncode == 130 and "Traceback" not in err
     done = steps(run_dir)[-1]
     assert 1 <= done < 10  # before the first periodic checkpoint
@@ -340,7 +351,7 @@ def test_a_second_ctrl_c_stops_at_once_saving_nothing(tmp_path):
         notice = process.stderr.readline()
     started = time.monotonic()
     os.killpg(process.pid, signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    err = stderr_of_exited(process, timeout=120)
     assert time.monotonic() - started < 30 and process.returncode == 130  # not after the save's 60 s
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.splitlines()[-1].endswith("(continues from step 0: no checkpoint yet)")
