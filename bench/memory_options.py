@@ -72,8 +72,6 @@ def random_batch(rows: int, response_tokens: int, seed: int = 0):
 def measure(option: str, rows: int, response_tokens: int) -> dict:
     """One update under ``option``, in this process, built as setup builds the policy and its optimiser."""
 
-    import torch
-
     from reasonrl.config import load_config, resolve
     from reasonrl.models.load import load_model
     from reasonrl.training.backend import SingleProcess
@@ -90,10 +88,10 @@ def measure(option: str, rows: int, response_tokens: int) -> dict:
     cfg = load_config("grpo", overrides)
     before_load = rss_gb()
     plan = dataclasses.replace(resolve(cfg, "cpu", 1), microbatch_tokens=768)
-    model = load_model(MODEL, getattr(torch, plan.parameter_dtype))
+    model = load_model(MODEL, plan.parameter_torch_dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    policy = TokenLogprobs(model, cfg.rollout.temperature, getattr(torch, plan.forward_dtype))
+    policy = TokenLogprobs(model, cfg.rollout.temperature, plan.forward_torch_dtype)
     updater = build_policy_updater(cfg, plan, policy, SingleProcess())
     batch = random_batch(rows, response_tokens)
     start = time.perf_counter()

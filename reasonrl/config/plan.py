@@ -94,6 +94,20 @@ class Plan:
     parameter_dtype: str
     """What the trained weights and their gradients are stored in (train.param_dtype)."""
 
+    @property
+    def forward_torch_dtype(self):
+        """``forward_dtype`` as a torch dtype."""
+        import torch
+
+        return getattr(torch, self.forward_dtype)
+
+    @property
+    def parameter_torch_dtype(self):
+        """``parameter_dtype`` as a torch dtype."""
+        import torch
+
+        return getattr(torch, self.parameter_dtype)
+
 
 PARTIAL_WINDOWS_PER_RESPONSE = 4  # partial rollouts' default window: a quarter of the response cap (our choice)
 CORRECTION_THRESHOLDS = {"none": 1.0, "decoupled": 5.0, "tis": 2.0, "mis": 2.0}  # AReaL's cap; verl's threshold

@@ -76,7 +76,7 @@ def producer_collector(
     config (and the run's own ``verifier``, pickled across): the policy's engine as ``policy`` wraps it
     (its weights come from the trainer before the first batch) and the scorer (``producer_rollouts``)."""
     device = resolve_device(cfg.model.device)  # "cuda" is the producer's own GPU (its CUDA_VISIBLE_DEVICES)
-    dtype = getattr(torch, plan.forward_dtype)
+    dtype = plan.forward_torch_dtype
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     model = load_model(cfg.model.name_or_path, dtype, plan.attention, device)
     engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)

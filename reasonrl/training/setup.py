@@ -133,7 +133,7 @@ def build_critic(
     """The value model (from the policy's weights, a saved critic or a reward model) on ``device``, placed
     by ``backend`` (default: this process), and its optimiser."""
     backend = backend or SingleProcess()
-    attention, dtype = plan.attention, getattr(torch, plan.forward_dtype)
+    attention, dtype = plan.attention, plan.forward_torch_dtype
     if cfg.critic.init == "policy":
         model = value_model_from_policy(cfg.model.name_or_path, attention, device)
     elif cfg.critic.init == "prm":  # the PRM's success probability, on the reward scale (arXiv 2410.17621)
@@ -142,7 +142,7 @@ def build_critic(
         model = model.to(device)
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
-    model.to(getattr(torch, plan.parameter_dtype))
+    model.to(plan.parameter_torch_dtype)
     if cfg.model.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
@@ -215,11 +215,7 @@ def load_policy(
     """The policy model (fp32 master weights, or bf16) and its log-probs, its engine (``engine`` given, the remote
     workers', or built on the plain weights before LoRA's adapters are added) and the frozen reference where the
     run has one (a KL term without LoRA), placed by ``backend``."""
-    attention, dtype, parameters = (
-        plan.attention,
-        getattr(torch, plan.forward_dtype),
-        getattr(torch, plan.parameter_dtype),
-    )
+    attention, dtype, parameters = plan.attention, plan.forward_torch_dtype, plan.parameter_torch_dtype
     model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -264,7 +260,7 @@ def setup(
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
-    dtype = getattr(torch, plan.forward_dtype)
+    dtype = plan.forward_torch_dtype
     # 2. what needs no model: the tokenizer, the refusals, the prompts (their lengths), the offline data
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     processor = vision_processor(cfg.model.name_or_path)

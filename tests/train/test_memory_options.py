@@ -29,8 +29,8 @@ def updated_policy(*overrides, device="cpu", steps=2):
     cfg = tiny_config("train.lr=1e-3", f"model.device={device}", *overrides)
     torch.manual_seed(0)
     plan = dataclasses.replace(resolve(cfg), microbatch_tokens=512)
-    model = load_model("tiny-random", getattr(torch, plan.parameter_dtype), device=device)
-    policy = TokenLogprobs(model, temperature=1.0, compute_dtype=getattr(torch, plan.forward_dtype))
+    model = load_model("tiny-random", plan.parameter_torch_dtype, device=device)
+    policy = TokenLogprobs(model, temperature=1.0, compute_dtype=plan.forward_torch_dtype)
     gradient_dtypes = set()
     for parameter in model.parameters():
         parameter.register_post_accumulate_grad_hook(lambda p: gradient_dtypes.add(p.grad.dtype))
