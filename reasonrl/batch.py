@@ -120,25 +120,43 @@ class RolloutBatch:
         last = torch.where(generated.any(1), generated.shape[1] - generated.flip(1).int().argmax(1), 0)  # [B]
         return (self.prompt_mask.sum(1) + last).tolist()
 
-    def forward_tokens(self, packed: bool = True) -> int:
+    def forward_tokens(self, packed: bool = True, share_prompts: bool = False) -> int:
         """Tokens a forward over this batch computes: packed, its lanes' (``pack_lanes`` as sdpa and eager
-        attention run them: lanes × the longest row; flash-attn's one sequence computes only the read
-        tokens, so this overstates its padding); padded, rows × width."""
+        attention run them: lanes × the longest row, or with ``share_prompts`` lanes × the longest segment of
+        rows sharing a prompt; flash-attn's one sequence computes only the read tokens, so this overstates its
+        padding); padded, rows × width."""
         if not packed:
             return len(self) * (self.prompt_ids.shape[1] + self.response_ids.shape[1])
-        lengths = self.read_lengths()
+        lengths = self.segment_lengths(share_prompts)
         lanes, _ = pack_lanes(lengths, max(lengths))
         return (max(lanes) + 1) * max(lengths)
 
-    def micro_batch_rows(self, token_budget: int, packed: bool = True) -> list[list[int]]:
+    def segment_lengths(self, share_prompts: bool) -> list[int]:
+        """Tokens of each sequence a packed forward reads: each row's read tokens, or with ``share_prompts``
+        each prompt's once, followed by the responses of the rows that share it (``prompt_segments``)."""
+        lengths = self.read_lengths()
+        if not share_prompts:
+            return lengths
+        prompt_lengths = self.prompt_mask.sum(1).tolist()  # [B]
+        return [
+            prompt_lengths[rows[0]] + sum(lengths[r] - prompt_lengths[r] for r in rows)
+            for rows in prompt_segments(self.prompt_ids, self.prompt_mask)
+        ]
+
+    def micro_batch_rows(self, token_budget: int, packed: bool = True, share_prompts: bool = False) -> list[list[int]]:
         """Row indices of the micro-batches a forward runs, every row in exactly one (each group sorted).
 
         ``packed`` (the trainer's forwards run each micro-batch as one sequence without padding): the rows'
         read tokens in the fewest balanced bins of at most ``token_budget`` tokens (longest row first into
-        the lightest bin, as verl's dynamic batch size balances them).  Otherwise micro-batches whose padded
-        size (rows × (prompt + response width)) fits the budget, rows grouped by length.  A single row
-        larger than the budget forms its own micro-batch.
+        the lightest bin, as verl's dynamic batch size balances them).  With ``share_prompts`` the binned
+        items are the rows that share a prompt (its tokens counted once), as many of them together as the
+        budget allows.  Otherwise micro-batches whose padded size (rows × (prompt + response width)) fits the
+        budget, rows grouped by length.  A single row larger than the budget forms its own micro-batch.
         """
+        if packed and share_prompts:
+            units = self.prompt_sharing_units(token_budget)
+            unit_bins = balanced_bins([tokens for _, tokens in units], token_budget)
+            return [sorted(r for u in unit_bin for r in units[u][0]) for unit_bin in unit_bins]
         if packed:
             return balanced_bins(self.read_lengths(), token_budget)
         prompt_lens = self.prompt_mask.sum(1).tolist()  # [B]
@@ -159,12 +177,29 @@ class RolloutBatch:
             groups.append(sorted(current))
         return groups
 
+    def prompt_sharing_units(self, token_budget: int) -> list[tuple[list[int], int]]:
+        """Rows that share a prompt, in runs of at most ``token_budget`` tokens when read as one segment (the
+        prompt once, then each row's response; a row larger than the budget alone), with their tokens."""
+        lengths, prompt_lengths = self.read_lengths(), self.prompt_mask.sum(1).tolist()
+        units: list[tuple[list[int], int]] = []
+        for rows in prompt_segments(self.prompt_ids, self.prompt_mask):
+            current, tokens = [], prompt_lengths[rows[0]]
+            for row in rows:
+                response = lengths[row] - prompt_lengths[row]
+                if current and tokens + response > token_budget:
+                    units.append((current, tokens))
+                    current, tokens = [], prompt_lengths[row]
+                current.append(row)
+                tokens += response
+            units.append((current, tokens))
+        return units
+
     def micro_batches(
-        self, token_budget: int, device: torch.device | str = "cpu", packed: bool = True
+        self, token_budget: int, device: torch.device | str = "cpu", packed: bool = True, share_prompts: bool = False
     ) -> list[RolloutBatch]:
         """The micro-batches of ``micro_batch_rows`` as batches, each moved to ``device`` (the batch
         itself stays where it is: one copy per micro-batch)."""
-        return [self.select(rows).to(device) for rows in self.micro_batch_rows(token_budget, packed)]
+        return [self.select(rows).to(device) for rows in self.micro_batch_rows(token_budget, packed, share_prompts)]
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """This batch with every tensor on ``device`` (itself when they are there already)."""
@@ -185,11 +220,11 @@ class ForwardTally:
     computed: int = 0
     padded: int = 0
 
-    def add(self, micro: RolloutBatch, filler: bool = False, packed: bool = True) -> None:
-        computed = micro.forward_tokens(packed)
+    def add(self, micro: RolloutBatch, filler: bool = False, packed: bool = True, share_prompts: bool = False) -> None:
+        computed = micro.forward_tokens(packed, share_prompts)
         self.microbatches += 1
         self.computed += computed
-        self.padded += computed if filler else computed - sum(micro.read_lengths())
+        self.padded += computed if filler else computed - sum(micro.segment_lengths(packed and share_prompts))
 
     def metrics(self) -> dict[str, float]:
         return {  # FORWARD_TALLY_PREFIXES
@@ -203,9 +238,9 @@ FORWARD_TALLY_PREFIXES = ("perf/microbatches_", "perf/forward_tokens_", "perf/pa
 
 
 def padding_summary(metrics: dict[str, float]) -> dict[str, float]:
-    """``metrics`` with its ``ForwardTally`` token counts replaced by the step's ``perf/pad_fraction`` and
-    ``perf/microbatches`` over every pass and each pass's ``perf/pad_fraction_<pass>`` (its
-    ``perf/microbatches_<pass>`` kept)."""
+    """``metrics`` with its ``ForwardTally`` token counts replaced by the step's ``perf/forward_tokens``,
+    ``perf/pad_fraction`` and ``perf/microbatches`` over every pass and each pass's ``perf/pad_fraction_<pass>``
+    (its ``perf/microbatches_<pass>`` kept)."""
     passes = [k.removeprefix("perf/forward_tokens_") for k in metrics if k.startswith("perf/forward_tokens_")]
     if not passes:
         return metrics
@@ -215,6 +250,7 @@ def padding_summary(metrics: dict[str, float]) -> dict[str, float]:
     out |= {f"perf/pad_fraction_{p}": padded[p] / max(1.0, computed[p]) for p in passes}
     out["perf/pad_fraction"] = sum(padded.values()) / max(1.0, sum(computed.values()))
     out["perf/microbatches"] = sum(metrics[f"perf/microbatches_{p}"] for p in passes)
+    out["perf/forward_tokens"] = sum(computed.values())
     return out
 
 
@@ -408,6 +444,15 @@ def balanced_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
             break
         count += 1
     return sorted((sorted(g) for g in oversized + [b for b in bins if b]), key=lambda g: g[0])
+
+
+def prompt_segments(prompt_ids: Tensor, prompt_mask: Tensor) -> list[list[int]]:
+    """Rows whose prompts are the same tokens (``prompt_ids`` [B, P] left-padded, ``prompt_mask`` [B, P]), in
+    order of each prompt's first row, each group's rows in order."""
+    segments: dict[tuple[int, ...], list[int]] = {}
+    for row, (ids, mask) in enumerate(zip(prompt_ids.tolist(), prompt_mask.bool().tolist(), strict=True)):
+        segments.setdefault(tuple(i for i, m in zip(ids, mask, strict=True) if m), []).append(row)
+    return list(segments.values())
 
 
 def pack_lanes(lengths: list[int], capacity: int) -> tuple[list[int], list[int]]:

@@ -168,7 +168,7 @@ def resolve(cfg: Config, device_type: str | None = None, world_size: int | None 
         device_type=device_type,
         world_size=world_size,
         microbatch_tokens=microbatch_token_budget(cfg, device_type),
-        attention=attention_implementation(cfg.model.attention, device_type, longest),
+        attention=attention_implementation(cfg.model.attention, device_type, attended_span(cfg, device_type, longest)),
         forward_dtype=forward_dtype_name(cfg, device_type),
         parameter_dtype=t.param_dtype,
     )
@@ -191,6 +191,15 @@ def planned_world_size(cfg: Config) -> int:
 
 
 EAGER_ATTENTION_MAX_TOKENS = 512
+
+
+def attended_span(cfg: Config, device_type: str, max_sequence_tokens: int) -> int:
+    """The longest sequence one attention call of the trainer reads: the longest prompt + response, or with
+    train.share_prompts on the CPU a segment of rows sharing a prompt, which can fill a micro-batch
+    (docs/packing.md)."""
+    if cfg.train.pack_sequences and cfg.train.share_prompts and device_type == "cpu":
+        return max(max_sequence_tokens, microbatch_token_budget(cfg, device_type))
+    return max_sequence_tokens
 
 
 def attention_implementation(name: str, device_type: str, max_sequence_tokens: int) -> str:

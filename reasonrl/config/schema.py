@@ -34,8 +34,9 @@ class ModelConfig:
 
     attention: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
     """The trainer's attention kernel (transformers' attn_implementation).  auto: on the CPU eager for
-    sequences up to 512 tokens (its backward is faster there) and sdpa above; on a GPU
-    flash_attention_2 when the flash-attn package is installed, else sdpa."""
+    sequences up to 512 tokens (its backward is faster there) and sdpa above (with train.share_prompts a
+    sequence can be a whole micro-batch: sdpa above a 512-token budget); on a GPU flash_attention_2 when the
+    flash-attn package is installed, else sdpa."""
 
     lora_rank: int = 0
     """LoRA (Hu et al. 2021): train rank-r adapters W + (lora_alpha / r)·B·A on the frozen weights of the
@@ -397,6 +398,14 @@ class TrainConfig:
     installed), in every forward of the policy, reference and critic — verl's use_remove_padding, TRL's
     padding_free.  false: pad rows to the longest in their micro-batch (same results, more compute;
     docs/packing.md)."""
+
+    share_prompts: bool = True
+    """With train.pack_sequences on the CPU: the rows of a micro-batch that share a prompt (a group's samples)
+    read it once, as one sequence [prompt, response 1, response 2, ...] whose responses each attend to the
+    prompt and to themselves (a custom attention mask; sdpa and eager attention, architectures without sliding
+    windows: others read it per row, said once), and micro-batches keep a group's rows together.  Same results,
+    fewer tokens: a group of 4 samples of 37-token answers to a 100-token prompt computes 248 tokens instead of
+    548.  false: every row reads its own prompt (docs/packing.md)."""
 
     memory_check: Literal["refuse", "warn", "skip"] = "refuse"
     """Before any weight loads, the memory plan (reasonrl/models/memory_plan.py, printed by `reasonrl

@@ -4,11 +4,12 @@ backbone's hidden states at the positions that predict the response tokens."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 from torch import Tensor
 
-from reasonrl.batch import pack_lanes
+from reasonrl.batch import pack_lanes, prompt_segments
 
 
 def autocast_context(compute_dtype: torch.dtype, device: torch.device) -> contextlib.AbstractContextManager:
@@ -42,6 +43,36 @@ def packing_refusal(config) -> str | None:
     )
 
 
+# Architectures whose shared-prompt forward equals the padded one (tests/models/test_packing.py, as above):
+# the prompt read once with a custom [L, 1, W, W] attention mask, which a model must apply as given in every
+# layer (a sliding-window layer builds its own window, so configs with one are refused below).
+PROMPT_SHARING_VERIFIED = PACKING_VERIFIED - {"idefics3"}  # a VLM's images are read per row
+
+
+def prompt_sharing_refusal(config, device_type: str) -> str | None:
+    """Why rows that share a prompt cannot read it once, in a model with this transformers ``config`` on
+    ``device_type`` (None: they can).  Sharing needs an attention that takes a custom mask (sdpa, eager) and
+    layers that use it as given; it runs on the CPU, where lanes are the packed layout (a GPU's long answers
+    share a smaller fraction of their tokens, and flash-attn's variable-length kernels take no mask)."""
+    model_type = getattr(config, "model_type", None)
+    attention = str(getattr(config, "_attn_implementation", None))
+    kinds = getattr(config, "layer_types", None)  # each layer's attention, where the config names them
+    sliding = (
+        any("sliding" in str(kind) or "chunked" in str(kind) for kind in kinds)
+        if kinds
+        else bool(getattr(config, "sliding_window", None))
+    )
+    if device_type != "cpu":
+        return f"prompts are shared on the CPU only (this run's device: {device_type})"
+    if model_type not in PROMPT_SHARING_VERIFIED:
+        return f"a shared prompt is not verified for the '{model_type}' architecture"
+    if attention not in ("sdpa", "eager"):
+        return f"the {attention} attention takes no custom mask"
+    if sliding:
+        return "a sliding-window layer would ignore the shared prompt's mask"
+    return None
+
+
 def read_tokens(prompt_mask: Tensor, response_mask: Tensor) -> Tensor:
     """[B, P+T] bool: the tokens a forward reads: the prompt's and every response token up to the last
     generated one, so the tokens injected between a conversation's turns (tool output, the verifier's
@@ -59,6 +90,7 @@ def response_hidden_states(
     compute_dtype: torch.dtype,
     vision: dict[str, Tensor] | None = None,  # a VLM's pixel inputs, one entry per row (RolloutBatch.vision_inputs)
     packed: bool = True,
+    share_prompts: bool = False,
 ) -> Tensor:
     """The backbone's last hidden state at the position *before* each response token: [B, T, d].
 
@@ -67,14 +99,13 @@ def response_hidden_states(
     also reads ``vision``: the image tokens of the prompt become its images' features.
 
     ``packed`` (the default) runs the rows' read tokens packed, each row with its own position ids and no
-    attention mask, which transformers reads as packed sequences (attention never crosses rows): with
-    flash-attn one sequence [1, N] (its variable-length kernels skip what rows do not share); with sdpa
-    or eager, which compute every pair of a sequence, lanes as long as the longest row, rows packed
-    into them first-fit [L, W] (``pack_lanes``), so the attention stays that of rows of that length and
-    only the lanes' tails are padding.  ``packed=False`` runs the padded [B, P+T] batch with an attention
-    mask; both give the same states (tests/models/test_packing.py).  Positions after the last read
-    token hold 0 (packed) or the padded forward's values; callers mask them.  An architecture outside
-    ``PACKING_VERIFIED`` runs padded whatever ``packed`` says (its callers batch it padded too).
+    attention mask (transformers' packed sequences): flash-attn's one sequence [1, N], or for sdpa and eager
+    lanes [L, W] as long as the longest row, rows packed into them first-fit (``pack_lanes``).
+    ``share_prompts`` (``prompt_sharing_refusal``) reads a prompt several rows share once: one segment
+    [prompt, response 1, response 2, ...] under a mask that lets each response see the prompt and itself.
+    ``packed=False`` runs the padded [B, P+T] batch with an attention mask; all give the same states
+    (docs/packing.md).  Positions after the last read token hold 0 (packed) or the padded forward's values;
+    callers mask them.  An architecture outside ``PACKING_VERIFIED`` runs padded whatever ``packed`` says.
     """
     device = next(backbone.parameters()).device
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [B, P+T]
@@ -91,27 +122,86 @@ def response_hidden_states(
                 use_cache=False,
                 **images,
             ).last_hidden_state[:, states]  # [B, T, d]
-    # 1. each row's lane and offset, and each read token's place [lane, column]
+    share_prompts = share_prompts and not images and prompt_sharing_refusal(backbone.config, device.type) is None
+    # 1. each segment's lane and offset (a row, or the rows sharing a prompt), and each read token's place
+    # [lane, column]: a shared prompt's tokens at the same place for each of its rows, each response after the
+    # responses of the rows before it in the segment
+    segments = prompt_segments(prompt_ids, prompt_mask) if share_prompts else [[r] for r in range(len(reads))]
     lengths = reads.sum(1).tolist()  # [B]
+    segment_of, responses_before, segment_lengths = segment_places(segments, lengths, prompt_mask.sum(1).tolist())
     varlen = "flash" in str(getattr(backbone.config, "_attn_implementation", ""))
-    lane, offset = pack_lanes(lengths, sum(lengths) if varlen else max(lengths))
-    lane_of = torch.tensor(lane, device=device)[:, None].expand_as(reads)  # [B, P+T]
-    column = torch.tensor(offset, device=device)[:, None] + positions  # [B, P+T]
-    width = max(o + n for o, n in zip(offset, lengths, strict=True))
+    lane, offset = pack_lanes(segment_lengths, sum(segment_lengths) if varlen else max(segment_lengths))
+    lane_of = torch.tensor([lane[s] for s in segment_of], device=device)[:, None].expand_as(reads)  # [B, P+T]
+    in_response = torch.arange(reads.shape[1], device=device) >= prompt_ids.shape[1]  # [P+T]
+    column = (  # [B, P+T]
+        torch.tensor([offset[s] for s in segment_of], device=device)[:, None]
+        + positions
+        + torch.tensor(responses_before, device=device)[:, None] * in_response
+    )
+    width = max(o + n for o, n in zip(offset, segment_lengths, strict=True))
     # 2. the lanes: read tokens at their places, each row's positions from 0; a lane's tail continues its
     # last row's positions (it is read by nothing: attention is causal, and no state is taken there)
     lane_ids = torch.zeros(max(lane) + 1, width, dtype=input_ids.dtype, device=device)
     lane_positions = torch.arange(width, device=device).repeat(len(lane_ids), 1)
     lane_ids[lane_of[reads], column[reads]] = input_ids[reads]
     lane_positions[lane_of[reads], column[reads]] = positions[reads]
+    mask = None  # packed rows are read from the position ids; segments need a mask
+    if share_prompts:
+        eager = str(backbone.config._attn_implementation) == "eager"
+        mask = shared_prompt_mask(lane_of[reads], column[reads], segment_of, reads, in_response, lane_ids.shape, eager)
     # a VLM matches images to image tokens in reading order: the rows' order in the lanes
-    in_lanes = sorted(range(len(lengths)), key=lambda r: (lane[r], offset[r]))
+    in_lanes = sorted(range(len(lengths)), key=lambda r: (lane_of[r, 0].item(), offset[segment_of[r]]))
     images = {k: v[in_lanes] for k, v in images.items()}
-    with autocast_context(compute_dtype, device):  # packed rows are read from the position ids: no mask, no cache
+    with autocast_context(compute_dtype, device):  # no KV cache
         hidden = backbone(
-            input_ids=lane_ids, attention_mask=None, position_ids=lane_positions, use_cache=False, **images
+            input_ids=lane_ids, attention_mask=mask, position_ids=lane_positions, use_cache=False, **images
         ).last_hidden_state  # [L, W, d]
     # 3. back to rows: the state before each response token
     wanted = reads[:, states]  # [B, T]
     picked = hidden[lane_of[:, states], column[:, states].clamp(0, width - 1)]  # [B, T, d]
     return picked * wanted[..., None].to(picked.dtype)
+
+
+def segment_places(
+    segments: list[list[int]], lengths: list[int], prompt_lengths: list[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """Where each row of ``segments`` (rows reading one sequence: a row alone, or the rows sharing a prompt) is:
+    its segment [B], the response tokens of its segment's earlier rows, after which its own response starts [B],
+    and each segment's tokens (its prompt once, then every row's response).  ``lengths`` [B] are the rows' read
+    tokens, ``prompt_lengths`` [B] their prompts'."""
+    segment_of, responses_before = [0] * len(lengths), [0] * len(lengths)
+    for index, rows in enumerate(segments):
+        for row, following in itertools.pairwise(rows):
+            responses_before[following] = responses_before[row] + lengths[row] - prompt_lengths[row]
+        for row in rows:
+            segment_of[row] = index
+    return segment_of, responses_before, [lengths[rows[-1]] + responses_before[rows[-1]] for rows in segments]
+
+
+def shared_prompt_mask(
+    lanes: Tensor,  # [N] the lane of each read token (row by row)
+    columns: Tensor,  # [N] its column
+    segment_of: list[int],  # [B] each row's segment
+    reads: Tensor,  # [B, P+T] bool
+    in_response: Tensor,  # [P+T] bool: the response's columns
+    shape: torch.Size,  # [L, W]
+    additive: bool = False,  # eager attention adds the mask to its scores
+) -> Tensor:
+    """[L, 1, W, W] bool, True where a query token (row 2) attends to a key token (row 3): earlier or the
+    same token of its own segment that is the shared prompt or of its own row's response.  A lane's unread
+    tail attends to itself only (no row reads it).  ``additive``: float32, 0 where it attends and the
+    lowest float elsewhere."""
+    device = reads.device
+    rows = torch.arange(len(reads), device=device)[:, None].expand_as(reads)[reads]  # [N]
+    segment = torch.full(shape, -1, device=device)  # [L, W]
+    owner = torch.full(shape, -1, device=device)  # [L, W]: the row a response token is of, −1 on a prompt
+    segment[lanes, columns] = torch.tensor(segment_of, device=device)[rows]
+    owner[lanes, columns] = torch.where(in_response.expand_as(reads)[reads], rows, -1)
+    order = torch.arange(shape[1], device=device)
+    causal = order[:, None] >= order[None, :]  # [W, W]
+    same_segment = (segment[:, :, None] == segment[:, None, :]) & (segment[:, None, :] >= 0)  # [L, W, W]
+    visible = (owner[:, None, :] < 0) | (owner[:, :, None] == owner[:, None, :])  # [L, W, W]
+    attends = (same_segment & visible & causal | torch.eye(shape[1], dtype=torch.bool, device=device))[:, None]
+    if not additive:
+        return attends
+    return torch.zeros(attends.shape, device=device).masked_fill(~attends, torch.finfo(torch.float32).min)

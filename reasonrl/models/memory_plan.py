@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.config import Config, ConfigError, resolve
-from reasonrl.config.plan import microbatch_token_budget, planned_device_type, planned_world_size
+from reasonrl.config.plan import attended_span, microbatch_token_budget, planned_device_type, planned_world_size
 
 if TYPE_CHECKING:
     import torch
@@ -206,7 +206,8 @@ def plan_memory(
     shards = max(1, plan.world_size)
     host_shards = offload and shards > 1  # FSDP2's CPUOffloadPolicy: the weights' and gradients' shards too
     tokens = plan.microbatch_tokens
-    span = min(tokens, plan.max_sequence_tokens)  # a packed lane or a padded row: the longest row's length
+    # a packed lane or a padded row: the longest row's length, or a segment of rows sharing a prompt
+    span = min(tokens, attended_span(cfg, device_type, plan.max_sequence_tokens))
     autocast = compute == "bfloat16" and param_bytes == 4
     hidden_factor, intermediate_factor = (
         (ACTIVATION_HIDDEN_AUTOCAST, ACTIVATION_INTERMEDIATE_AUTOCAST)

@@ -51,11 +51,11 @@ class ValueModel(torch.nn.Module):
         compute_dtype: torch.dtype = torch.float32,
         vision: dict[str, Tensor] | None = None,  # a VLM's pixel inputs per row
         packed: bool = True,  # the rows as one sequence without padding (models.forward.response_hidden_states)
+        share_prompts: bool = False,  # a prompt several rows share read once (ditto)
     ) -> Tensor:
         """V(s_t) for every response token, fp32 [B, T]; 0 at masked positions."""
-        hidden = response_hidden_states(
-            self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype, vision, packed
-        )  # [B, T, d]
+        rows = (prompt_ids, prompt_mask, response_ids, response_mask)
+        hidden = response_hidden_states(self.backbone, *rows, compute_dtype, vision, packed, share_prompts)  # [B, T, d]
         values = self.head(hidden.float()).squeeze(-1)  # [B, T]; the d -> 1 head is cheap in fp32
         return values * response_mask.to(values.device)
 

@@ -154,9 +154,10 @@ def logprob_stage(run: Run, batch: RolloutBatch, seed: int) -> dict[str, float]:
     are read (T-PPO's token filtering): old log-probs on every response token but earlier windows' (those
     keep their stored behaviour log-probs), reference log-probs also on those when the KL is in the reward
     (every token's reward) or in a loss that trains on them."""
-    packed, updater = run.updater.policy.packed, run.updater
+    updater = run.updater
+    packed, share_prompts = updater.policy.packed, updater.policy.share_prompts
     groups = first_epoch_row_groups(  # data-parallel: this rank's rows
-        batch, updater.minibatch_sequences, seed, run.parallel, run.plan.microbatch_tokens, packed
+        batch, updater.minibatch_sequences, seed, run.parallel, run.plan.microbatch_tokens, packed, share_prompts
     )
     stale = None if batch.pool_window is None else batch.pool_window.stale_mask  # [B, T]
     fresh = batch.response_mask if stale is None else batch.response_mask & ~stale
@@ -170,7 +171,7 @@ def logprob_stage(run: Run, batch: RolloutBatch, seed: int) -> dict[str, float]:
         with torch.no_grad():
             for rows in groups:
                 part = batch.select(rows or [0])  # [] = a filler forward, kept in step
-                tally.add(part, filler=not rows, packed=packed)
+                tally.add(part, filler=not rows, packed=packed, share_prompts=share_prompts)
                 head_mask = needed[rows or [0], : part.response_mask.shape[1]] & bool(rows)  # a filler: no head
                 logprobs, _ = policy(part, head_mask=head_mask)
                 lm_head_tokens += head_tokens(part, head_mask)

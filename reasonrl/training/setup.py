@@ -18,7 +18,7 @@ from reasonrl.config.plan import vllm_engine_options
 from reasonrl.config.validate import RunFacts, refuse_not_run_together
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
-from reasonrl.models.forward import packing_refusal
+from reasonrl.models.forward import packing_refusal, prompt_sharing_refusal
 from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
 from reasonrl.models.memory_plan import check_memory, engine_name
@@ -159,6 +159,7 @@ def build_critic(
         compute_dtype=dtype,
         parallel=backend.parallel,
         packed=packs_sequences(cfg, model.backbone.config, "critic"),
+        share_prompts=shares_prompts(cfg, model.backbone.config, plan.device_type, "critic"),
     )
 
 
@@ -195,6 +196,18 @@ def packs_sequences(cfg: Config, model_config: Any, role: str) -> bool:
     return cfg.train.pack_sequences and refusal is None
 
 
+def shares_prompts(cfg: Config, model_config: Any, device_type: str, role: str) -> bool:
+    """train.share_prompts as a model of ``model_config`` on ``device_type`` can honour it (packed sequences, and
+    ``models.forward.prompt_sharing_refusal`` says nothing): otherwise each row reads its own prompt, said once
+    per ``role`` where the run asked for sharing on the CPU."""
+    if not (cfg.train.share_prompts and cfg.train.pack_sequences):
+        return False
+    refusal = prompt_sharing_refusal(model_config, device_type)
+    if refusal is not None and device_type == "cpu":
+        log.info("train.share_prompts: the %s: %s; each row reads its own prompt", role, refusal)
+    return refusal is None
+
+
 def kl_controller(cfg: Config) -> FixedKLController | AdaptiveKLController:
     """The KL coefficient's controller: fixed, or adaptive toward algo.kl_target (Ziegler et al. 2019)."""
     a = cfg.algo
@@ -225,14 +238,16 @@ def load_policy(
         engine = build_engine(cfg.rollout.engine, model, tokenizer, vllm_engine_options(cfg), dtype=dtype)
     engine = backend.share_engine(engine)
     add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
-    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, packs_sequences(cfg, model.config, "policy"))
+    packed = packs_sequences(cfg, model.config, "policy")
+    share_prompts = packed and shares_prompts(cfg, model.config, plan.device_type, "policy")
+    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, packed, share_prompts)
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
     reference = None
     if separate_reference:
         # the reference computes as the policy does (its weights' dtype, the same autocast and packing): at
         # identical weights the two log-probs of a row are equal to the bit, and the KL's gradient is 0
         frozen = load_model(cfg.model.name_or_path, parameters, attention, device)
-        reference = TokenLogprobs(frozen, policy.temperature, dtype, policy.packed)
+        reference = TokenLogprobs(frozen, policy.temperature, dtype, policy.packed, policy.share_prompts)
     backend.place(policy, dtype, cfg.train.offload_optimizer)
     if reference is not None:
         backend.place(reference, dtype)

@@ -63,10 +63,14 @@ def test_two_fsdp2_ranks_halve_the_sharded_parts_and_gather_layers():
     assert two["activations"] == one["activations"]  # each rank runs whole micro-batches
 
 
-def test_checkpointing_and_a_smaller_token_budget_shrink_activations():
-    base = plan("train.microbatch_tokens=1024").components["activations"]
-    assert plan("train.microbatch_tokens=512").components["activations"] < base
-    assert plan("train.microbatch_tokens=1024", "model.gradient_checkpointing=true").components["activations"] < base
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_checkpointing_and_a_smaller_token_budget_shrink_activations(attention):
+    base = plan("train.microbatch_tokens=1024", f"model.attention={attention}").components["activations"]
+    assert plan("train.microbatch_tokens=512", f"model.attention={attention}").components["activations"] < base
+    checkpointed = plan(
+        "train.microbatch_tokens=1024", "model.gradient_checkpointing=true", f"model.attention={attention}"
+    )
+    assert checkpointed.components["activations"] < base
 
 
 def test_vllm_takes_its_share_of_the_gpu_and_gives_it_back_while_asleep():

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from reasonrl.batch import RolloutBatch, pad_rows
-from reasonrl.models.forward import PACKING_VERIFIED, packing_refusal, response_hidden_states
+from reasonrl.models.forward import (
+    PACKING_VERIFIED,
+    PROMPT_SHARING_VERIFIED,
+    packing_refusal,
+    prompt_sharing_refusal,
+    response_hidden_states,
+)
 from reasonrl.models.value import ValueModel
 from reasonrl.training.update.policy import response_logprobs
 
@@ -66,12 +72,18 @@ def long_tailed_batch(seed: int = 0) -> RolloutBatch:
     generator = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in PROMPTS]
     responses = [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in RESPONSES]
-    width = max(RESPONSES)
-    mask = pad_rows([[1] * n for n in RESPONSES], width, False, torch.bool)
+    return batch_of(prompts, responses, list(range(len(prompts))))
+
+
+def batch_of(prompts: list[list[int]], responses: list[list[int]], groups: list[int]) -> RolloutBatch:
+    """Prompts (left-padded) and responses (right-padded) of these tokens as a batch, every response token in
+    the losses."""
+    prompt_width, width = max(map(len, prompts)), max(map(len, responses))
+    mask = pad_rows([[1] * len(r) for r in responses], width, False, torch.bool)
     rows = len(prompts)
     return RolloutBatch(
-        prompt_ids=pad_rows(prompts, max(PROMPTS), True, torch.long),
-        prompt_mask=pad_rows([[1] * n for n in PROMPTS], max(PROMPTS), True, torch.bool),
+        prompt_ids=pad_rows(prompts, prompt_width, True, torch.long),
+        prompt_mask=pad_rows([[1] * len(p) for p in prompts], prompt_width, True, torch.bool),
         response_ids=pad_rows(responses, width, False, torch.long),
         response_mask=mask,
         policy_loss_mask=mask.clone(),
@@ -80,7 +92,7 @@ def long_tailed_batch(seed: int = 0) -> RolloutBatch:
         rewards=torch.zeros(rows),
         correct=torch.zeros(rows, dtype=torch.bool),
         truncated=torch.zeros(rows, dtype=torch.bool),
-        group_ids=torch.arange(rows),
+        group_ids=torch.tensor(groups),
     )
 
 
@@ -181,17 +193,25 @@ def test_a_run_of_an_unverified_architecture_trains_padded(caplog):
     assert not packs_sequences(load_config("grpo", ["train.pack_sequences=false"]), family_config("llama"), "policy")
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_packed_critic_values_and_their_gradients_equal_the_padded_batchs(family):
+@pytest.mark.parametrize(("family", "share_prompts"), [("llama", False), ("qwen2", False), ("llama", True)])
+def test_packed_critic_values_and_their_gradients_equal_the_padded_batchs(family, share_prompts):
+    """Packed (rows reading their own prompts, or a group's rows sharing theirs) equals padded for the critic."""
     torch.manual_seed(1)
     backbone = causal_lm(family, "sdpa").base_model
     critic = ValueModel(backbone)
     torch.nn.init.normal_(critic.head.weight, std=0.1)
-    batch = long_tailed_batch(seed=1)
+    batch = shared_prompt_batch(seed=1) if share_prompts else long_tailed_batch(seed=1)
     outputs = {}
     for packed in (True, False):
         critic.zero_grad()
-        values = critic(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, packed=packed)
+        values = critic(
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            packed=packed,
+            share_prompts=share_prompts,
+        )
         values.sum().backward()
         outputs[packed] = values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters()}
     assert torch.allclose(outputs[True][0], outputs[False][0], atol=1e-5)
@@ -252,3 +272,99 @@ def test_packed_vlm_log_probs_equal_the_padded_batchs():
         for packed in (True, False)
     ]
     assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
+
+
+def shared_prompt_batch(seed: int = 0) -> RolloutBatch:
+    """Three prompts with 3, 2 and 4 samples each (responses long-tailed), as a group's samples come."""
+    generator = torch.Generator().manual_seed(seed)
+    response_lengths = iter([2, 7, 1, 6, 3, 30, 4, 9, 2])
+    prompts, responses = [], []
+    for prompt_length, samples in zip([5, 9, 3], [3, 2, 4], strict=True):
+        prompt = torch.randint(1, VOCAB, (prompt_length,), generator=generator).tolist()
+        for _ in range(samples):
+            prompts.append(prompt)
+            responses.append(torch.randint(1, VOCAB, (next(response_lengths),), generator=generator).tolist())
+    return batch_of(prompts, responses, [0, 0, 0, 1, 1, 2, 2, 2, 2])
+
+
+def shared_logprob_pass(model, batch: RolloutBatch, share_prompts: bool):
+    """``logprob_pass`` packed, with or without sharing prompts, and the tokens the backbone was given."""
+    given = []
+    hook = model.base_model.register_forward_pre_hook(
+        lambda module, args, kwargs: given.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        model.zero_grad()
+        logprobs, entropy = response_logprobs(
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            share_prompts=share_prompts,
+        )
+        (logprobs.sum() + 0.1 * entropy.sum()).backward()
+    finally:
+        hook.remove()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logprobs.detach(), entropy.detach(), grads, sum(given)
+
+
+@pytest.mark.parametrize(
+    ("family", "attention"), [(f, a) for f in sorted(PROMPT_SHARING_VERIFIED) for a in ("sdpa", "eager")]
+)
+def test_rows_that_share_a_prompt_read_it_once_and_give_the_padded_batchs_numbers(family, attention):
+    """A group's samples read their prompt once (one segment [prompt, response 1, response 2, ...] under a custom
+    mask) and give the padded batch's log-probs, entropy and gradients, for every architecture sharing is
+    verified for, with either attention; where a config has sliding windows (which would not apply the mask as
+    given) sharing is refused and the rows read their own prompts, with the same numbers."""
+    if (family, attention) == ("gemma2", "sdpa"):
+        pytest.skip("Gemma 2's soft-capping runs eager only")
+    try:
+        model = causal_lm(family, attention)
+    except ValueError:
+        pytest.skip(f"{family} has no {attention} attention")
+    batch = shared_prompt_batch()
+    shared, rows = shared_logprob_pass(model, batch, True), shared_logprob_pass(model, batch, False)
+    padded = logprob_pass(model, batch, False)
+    assert torch.allclose(shared[0], padded[0], atol=1e-5) and torch.allclose(shared[1], padded[1], atol=1e-5)
+    assert shared[2].keys() == padded[2].keys() and len(shared[2]) > 0
+    for name, grad in shared[2].items():
+        assert torch.allclose(grad, padded[2][name], atol=1e-5), name
+    refusal = prompt_sharing_refusal(model.config, "cpu")
+    if refusal is None:  # 3 prompts read once, not 9 times: 2 lanes of 48 tokens computed, not 4 of 33
+        assert shared[3] == batch.forward_tokens(packed=True, share_prompts=True) == 96
+        assert rows[3] == batch.forward_tokens(packed=True) == 132
+    else:
+        assert "sliding-window" in refusal and shared[3] == rows[3]
+
+
+def test_sharing_a_prompt_is_refused_where_the_mask_would_not_be_applied_as_given():
+    """Flash-attn takes no custom mask, a GPU keeps rows (not measured there), a VLM reads images per row,
+    sliding-window layers build their own mask: each refused with its reason, and the forward falls back to
+    rows reading their own prompts."""
+    llama = causal_lm("llama", "sdpa").config
+    assert prompt_sharing_refusal(llama, "cpu") is None
+    assert prompt_sharing_refusal(causal_lm("llama", "eager").config, "cpu") is None
+    assert "CPU only" in prompt_sharing_refusal(llama, "cuda")
+    llama._attn_implementation = "flash_attention_2"
+    assert "takes no custom mask" in prompt_sharing_refusal(llama, "cpu")
+    assert "'idefics3'" in prompt_sharing_refusal(family_config("idefics3"), "cpu")
+    assert "sliding-window" in prompt_sharing_refusal(causal_lm("mistral", "sdpa").config, "cpu")
+    from transformers import AutoConfig
+
+    qwen2_moe = AutoConfig.for_model("qwen2_moe")  # a window of 0: none
+    qwen2_moe._attn_implementation = "sdpa"
+    assert prompt_sharing_refusal(qwen2_moe, "cpu") is None
+
+
+def test_micro_batches_keep_a_prompts_rows_together_and_count_its_tokens_once():
+    batch = shared_prompt_batch()  # read tokens per group: 5 + 2+7+1, 9 + 6+3, 3 + 30+4+9+2
+    assert batch.segment_lengths(share_prompts=True) == [15, 18, 48]
+    assert sum(batch.segment_lengths(share_prompts=False)) == 5 * 3 + 9 * 2 + 3 * 4 + 64
+    assert batch.micro_batch_rows(token_budget=64, share_prompts=True) == [[0, 1, 2, 3, 4], [5, 6, 7, 8]]
+    # a group over the budget is split into runs that fit, each reading the prompt once
+    assert batch.micro_batch_rows(token_budget=40, share_prompts=True) == [[0, 1, 2, 7, 8], [3, 4], [5, 6]]
+    assert batch.select([0, 1, 2, 7, 8]).segment_lengths(share_prompts=True) == [15, 3 + 9 + 2]
+    assert batch.forward_tokens(packed=True, share_prompts=True) == 48 * 2  # lanes of the longest segment
+    assert batch.forward_tokens(packed=True) == 33 * 4  # rows: lanes of the longest row

@@ -238,23 +238,33 @@ def test_resume_parity_with_a_critic(tmp_path):
     assert metrics[0] == metrics[1]
 
 
-def test_packed_and_padded_training_learn_the_same(tmp_path):
-    """train.pack_sequences changes what is computed, not what is learnt: a VAPO run (old log-probs,
-    values, policy and critic updates) gives the same losses and weights either way, to float rounding. In float32:
-    model.dtype=auto is bf16 on a CPU with native bf16, whose rounding differs between the two layouts by more."""
+def test_packed_shared_and_padded_training_learn_the_same(tmp_path):
+    """train.pack_sequences and train.share_prompts change what is computed, not what is learnt: a VAPO run (old
+    log-probs, values, policy and critic updates) gives the same losses and weights packed with each group's prompt
+    read once, packed with every row reading its own, and padded, to float rounding; sharing computes the fewest
+    tokens. In float32: model.dtype=auto is bf16 on a CPU with native bf16, whose rounding differs between the
+    layouts by more."""
     from safetensors.torch import load_file
 
+    layouts = {
+        "shared": ["train.pack_sequences=true", "train.share_prompts=true"],
+        "rows": ["train.pack_sequences=true", "train.share_prompts=false"],
+        "padded": ["train.pack_sequences=false"],
+    }
     runs = {}
-    for packed in (True, False):
-        packing = f"train.pack_sequences={str(packed).lower()}"
-        cfg = vapo_tiny("train.rollout_steps=2", "run.eval_every=100", packing, "model.dtype=float32")
-        fit(cfg, tmp_path / str(packed), verifier=DigitFraction(), show_progress=False)
-        runs[packed] = [r for r in read_metrics(tmp_path / str(packed) / "metrics.jsonl") if "loss/policy" in r]
-    for packed_step, padded_step in zip(runs[True], runs[False], strict=True):
+    for name, layout in layouts.items():
+        cfg = vapo_tiny("train.rollout_steps=2", "run.eval_every=100", *layout, "model.dtype=float32")
+        fit(cfg, tmp_path / name, verifier=DigitFraction(), show_progress=False)
+        runs[name] = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "loss/policy" in r]
+    for shared_step, rows_step, padded_step in zip(runs["shared"], runs["rows"], runs["padded"], strict=True):
         for key in ("loss/policy", "critic/value_loss", "policy/entropy", "reward/mean", "critic/explained_variance"):
-            assert packed_step[key] == pytest.approx(padded_step[key], rel=1e-4, abs=1e-5), key
-        assert packed_step["perf/pad_fraction"] < 0.05 and packed_step["perf/microbatches"] > 0
-    assert max(step["perf/pad_fraction"] for step in runs[False]) > 0  # the padded run computed padding
-    weights = [load_file(tmp_path / str(p) / "final" / "model.safetensors") for p in (True, False)]
-    for name, value in weights[0].items():
-        assert torch.allclose(value, weights[1][name], atol=1e-5), name
+            assert shared_step[key] == pytest.approx(padded_step[key], rel=1e-4, abs=1e-5), key
+            assert rows_step[key] == pytest.approx(padded_step[key], rel=1e-4, abs=1e-5), key
+        assert rows_step["perf/pad_fraction"] < 0.05 and rows_step["perf/microbatches"] > 0
+        tokens = [step["perf/forward_tokens"] for step in (shared_step, rows_step, padded_step)]
+        assert tokens[0] < tokens[1] <= tokens[2]  # rows this short fill one lane each: as many as padded
+    assert max(step["perf/pad_fraction"] for step in runs["padded"]) > 0  # the padded run computed padding
+    weights = [load_file(tmp_path / name / "final" / "model.safetensors") for name in layouts]
+    for other in weights[1:]:
+        for name, value in weights[0].items():
+            assert torch.allclose(value, other[name], atol=1e-5), name

@@ -50,7 +50,11 @@ def test_the_plan_resolves_the_device_dependent_settings_once_for_the_device_and
     cpu, gpu = resolve(cfg, "cpu", 1), resolve(cfg, "cuda", 8)
     assert (cpu.device_type, cpu.world_size, gpu.device_type, gpu.world_size) == ("cpu", 1, "cuda", 8)
     assert (cpu.microbatch_tokens, gpu.microbatch_tokens) == (max(768, longest), max(16384, longest))
-    assert cpu.attention == ("eager" if longest <= 512 else "sdpa") and gpu.attention in ("sdpa", "flash_attention_2")
+    # a segment of rows sharing a prompt (train.share_prompts, the CPU) can fill a micro-batch
+    assert cpu.attention == ("eager" if cpu.microbatch_tokens <= 512 else "sdpa")
+    assert gpu.attention in ("sdpa", "flash_attention_2")
+    rows = resolve(load_config("grpo", [*TINY, "train.microbatch_tokens=null", "train.share_prompts=false"]), "cpu", 1)
+    assert rows.attention == ("eager" if longest <= 512 else "sdpa")
     assert gpu.forward_dtype == "bfloat16" or torch.cuda.is_available()  # a GPU planned from here: bf16
     bf16 = resolve(load_config("grpo", [*TINY, "train.param_dtype=bfloat16", "model.dtype=auto"]), "cpu", 1)
     assert (bf16.forward_dtype, bf16.parameter_dtype) == ("bfloat16", "bfloat16")

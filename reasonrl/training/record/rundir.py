@@ -53,6 +53,7 @@ RESUMABLE_KEYS = (
     "reward.max_error_fraction",
     "train.microbatch_tokens",
     "train.pack_sequences",
+    "train.share_prompts",
     "model.gradient_checkpointing",
     "train.memory_check",
     "train.offload_optimizer",

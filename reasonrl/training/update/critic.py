@@ -37,8 +37,10 @@ class CriticUpdater:
         compute_dtype: torch.dtype,
         parallel: DataParallel = SINGLE_PROCESS,
         packed: bool = True,  # micro-batches as packed sequences (train.pack_sequences)
+        share_prompts: bool = False,  # a prompt several rows share read once (models.forward.prompt_sharing_refusal)
     ) -> None:
         self.model, self.optimizer, self.value_clip, self.packed = model, optimizer, value_clip, packed
+        self.share_prompts = packed and share_prompts
         self.minibatch_sequences, self.epochs, self.microbatch_tokens = minibatch_sequences, epochs, microbatch_tokens
         self.grad_clip, self.compute_dtype, self.parallel = grad_clip, compute_dtype, parallel
         self.skipped_steps = 0
@@ -54,10 +56,10 @@ class CriticUpdater:
         forwards are counted in ``tally``."""
         out = torch.zeros(batch.response_mask.shape)
         with torch.no_grad():
-            for rows in self.parallel.row_groups(batch, self.microbatch_tokens, self.packed):
+            for rows in self.parallel.row_groups(batch, self.microbatch_tokens, self.packed, self.share_prompts):
                 part = batch.select(rows or [0])
                 if tally is not None:
-                    tally.add(part, filler=not rows, packed=self.packed)
+                    tally.add(part, filler=not rows, packed=self.packed, share_prompts=self.share_prompts)
                 values = self.forward_values(part)
                 out[rows, : values.shape[1]] = values.cpu()
         return self.parallel.sum_(out)
@@ -72,17 +74,20 @@ class CriticUpdater:
             self.compute_dtype,
             part.vision_inputs(),
             packed=self.packed,
+            share_prompts=self.share_prompts,
         )
 
     def _minibatch_step(self, minibatch: RolloutBatch) -> dict[str, float]:
         mask = minibatch.value_loss_mask
         tokens, seqs = count_for_aggregation(mask)
         sums: dict[str, float] = defaultdict(float)
-        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device, self.packed)
+        micros = my_micro_batches(
+            minibatch, self.parallel, self.microbatch_tokens, self.device, self.packed, self.share_prompts
+        )
         tally = ForwardTally("critic")
         for index, micro in enumerate(micros):
             reduce_gradients_after(self.model, last=index == len(micros) - 1)
-            tally.add(micro, packed=self.packed)
+            tally.add(micro, packed=self.packed, share_prompts=self.share_prompts)
             values = self.forward_values(micro)
             loss, stats = value_loss(
                 values,

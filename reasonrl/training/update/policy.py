@@ -35,6 +35,7 @@ def response_logprobs(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     suppressed: tuple[int, ...] = (),
     packed: bool = True,
+    share_prompts: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """log π(a_t | s_t) and the policy entropy H(π(·|s_t)) at every response token; both [B, T].
 
@@ -43,11 +44,20 @@ def response_logprobs(
     ``head_mask`` (default: every response token) limits the LM head, the log-softmax and the entropy
     to those response tokens; the others hold 0 too.  The backbone still runs over the whole sequence.
     Without a head token the output stays connected to the model, so a backward still runs.
-    ``packed`` runs the rows as one sequence without padding (``models.forward.response_hidden_states``).
+    ``packed`` runs the rows as one sequence without padding, ``share_prompts`` reads a prompt that several rows
+    share once (``models.forward.response_hidden_states``).
     """
     device = next(model.parameters()).device
     response_hidden = response_hidden_states(
-        model.base_model, prompt_ids, prompt_mask, response_ids, response_mask, compute_dtype, vision, packed
+        model.base_model,
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        compute_dtype,
+        vision,
+        packed,
+        share_prompts,
     )  # [B, T, d]
     mask = response_mask.to(device).bool()
     if head_mask is not None:
@@ -82,10 +92,16 @@ class TokenLogprobs(torch.nn.Module):
     """
 
     def __init__(
-        self, model: PreTrainedModel, temperature: float, compute_dtype: torch.dtype, packed: bool = True
+        self,
+        model: PreTrainedModel,
+        temperature: float,
+        compute_dtype: torch.dtype,
+        packed: bool = True,
+        share_prompts: bool = False,
     ) -> None:
         super().__init__()
         self.model, self.temperature, self.compute_dtype, self.packed = model, temperature, compute_dtype, packed
+        self.share_prompts = packed and share_prompts
         self.suppressed = suppressed_tokens(model)
 
     def forward(self, batch, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -103,6 +119,7 @@ class TokenLogprobs(torch.nn.Module):
             compute_dtype=self.compute_dtype,
             suppressed=self.suppressed,
             packed=self.packed,
+            share_prompts=self.share_prompts,
         )
 
 
