@@ -16,7 +16,9 @@ steps × prompts problems of the arithmetic task, chat-formatted with the same t
 number of completions per prompt, max new tokens, learning rate, steps and seed, the same reward
 (reasonrl's math verifier: 1 correct, 0 wrong), one optimiser step per generation batch, no KL
 (TRL's default β = 0), token-level loss (TRL's default `loss_type="dapo"`), bf16 compute on fp32
-weights for both.  Each trainer runs in its own subprocess, so peak RSS is its own.  Reported: median
+weights and no gradient checkpointing for both (TRL's GRPOConfig turns it on by default: switched off here, as
+reasonrl's default; runs before 2026-11-29's last one had TRL checkpointing), AdamW for both (torch's; reasonrl
+takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its own.  Reported: median
 seconds per step, completion tokens per second, peak RSS, and both reward curves;
 ``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.
 """
@@ -83,6 +85,7 @@ def run_trl(args: argparse.Namespace) -> dict:
             learning_rate=args.lr,
             max_steps=args.steps,
             bf16=True,
+            gradient_checkpointing=False,  # as reasonrl's default (model.gradient_checkpointing): like for like
             use_cpu=args.device == "cpu",
             **(
                 {

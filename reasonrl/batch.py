@@ -15,6 +15,7 @@ concatenates and moves with the batch's rows.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
@@ -134,14 +135,9 @@ class RolloutBatch:
     def segment_lengths(self, share_prompts: bool) -> list[int]:
         """Tokens of each sequence a packed forward reads: each row's read tokens, or with ``share_prompts``
         each prompt's once, followed by the responses of the rows that share it (``prompt_segments``)."""
-        lengths = self.read_lengths()
         if not share_prompts:
-            return lengths
-        prompt_lengths = self.prompt_mask.sum(1).tolist()  # [B]
-        return [
-            prompt_lengths[rows[0]] + sum(lengths[r] - prompt_lengths[r] for r in rows)
-            for rows in prompt_segments(self.prompt_ids, self.prompt_mask)
-        ]
+            return self.read_lengths()
+        return [tokens for _, tokens in self.prompt_sharing_units(math.inf)]  # a whole group: no budget splits it
 
     def micro_batch_rows(self, token_budget: int, packed: bool = True, share_prompts: bool = False) -> list[list[int]]:
         """Row indices of the micro-batches a forward runs, every row in exactly one (each group sorted).
@@ -177,7 +173,7 @@ class RolloutBatch:
             groups.append(sorted(current))
         return groups
 
-    def prompt_sharing_units(self, token_budget: int) -> list[tuple[list[int], int]]:
+    def prompt_sharing_units(self, token_budget: float) -> list[tuple[list[int], int]]:
         """Rows that share a prompt, in runs of at most ``token_budget`` tokens when read as one segment (the
         prompt once, then each row's response; a row larger than the budget alone), with their tokens."""
         lengths, prompt_lengths = self.read_lengths(), self.prompt_mask.sum(1).tolist()

@@ -150,7 +150,7 @@ def response_hidden_states(
         eager = str(backbone.config._attn_implementation) == "eager"
         mask = shared_prompt_mask(lane_of[reads], column[reads], segment_of, reads, in_response, lane_ids.shape, eager)
     # a VLM matches images to image tokens in reading order: the rows' order in the lanes
-    in_lanes = sorted(range(len(lengths)), key=lambda r: (lane_of[r, 0].item(), offset[segment_of[r]]))
+    in_lanes = sorted(range(len(lengths)), key=lambda r: (lane[segment_of[r]], offset[segment_of[r]]))
     images = {k: v[in_lanes] for k, v in images.items()}
     with autocast_context(compute_dtype, device):  # no KV cache
         hidden = backbone(
