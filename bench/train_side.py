@@ -19,7 +19,8 @@ settings ``bench/vs_trl.py`` compares on (no KL, token-mean loss), packed (the d
 the log-prob pass, its ``_get_per_token_logps_and_entropies``, with its defaults (loss ``dapo``, β 0,
 gradient checkpointing, its fused LM head) but the compute dtype reasonrl uses; rows padded as TRL pads
 a generation batch (prompts left, answers right, to the batch's widest) in micro-batches of as many rows
-as fit the same token budget.
+as fit the same token budget.  On the GPU ``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through
+torch's variable-length flash attention (``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes.
 
 Reported per pass: real tokens/s (prompt + answer, padding not counted), achieved TFLOP/s and MFU
 (2·N per token for the log-prob pass, 6·N for the update, N the matmul parameters, plus causal attention
@@ -70,6 +71,8 @@ SHAPES: dict[str, dict] = {
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
             vocab_size=512)  # fmt: skip  # --smoke: each shape's family and tying at this size
 IMPLEMENTATIONS = ("reasonrl", "reasonrl_padded", "trl")
+# reasonrl packed into one sequence [1, N] through torch's varlen attention (model.attention=varlen; CUDA only)
+VARLEN = "reasonrl_varlen"
 PROMPT_TOKENS = (100, 200)  # uniform: prompts of about 150 tokens
 SMOKE_PROMPT_TOKENS = (8, 16)
 SETTINGS = ["algo.kl_placement=none", "algo.loss_agg=token-mean"]  # as bench/vs_trl.py compares
@@ -112,6 +115,7 @@ PROFILES = {
         "cuda",
         (
             *_both("qwen2.5-1.5b", (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),  # as TRL's default
+            Sweep("qwen2.5-1.5b", VARLEN, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
             Sweep("qwen2.5-7b", "reasonrl", (4096,), 8, **BIG),
             *_both("qwen2.5-0.5b", (1024, 4096, 16384), 16),
             Sweep("qwen2.5-7b", "trl", (4096,), 8, **BIG),
@@ -327,14 +331,19 @@ def run_worker(sweep: Sweep, caps: list[int], smoke: bool, device_name: str) -> 
 
     from reasonrl.config.plan import attention_implementation
     from reasonrl.models.load import compute_dtype
+    from reasonrl.models.varlen_attention import transformers_attention
 
     device = torch.device(device_name)
     prompt_tokens = SMOKE_PROMPT_TOKENS if smoke else PROMPT_TOKENS
-    attention = attention_implementation("auto", device.type, max(caps) + prompt_tokens[1])
+    asked = "varlen" if sweep.implementation == VARLEN else "auto"
+    attention = attention_implementation(asked, device.type, max(caps) + prompt_tokens[1])
+    config = model_config(sweep.shape, smoke)
     torch.manual_seed(0)
     with device:
         model = AutoModelForCausalLM.from_config(
-            model_config(sweep.shape, smoke), dtype=getattr(torch, sweep.param_dtype), attn_implementation=attention
+            config,
+            dtype=getattr(torch, sweep.param_dtype),
+            attn_implementation=transformers_attention(attention, config),
         ).eval()
     if sweep.gradient_checkpointing and sweep.implementation != "trl":  # TRL: its own default
         model.gradient_checkpointing_enable()
@@ -468,6 +477,9 @@ def run_profile(args: argparse.Namespace) -> int:
         caps = list(profile.smoke_caps if args.smoke else sweep.caps)
         if sweep.implementation == "trl" and result["trl"] is None:
             result["skipped"].append({**asdict(sweep), "why": "TRL is not installed (pip install trl==1.16.0)"})
+            continue
+        if sweep.implementation == VARLEN and device != "cuda":
+            result["skipped"].append({**asdict(sweep), "why": "model.attention=varlen runs on a CUDA device only"})
             continue
         if sweep.implementation == "reasonrl_padded" and not takes(TokenLogprobs, "packed"):
             result["skipped"].append({**asdict(sweep), "why": "this reasonrl has no padded variant (no packed=)"})

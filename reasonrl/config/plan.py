@@ -168,7 +168,13 @@ def resolve(cfg: Config, device_type: str | None = None, world_size: int | None 
         device_type=device_type,
         world_size=world_size,
         microbatch_tokens=microbatch_token_budget(cfg, device_type),
-        attention=attention_implementation(cfg.model.attention, device_type, attended_span(cfg, device_type, longest)),
+        attention=attention_implementation(
+            cfg.model.attention,
+            device_type,
+            attended_span(cfg, device_type, longest),
+            packed=cfg.train.pack_sequences,
+            forward_dtype=forward_dtype_name(cfg, device_type),
+        ),
         forward_dtype=forward_dtype_name(cfg, device_type),
         parameter_dtype=t.param_dtype,
     )
@@ -202,19 +208,33 @@ def attended_span(cfg: Config, device_type: str, max_sequence_tokens: int) -> in
     return max_sequence_tokens
 
 
-def attention_implementation(name: str, device_type: str, max_sequence_tokens: int) -> str:
+def attention_implementation(
+    name: str, device_type: str, max_sequence_tokens: int, packed: bool = True, forward_dtype: str = "bfloat16"
+) -> str:
     """The trainer's attention kernel of ``model.attention`` on ``device_type``.
 
     auto: on the CPU eager for sequences up to 512 tokens, where its backward beats SDPA's
     (`python bench/dtype.py`, key train_eager_over_sdpa), and SDPA above, where eager's saved T×T
     attention matrices would cost too much memory; on a GPU flash-attn 2 when installed, else SDPA.
-    flash_attention_2 asked for explicitly needs a GPU and the flash-attn package (a ConfigError)."""
+    flash_attention_2 asked for explicitly needs a GPU and the flash-attn package; varlen a GPU, a torch with
+    ``torch.nn.attention.varlen``, packed sequences and bf16 forwards (``packed``, ``forward_dtype``): a
+    ConfigError naming what is missing otherwise."""
     flash = importlib.util.find_spec("flash_attn") is not None
     if name == "flash_attention_2" and (device_type != "cuda" or not flash):
         raise ConfigError(
             "model.attention=flash_attention_2 needs a CUDA device and the flash-attn package "
             f"({'installed' if flash else 'not installed'}, device {device_type}); use auto or sdpa"
         )
+    if name == "varlen":
+        has_varlen = importlib.util.find_spec("torch.nn.attention.varlen") is not None
+        missing = [
+            *([f"a CUDA device (this run's: {device_type})"] if device_type != "cuda" else []),
+            *([] if has_varlen else ["torch >= 2.10 (its nn.attention.varlen)"]),
+            *([] if packed else ["train.pack_sequences=true (it reads one packed sequence)"]),
+            *([] if forward_dtype == "bfloat16" else [f"bf16 forwards (this run's: {forward_dtype})"]),
+        ]  # fmt: skip
+        if missing:
+            raise ConfigError(f"model.attention=varlen needs {', '.join(missing)}; use auto or sdpa")
     if name != "auto":
         return name
     if device_type == "cuda":

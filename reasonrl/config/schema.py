@@ -32,11 +32,13 @@ class ModelConfig:
     """Where the policy, reference, critic and reward models live and train: auto = cuda when a CUDA
     device is visible, else cpu.  cuda on a machine without one is a configuration error."""
 
-    attention: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
+    attention: Literal["auto", "eager", "sdpa", "flash_attention_2", "varlen"] = "auto"
     """The trainer's attention kernel (transformers' attn_implementation).  auto: on the CPU eager for
     sequences up to 512 tokens (its backward is faster there) and sdpa above (with train.share_prompts a
     sequence can be a whole micro-batch: sdpa above a 512-token budget); on a GPU flash_attention_2 when the
-    flash-attn package is installed, else sdpa."""
+    flash-attn package is installed, else sdpa.  varlen: torch's variable-length flash attention over one packed
+    sequence, no mask built (CUDA, torch >= 2.10, packed sequences, bf16 compute; not yet auto's choice: its GPU
+    check has not run)."""
 
     lora_rank: int = 0
     """LoRA (Hu et al. 2021): train rank-r adapters W + (lora_alpha / r)·B·A on the frozen weights of the

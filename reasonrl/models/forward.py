@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.batch import pack_lanes, prompt_segments
+from reasonrl.models.varlen_attention import VARLEN_ATTENTION, packed_varlen_forward, segment_boundaries
 
 
 def autocast_context(compute_dtype: torch.dtype, device: torch.device) -> contextlib.AbstractContextManager:
@@ -99,8 +100,9 @@ def response_hidden_states(
     also reads ``vision``: the image tokens of the prompt become its images' features.
 
     ``packed`` (the default) runs the rows' read tokens packed, each row with its own position ids and no
-    attention mask (transformers' packed sequences): flash-attn's one sequence [1, N], or for sdpa and eager
-    lanes [L, W] as long as the longest row, rows packed into them first-fit (``pack_lanes``).
+    attention mask (transformers' packed sequences): one sequence [1, N] for flash-attn and for torch's varlen
+    (``models.varlen_attention``), or for sdpa and eager lanes [L, W] as long as the longest row, rows packed
+    into them first-fit (``pack_lanes``).
     ``share_prompts`` (``prompt_sharing_refusal``) reads a prompt several rows share once: one segment
     [prompt, response 1, response 2, ...] under a mask that lets each response see the prompt and itself.
     ``packed=False`` runs the padded [B, P+T] batch with an attention mask; all give the same states
@@ -129,7 +131,8 @@ def response_hidden_states(
     segments = prompt_segments(prompt_ids, prompt_mask) if share_prompts else [[r] for r in range(len(reads))]
     lengths = reads.sum(1).tolist()  # [B]
     segment_of, responses_before, segment_lengths = segment_places(segments, lengths, prompt_mask.sum(1).tolist())
-    varlen = "flash" in str(getattr(backbone.config, "_attn_implementation", ""))
+    attention = str(getattr(backbone.config, "_attn_implementation", ""))
+    varlen = "flash" in attention or attention == VARLEN_ATTENTION  # one sequence [1, N]
     lane, offset = pack_lanes(segment_lengths, sum(segment_lengths) if varlen else max(segment_lengths))
     lane_of = torch.tensor([lane[s] for s in segment_of], device=device)[:, None].expand_as(reads)  # [B, P+T]
     in_response = torch.arange(reads.shape[1], device=device) >= prompt_ids.shape[1]  # [P+T]
@@ -152,14 +155,26 @@ def response_hidden_states(
     # a VLM matches images to image tokens in reading order: the rows' order in the lanes
     in_lanes = sorted(range(len(lengths)), key=lambda r: (lane[segment_of[r]], offset[segment_of[r]]))
     images = {k: v[in_lanes] for k, v in images.items()}
-    with autocast_context(compute_dtype, device):  # no KV cache
-        hidden = backbone(
-            input_ids=lane_ids, attention_mask=mask, position_ids=lane_positions, use_cache=False, **images
-        ).last_hidden_state  # [L, W, d]
+    inputs = dict(input_ids=lane_ids, attention_mask=mask, position_ids=lane_positions, **images)
+    in_sequence = [n for _, n in sorted(zip(offset, segment_lengths, strict=True))]  # varlen's one lane, in order
+    hidden = lanes_forward(backbone, compute_dtype, inputs, in_sequence if attention == VARLEN_ATTENTION else None)
     # 3. back to rows: the state before each response token
     wanted = reads[:, states]  # [B, T]
     picked = hidden[lane_of[:, states], column[:, states].clamp(0, width - 1)]  # [B, T, d]
     return picked * wanted[..., None].to(picked.dtype)
+
+
+def lanes_forward(backbone: torch.nn.Module, compute_dtype: torch.dtype, inputs: dict,
+                  varlen_segments: list[int] | None = None) -> Tensor:  # fmt: skip
+    """The backbone's last hidden states [L, W, d] of the lanes ``inputs`` (input_ids, position_ids, attention_mask,
+    a VLM's images), without a KV cache.  ``varlen_segments``: the lengths of the one lane's segments in order,
+    for model.attention=varlen (``models.varlen_attention``: their bounds computed once for every layer, and no
+    mask built)."""
+    device = inputs["input_ids"].device
+    boundaries = segment_boundaries(varlen_segments, device) if varlen_segments else {}
+    no_mask = packed_varlen_forward() if varlen_segments else contextlib.nullcontext()
+    with autocast_context(compute_dtype, device), no_mask:
+        return backbone(**inputs, **boundaries, use_cache=False).last_hidden_state
 
 
 def segment_places(

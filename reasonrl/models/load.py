@@ -242,15 +242,19 @@ def load_model(
     """The causal LM of a model spec (a vision-language model's image-text-to-text model), in ``dtype``
     (fp32 by default), on ``device``, in eval mode.
 
-    ``attn_implementation`` as transformers names it (eager, sdpa, flash_attention_2); None keeps its default.
+    ``attn_implementation`` as ``model.attention`` names it (eager, sdpa, flash_attention_2, varlen:
+    ``models.varlen_attention``); None keeps its default.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if is_vision_language(spec) else AutoModelForCausalLM
 
+    from reasonrl.models.varlen_attention import transformers_attention
+
     def load(location: str) -> PreTrainedModel:
-        options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        options = {"attn_implementation": transformers_attention(attn_implementation, location)}
+        options = options if attn_implementation else {}
         safe = check_safetensors(location, spec)
         return auto.from_pretrained(location, dtype=dtype or torch.float32, **safe, **options)
 

@@ -23,6 +23,7 @@ from reasonrl.models.forward import response_hidden_states
 from reasonrl.models.load import ModelError, load_model, without_dropout
 from reasonrl.models.lora import save_hf_directory
 from reasonrl.models.untrusted import check_safetensors
+from reasonrl.models.varlen_attention import transformers_attention
 
 HEAD_FILE = "value_head.safetensors"
 SCORE_BIAS_KEY = "reasonrl_score_bias"  # the config entry of an exported head's bias
@@ -131,7 +132,8 @@ def load_sequence_classifier(spec: str | Path, attn_implementation: str | None =
             f"{spec}: not a one-label sequence-classification reward model (architectures {architectures}, "
             f"{config.num_labels} labels); a causal LM has no trained reward head"
         )
-    options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    options = {"attn_implementation": transformers_attention(attn_implementation, config)}
+    options = options if attn_implementation else {}
     classifier, loading = AutoModelForSequenceClassification.from_pretrained(
         str(spec),
         num_labels=1,
@@ -189,7 +191,8 @@ def load_value_model(directory: str | Path, attn_implementation: str | None = No
             return load_sequence_classifier(str(directory), attn_implementation)
         except (OSError, ValueError) as exc:
             raise ModelError(f"{missing}; as a hub id it failed too: {exc}") from None
-    options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    options = {"attn_implementation": transformers_attention(attn_implementation, directory)}
+    options = options if attn_implementation else {}
     safe = check_safetensors(str(directory), str(directory))
     backbone = AutoModel.from_pretrained(directory, dtype=torch.float32, **safe, **options)
     tensors = load_file(directory / HEAD_FILE)

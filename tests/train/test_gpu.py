@@ -20,9 +20,17 @@ from tests.train.test_step import rollout_batch, updated_parameters
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.mark.parametrize("preset", ["grpo", "vapo", "t_ppo"])
-def test_three_steps_train_on_cuda(tmp_path, preset):
-    overrides = [*TINY, "model.device=cuda", "train.rollout_steps=3", "run.eval_every=100"]
+@pytest.mark.parametrize(
+    ("preset", "attention"), [("grpo", "auto"), ("vapo", "auto"), ("t_ppo", "auto"), ("vapo", "varlen")]
+)
+def test_three_steps_train_on_cuda(tmp_path, preset, attention):
+    overrides = [
+        *TINY,
+        "model.device=cuda",
+        "train.rollout_steps=3",
+        "run.eval_every=100",
+        f"model.attention={attention}",
+    ]
     if preset != "grpo":
         overrides.append("algo.value_pretrain_steps=1")
     if preset == "t_ppo":
