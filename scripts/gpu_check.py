@@ -22,8 +22,10 @@ step does not stop the ones after it, so one lease brings back every result):
    - ``gpu_rollout``: ``bench/gpu_rollout.py --profile gpu``, generation without vLLM (transformers' ``generate``
      against its continuous batching, the paged engine's) on the 0.5B and 1.5B shapes at batches 16, 64 and
      256, within 240 s;
-   - ``async_rl``: ``bench/async_rl.py --profile gpu``, synchronous against one-step-off rollouts on a
-     random-weight Qwen2.5-1.5B, 4 steps each, within 420 s (about 350 s on an H200);
+   - ``gpu_rl_step``: ``bench/gpu_rl_step.py --profile gpu``, a whole dapo step on a random-weight Qwen2.5-1.5B
+     at a 4k cap, reasonrl (paged engine) against TRL's GRPOTrainer paged and with ``generate``, within 420 s;
+   - ``async_rl``: ``bench/async_rl.py --profile gpu``, synchronous against one-step-off rollouts and T-PPO on a
+     random-weight Qwen2.5-1.5B, 4 steps each, within 540 s (sync and async1 took about 350 s on an H200);
    - ``train_side``: ``bench/train_side.py --profile gpu``, within what is left of the budget.
    Every step finds its own limit in seconds in the environment variable GPU_CHECK_STEP_SECONDS.
 
@@ -53,12 +55,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESERVE_SECONDS = 5  # kept back from every step for writing the results after it
 MIN_STEP_SECONDS = 10  # a step that would get less is skipped, not started
-STEP_BUDGETS = {"install": 60, "device": 60, "requirements": 60, "pytest": 150, "gpu_rollout": 240, "async_rl": 420}
+STEP_BUDGETS = {
+    "install": 60,
+    "device": 60,
+    "requirements": 60,
+    "pytest": 150,
+    "gpu_rollout": 240,
+    "gpu_rl_step": 420,
+    "async_rl": 540,
+}
 """Each step's limit in seconds; a step not listed gets what is left of the run's budget."""
 # the benchmarks, in the order they run, and their arguments given the folder of their results
 BENCHMARKS = {
     "gpu_rollout": lambda out: ["--profile", "gpu", "--out", str(out)],
-    "async_rl": lambda out: ["--profile", "gpu", "--variants", "sync", "async1", "--seeds", "0",
+    "gpu_rl_step": lambda out: ["--profile", "gpu", "--out", str(out)],
+    "async_rl": lambda out: ["--profile", "gpu", "--variants", "sync", "async1", "t_ppo", "--seeds", "0",
                              "--out", str(out / "async_rl_gpu.json"), "train.rollout_steps=4"],
     "train_side": lambda out: ["--profile", "gpu", "--out", str(out)],
 }  # fmt: skip
