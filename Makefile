@@ -45,7 +45,7 @@ test-slow: $(VENV)/.installed-dev
 test-gpu: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m gpu
 
-## wheelhouse: download into .whl/ the wheels (~2.4 MB) that a GPU machine without a network lacks (docs/gpu-checks.md)
+## wheelhouse: download into .whl/ the wheels (~3.3 MB) that a GPU machine without a network lacks (docs/gpu-checks.md)
 wheelhouse:
 	bash scripts/wheelhouse.sh
 

@@ -19,7 +19,8 @@ settings ``bench/vs_trl.py`` compares on (no KL, token-mean loss), packed (the d
 the log-prob pass, its ``_get_per_token_logps_and_entropies``, with its defaults (loss ``dapo``, β 0,
 gradient checkpointing, its fused LM head) but the compute dtype reasonrl uses; rows padded as TRL pads
 a generation batch (prompts left, answers right, to the batch's widest) in micro-batches of as many rows
-as fit the same token budget.  On the GPU ``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through
+as fit the same token budget; ``trl_liger`` the same with ``use_liger_kernel=True`` (TRL's fused linear GRPO loss from
+liger-kernel, GPU only).  On the GPU ``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through
 torch's variable-length flash attention (``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes.
 
 Reported per pass: real tokens/s (prompt + answer, padding not counted), achieved TFLOP/s and MFU
@@ -73,6 +74,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 IMPLEMENTATIONS = ("reasonrl", "reasonrl_padded", "trl")
 # reasonrl packed into one sequence [1, N] through torch's varlen attention (model.attention=varlen; CUDA only)
 VARLEN = "reasonrl_varlen"
+TRL_LIGER = "trl_liger"  # TRL with use_liger_kernel=True: its fused linear GRPO loss (liger-kernel; CUDA only)
 PROMPT_TOKENS = (100, 200)  # uniform: prompts of about 150 tokens
 SMOKE_PROMPT_TOKENS = (8, 16)
 SETTINGS = ["algo.kl_placement=none", "algo.loss_agg=token-mean"]  # as bench/vs_trl.py compares
@@ -116,6 +118,7 @@ PROFILES = {
         (
             *_both("qwen2.5-1.5b", (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),  # as TRL's default
             Sweep("qwen2.5-1.5b", VARLEN, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
+            Sweep("qwen2.5-1.5b", TRL_LIGER, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
             Sweep("qwen2.5-7b", "reasonrl", (4096,), 8, **BIG),
             *_both("qwen2.5-0.5b", (1024, 4096, 16384), 16),
             Sweep("qwen2.5-7b", "trl", (4096,), 8, **BIG),
@@ -345,10 +348,11 @@ def run_worker(sweep: Sweep, caps: list[int], smoke: bool, device_name: str) -> 
             dtype=getattr(torch, sweep.param_dtype),
             attn_implementation=transformers_attention(attention, config),
         ).eval()
-    if sweep.gradient_checkpointing and sweep.implementation != "trl":  # TRL: its own default
+    trl = sweep.implementation in ("trl", TRL_LIGER)
+    if sweep.gradient_checkpointing and not trl:  # TRL: its own default
         model.gradient_checkpointing_enable()
     dtype = compute_dtype("auto")  # the trainer's default: bf16 where the hardware has it
-    passes_type = TrlPasses if sweep.implementation == "trl" else ReasonrlPasses
+    passes_type = TrlPasses if trl else ReasonrlPasses
     passes = passes_type(model, device, dtype, sweep.implementation != "reasonrl_padded", sweep)
     counter = TokenCounter(model)
     peak = device_description(device.type)["peak_bf16_flops"]
@@ -393,13 +397,18 @@ def summary(configurations: list[dict]) -> dict:
         else:
             entry["first_cap_that_did_not_fit"] = c["cap"]
     measured = {(c["shape"], c["implementation"], c["cap"]): c for c in configurations if c["fits"]}
-    speedups = {}
+    speedups: dict = {"trl": {}, TRL_LIGER: {}}
     for (shape, implementation, cap), c in measured.items():
-        trl = measured.get((shape, "trl", cap))
-        if implementation != "trl" and trl:
-            ratio = c["update"]["tokens_per_second"] / trl["update"]["tokens_per_second"]
-            speedups[f"{shape}/{cap}/{implementation}"] = ratio
-    return {"fits": fits, "update_speedup_over_trl": speedups}
+        for arm, ratios in speedups.items():
+            trl = measured.get((shape, arm, cap))
+            if implementation.startswith("reasonrl") and trl:
+                ratio = c["update"]["tokens_per_second"] / trl["update"]["tokens_per_second"]
+                ratios[f"{shape}/{cap}/{implementation}"] = ratio
+    return {
+        "fits": fits,
+        "update_speedup_over_trl": speedups["trl"],
+        "update_speedup_over_trl_liger": speedups[TRL_LIGER],
+    }
 
 
 def plot(result: dict, path: Path) -> str | None:
@@ -475,7 +484,10 @@ def run_profile(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for sweep in (s for s in profile.sweeps if not args.shapes or s.shape in args.shapes):
         caps = list(profile.smoke_caps if args.smoke else sweep.caps)
-        if sweep.implementation == "trl" and result["trl"] is None:
+        if sweep.implementation == TRL_LIGER and (device != "cuda" or importlib.util.find_spec("liger_kernel") is None):
+            result["skipped"].append({**asdict(sweep), "why": "TRL's Liger loss needs CUDA and liger-kernel"})
+            continue
+        if sweep.implementation in ("trl", TRL_LIGER) and result["trl"] is None:
             result["skipped"].append({**asdict(sweep), "why": "TRL is not installed (pip install trl==1.16.0)"})
             continue
         if sweep.implementation == VARLEN and device != "cuda":

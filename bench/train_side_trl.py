@@ -1,6 +1,7 @@
 """TRL 1.16's GRPO loss path on the rows of bench/train_side.py: ``GRPOTrainer``'s own ``compute_loss`` for
 the update and its ``_get_per_token_logps_and_entropies`` for the log-prob pass, on rows padded as TRL pads
-a generation batch."""
+a generation batch; ``trl_liger``: with ``use_liger_kernel=True``, which in TRL 1.16 applies Liger's layer kernels
+(RMSNorm, RoPE, SwiGLU) beside TRL's own fused LM head."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class TrlPasses:
             per_device_train_batch_size=2,
             num_generations=2,
             bf16=dtype == torch.bfloat16,
+            use_liger_kernel=sweep.implementation == "trl_liger",  # TRL's fused linear GRPO loss (liger-kernel)
             use_cpu=device.type == "cpu",
             report_to="none",
             save_strategy="no",
@@ -33,6 +35,10 @@ class TrlPasses:
         dataset = Dataset.from_list([{"prompt": "-"}] * 2)
         self.trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=self.config,
                                    train_dataset=dataset)  # fmt: skip
+        if self.config.use_liger_kernel:  # as Trainer.train() applies it: Liger's RMSNorm, RoPE and SwiGLU kernels
+            from transformers.integrations.liger import apply_liger_kernel
+
+            apply_liger_kernel(model, self.config.liger_kernel_config)
         if self.config.gradient_checkpointing:  # as Trainer.train() switches it on
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=self.config.gradient_checkpointing_kwargs)
         self.trainer.create_optimizer()
@@ -42,7 +48,8 @@ class TrlPasses:
         from reasonrl.config.plan import MICROBATCH_TOKENS
 
         self.budget = max(MICROBATCH_TOKENS[self.device.type], cap + prompt_tokens[1])  # reasonrl's default budget
-        options = ("loss_type", "beta", "gradient_checkpointing", "bf16", "cast_lm_head_to_fp32", "learning_rate")
+        options = ("loss_type", "beta", "gradient_checkpointing", "bf16", "cast_lm_head_to_fp32", "learning_rate",
+                   "use_liger_kernel")  # fmt: skip
         return {"microbatch_tokens": self.budget, "trl_options": {k: getattr(self.config, k) for k in options}}
 
     def padded(self, batch) -> tuple[list[dict], int]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks on a machine that has CUDA torch, transformers and peft but no package index: installs the
-# wheels of .whl/ (scripts/wheelhouse.sh, about 2.4 MB) with pip --no-index into a --target folder put on
+# wheels of .whl/ (scripts/wheelhouse.sh, about 3.3 MB) with pip --no-index into a --target folder put on
 # PYTHONPATH (made for this run: new, private, removed at the end; the system Python's own packages stay
 # untouched), then runs `pytest -m gpu` and `bench/train_side.py --profile gpu` (where that file exists), each
 # within its time budget: 8 minutes in all by default (GPU_CHECK_BUDGET_S). Every result is JSON under OUT,

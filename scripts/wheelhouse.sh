@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download into .whl/ the wheels that scripts/gpu-check.sh installs on a GPU machine without a network:
 # what reasonrl and its GPU checks need beyond an image with CUDA torch, transformers and peft
-# (the list and the image's assumed packages: scripts/wheelhouse.txt). About 2.4 MB, 9 wheels.
+# (the list and the image's assumed packages: scripts/wheelhouse.txt). About 3.3 MB, 10 wheels.
 #   usage: scripts/wheelhouse.sh            (wheels for CPython 3.12 on manylinux x86_64)
 #          WHEELHOUSE_PYTHON=3.11 scripts/wheelhouse.sh   (for another Python of the target machine)
 # .whl/ is emptied first: two versions of one package stop the install there.
