@@ -60,6 +60,10 @@ class Plan:
     max_sequence_tokens: int
     """Longest prompt + response a forward pass may see."""
 
+    gradient_checkpointing: bool
+    """model.gradient_checkpointing with auto resolved: off here; the run's setup turns it on where the memory plan
+    (``models.memory_plan.plan_memory``) says the run does not fit without it."""
+
     separate_old_logprob_pass: bool
     """Old log-probs need their own forward pass before the update.  Not when a rollout is a single
     mini-batch trained for one epoch without a reference or FIRE behaviour log-probs: the update's
@@ -156,6 +160,7 @@ def resolve(cfg: Config, device_type: str | None = None, world_size: int | None 
         loss_agg_constant=constant,
         overlong_cache_tokens=cache,
         max_sequence_tokens=longest,
+        gradient_checkpointing=cfg.model.gradient_checkpointing is True,
         separate_old_logprob_pass=not (
             per_rollout == 1
             and not (a.kl_placement != "none" and a.kl_coef > 0)

@@ -25,8 +25,10 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Weights' dtype for the forward passes; auto picks the faster measured choice for the device."""
 
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute activations in the backward pass: less memory, about a third more compute.  auto: on where the
+    memory plan predicts the run does not fit the device without it (said in the log), off otherwise (and where
+    the plan has no figure for the device or the model)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the policy, reference, critic and reward models live and train: auto = cuda when a CUDA

@@ -156,6 +156,8 @@ class MemoryPlan:
     capacity: int | None = None
     """Bytes the device has for this process (free GPU memory, or available RAM per local rank); None = unknown."""
     notes: tuple[str, ...] = field(default=())
+    gradient_checkpointing: bool = False
+    """Whether the plan recomputes activations (model.gradient_checkpointing, auto resolved)."""
 
     @property
     def fits(self) -> bool:
@@ -192,7 +194,17 @@ def plan_memory(
     device_memory: int | None = None,
 ) -> MemoryPlan:
     """The peak memory per device of ``cfg``'s training on ``device_type`` ("cpu" or "cuda") with
-    ``world_size`` FSDP2 ranks; ``device_memory`` is the GPU's total (vLLM's share is a fraction of it)."""
+    ``world_size`` FSDP2 ranks; ``device_memory`` is the GPU's total (vLLM's share is a fraction of it).
+    model.gradient_checkpointing=auto plans without it, and with it where that does not fit ``capacity``."""
+    if cfg.model.gradient_checkpointing == "auto":
+        options = dict(device_type=device_type, world_size=world_size, capacity=capacity, device_memory=device_memory)
+        without = plan_memory(with_setting(cfg, "model.gradient_checkpointing", False), model_config, **options)
+        if without.fits:
+            return without
+        with_it = plan_memory(with_setting(cfg, "model.gradient_checkpointing", True), model_config, **options)
+        note = (f"model.gradient_checkpointing=auto: on (without it the peak would be {gib(without.total):.2f} GiB, "
+                f"more than the {gib(capacity or 0):.2f} GiB available)")  # fmt: skip
+        return replace(with_it, notes=(*with_it.notes, note))
     m, t = cfg.model, cfg.train
     plan = resolve(cfg, device_type, world_size)
     shape = ModelShape.of(model_config, m.lora_rank, m.lora_target_modules)
@@ -252,7 +264,8 @@ def plan_memory(
         generation = total - sum(components[name] for name in transient)
         total = max(generation, total - components["rollout engine"])
         notes.append("vLLM sleeps during the update: the total is the larger of generation and update")
-    return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, tuple(notes))
+    return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, tuple(notes),
+                      m.gradient_checkpointing)  # fmt: skip
 
 
 def rollout_batch_bytes(cfg: Config) -> int:

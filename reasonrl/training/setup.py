@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,7 @@ def build_critic(
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
     model.to(plan.parameter_torch_dtype)
-    if cfg.model.gradient_checkpointing:
+    if plan.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable()
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
     backend.place(model, dtype, cfg.train.offload_optimizer)
@@ -230,7 +230,7 @@ def load_policy(
     run has one (a KL term without LoRA), placed by ``backend``."""
     attention, dtype, parameters = plan.attention, plan.forward_torch_dtype, plan.parameter_torch_dtype
     model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
-    if cfg.model.gradient_checkpointing:
+    if plan.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if workers is not None:
         engine = workers.engine
@@ -271,7 +271,10 @@ def setup(
     device = resolve_device(cfg.model.device)
     plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
     terms = preflight(cfg)
-    check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
+    memory = check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
+    if memory is not None and memory.gradient_checkpointing != plan.gradient_checkpointing:  # auto, turned on
+        log.info("%s", memory.notes[-1])
+        plan = replace(plan, gradient_checkpointing=True)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)

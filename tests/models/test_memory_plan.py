@@ -85,7 +85,8 @@ def test_vllm_takes_its_share_of_the_gpu_and_gives_it_back_while_asleep():
 
 
 def test_the_refusal_names_each_setting_with_its_predicted_peak():
-    cfg = load_config("dr_grpo", [*CPU, "train.microbatch_tokens=4096", "model.dtype=auto"])
+    cfg = load_config("dr_grpo", [*CPU, "train.microbatch_tokens=4096", "model.dtype=auto",
+                                  "model.gradient_checkpointing=false"])  # fmt: skip
     over = plan_memory(cfg, TINY, device_type="cpu")
     # room for everything but a fifth of the activations: checkpointing or a smaller budget fits
     capacity = over.total - over.components["activations"] // 5
@@ -96,6 +97,41 @@ def test_the_refusal_names_each_setting_with_its_predicted_peak():
     for setting in ("model.lora_rank=16", "train.param_dtype=bfloat16", "train.memory_check=warn"):
         assert setting in message
     assert "GiB" in fitting and "activations" in message
+
+
+def test_auto_checkpointing_is_on_exactly_where_the_run_does_not_fit_without_it():
+    cfg = load_config("dr_grpo", [*CPU, "train.microbatch_tokens=4096"])
+    assert cfg.model.gradient_checkpointing == "auto"
+    without = plan("train.microbatch_tokens=4096", "model.gradient_checkpointing=false")
+    with_it = plan("train.microbatch_tokens=4096", "model.gradient_checkpointing=true")
+    assert with_it.total < without.total
+    for capacity, expected in ((None, without), (without.total, without), (without.total - 1, with_it)):
+        chosen = plan_memory(cfg, TINY, device_type="cpu", capacity=capacity)
+        assert chosen.components == expected.components and chosen.gradient_checkpointing == (expected is with_it)
+    on = plan_memory(cfg, TINY, device_type="cpu", capacity=without.total - 1)
+    assert on.fits and "model.gradient_checkpointing=auto: on (without it the peak would be" in on.notes[-1]
+    short = plan_memory(cfg, TINY, device_type="cpu", capacity=with_it.total - 1)  # not even with it: refused as is
+    assert not short.fits and short.gradient_checkpointing
+
+
+def test_a_run_with_auto_checkpointing_recomputes_where_the_memory_plan_says_it_must(monkeypatch, tmp_path, caplog):
+    from reasonrl.models.load import model_config
+    from reasonrl.training import setup
+
+    cfg = load_config("dr_grpo", [*CPU, "model.name_or_path=tiny-random", "train.rollout_steps=1"])
+    tiny = model_config("tiny-random")
+    no_checkpointing = load_config(
+        "dr_grpo", [*CPU, "model.name_or_path=tiny-random", "model.gradient_checkpointing=false"]
+    )
+    without = plan_memory(no_checkpointing, tiny, device_type="cpu")
+    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (without.total - 1, 64 * GIB))
+    with caplog.at_level(logging.INFO):
+        run = setup.setup(cfg, tmp_path)
+    assert run.plan.gradient_checkpointing and run.model.is_gradient_checkpointing
+    assert "model.gradient_checkpointing=auto: on" in caplog.text
+    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (64 * GIB, 64 * GIB))
+    run = setup.setup(cfg, tmp_path / "roomy")
+    assert not run.plan.gradient_checkpointing and not run.model.is_gradient_checkpointing
 
 
 def test_train_refuses_before_any_weight_loads(monkeypatch, tmp_path):
