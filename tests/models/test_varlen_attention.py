@@ -124,6 +124,19 @@ def test_generate_with_the_varlen_model_is_sdpas_generate(kernel_calls):
     assert not kernel_calls
 
 
+@pytest.mark.parametrize("engine", ["hf", "paged"])
+def test_the_engines_copy_of_a_varlen_policy_generates_with_sdpa(engine, kernel_calls):
+    from reasonrl.models.tiny import tiny_tokenizer
+    from reasonrl.rollout import build_engine
+    from reasonrl.rollout.engine_protocol import SamplingParams
+
+    model = varlen_lm("llama")
+    served = build_engine(engine, model, tiny_tokenizer())
+    assert served.model.config._attn_implementation == "sdpa" and model.config._attn_implementation == VARLEN_ATTENTION
+    out = served.generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=3, seed=0, ignore_stop=True))
+    assert [len(o.token_ids) for o in out] == [3, 3] and not kernel_calls
+
+
 def test_varlen_is_refused_where_it_cannot_run_naming_what_is_missing():
     with pytest.raises(ConfigError, match=r"a CUDA device \(this run's: cpu\)"):
         attention_implementation("varlen", "cpu", 128)
