@@ -198,13 +198,7 @@ def plan_memory(
     model.gradient_checkpointing=auto plans without it, and with it where that does not fit ``capacity``."""
     if cfg.model.gradient_checkpointing == "auto":
         options = dict(device_type=device_type, world_size=world_size, capacity=capacity, device_memory=device_memory)
-        without = plan_memory(with_setting(cfg, "model.gradient_checkpointing", False), model_config, **options)
-        if without.fits:
-            return without
-        with_it = plan_memory(with_setting(cfg, "model.gradient_checkpointing", True), model_config, **options)
-        note = (f"model.gradient_checkpointing=auto: on (without it the peak would be {gib(without.total):.2f} GiB, "
-                f"more than the {gib(capacity or 0):.2f} GiB available)")  # fmt: skip
-        return replace(with_it, notes=(*with_it.notes, note))
+        return auto_checkpointing_plan(cfg, model_config, options)
     m, t = cfg.model, cfg.train
     plan = resolve(cfg, device_type, world_size)
     shape = ModelShape.of(model_config, m.lora_rank, m.lora_target_modules)
@@ -266,6 +260,18 @@ def plan_memory(
         notes.append("vLLM sleeps during the update: the total is the larger of generation and update")
     return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, tuple(notes),
                       m.gradient_checkpointing)  # fmt: skip
+
+
+def auto_checkpointing_plan(cfg: Config, model_config: Any, options: dict) -> MemoryPlan:
+    """``plan_memory``'s plan of model.gradient_checkpointing=auto: without recomputation where that fits the
+    capacity in ``options`` (or it is unknown), else with it, saying why."""
+    without = plan_memory(with_setting(cfg, "model.gradient_checkpointing", False), model_config, **options)
+    if without.fits:
+        return without
+    with_it = plan_memory(with_setting(cfg, "model.gradient_checkpointing", True), model_config, **options)
+    note = (f"model.gradient_checkpointing=auto: on (without it the peak would be {gib(without.total):.2f} GiB, "
+            f"more than the {gib(options['capacity'] or 0):.2f} GiB available)")  # fmt: skip
+    return replace(with_it, notes=(*with_it.notes, note))
 
 
 def rollout_batch_bytes(cfg: Config) -> int:
