@@ -16,8 +16,8 @@ steps × prompts problems of the arithmetic task, chat-formatted with the same t
 number of completions per prompt, max new tokens, learning rate, steps and seed, the same reward
 (reasonrl's math verifier: 1 correct, 0 wrong), one optimiser step per generation batch, no KL
 (TRL's default β = 0), token-level loss (TRL's default `loss_type="dapo"`), bf16 compute on fp32
-weights and no gradient checkpointing for both (TRL's GRPOConfig turns it on by default: switched off here, as
-reasonrl's default; runs before 2026-11-29's last one had TRL checkpointing), AdamW for both (torch's; reasonrl
+weights and no gradient checkpointing for both (TRL's GRPOConfig turns it on by default, reasonrl's auto where a
+run does not fit without it: off for both here; runs before 2026-11-29's last one had TRL checkpointing), AdamW for both (torch's; reasonrl
 takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its own.  Reported: median
 seconds per step, completion tokens per second, peak RSS, and both reward curves;
 ``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.
@@ -85,7 +85,7 @@ def run_trl(args: argparse.Namespace) -> dict:
             learning_rate=args.lr,
             max_steps=args.steps,
             bf16=True,
-            gradient_checkpointing=False,  # as reasonrl's default (model.gradient_checkpointing): like for like
+            gradient_checkpointing=False,  # as reasonrl here (model.gradient_checkpointing=false): like for like
             use_cpu=args.device == "cpu",
             **(
                 {
@@ -145,6 +145,7 @@ def run_reasonrl(args: argparse.Namespace) -> dict:
         f"run.seed={args.seed}",
         "algo.kl_placement=none",
         "algo.loss_agg=token-mean",
+        "model.gradient_checkpointing=false",  # as TRL here (its default would checkpoint)
         "data.eval_prompts=8",
         f"run.eval_every={10**6}",
         f"run.save_every={10**6}",
