@@ -17,9 +17,9 @@ number of completions per prompt, max new tokens, learning rate, steps and seed,
 (reasonrl's math verifier: 1 correct, 0 wrong), one optimiser step per generation batch, no KL
 (TRL's default β = 0), token-level loss (TRL's default `loss_type="dapo"`), bf16 compute on fp32
 weights and no gradient checkpointing for both (TRL's GRPOConfig turns it on by default, reasonrl's auto where a
-run does not fit without it: off for both here; runs before 2026-11-29's last one had TRL checkpointing), AdamW for both (torch's; reasonrl
-takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its own.  Reported: median
-seconds per step, completion tokens per second, peak RSS, and both reward curves;
+run does not fit without it: off for both here; runs before 2026-11-29's last one had TRL checkpointing), AdamW
+for both (torch's; reasonrl takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its
+own.  Reported: median seconds per step, completion tokens per second, peak RSS, and both reward curves;
 ``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.
 """
 
