@@ -142,16 +142,22 @@ def varlen_attention_forward(
 
 def varlen_kernel(query: Tensor, key: Tensor, value: Tensor, boundaries: Tensor, longest: int,
                   scale: float | None) -> Tensor:  # fmt: skip
-    """torch's ``varlen_attn``, causal, over [N, H, D] queries and [N, Hkv, D] keys and values (grouped-query
-    heads shared natively where this torch offers it, else repeated); [N, H, D]."""
+    """torch's ``varlen_attn``, causal, over [N, H, D] queries and [N, Hkv, D] keys and values; [N, H, D].  Its
+    signature changed across torch versions: causal by ``is_causal`` (2.10) or ``window_size=(-1, 0)`` (later), the
+    scale given (later) or folded into the queries (2.10: no ``scale``, always 1/√D), grouped-query heads shared
+    natively (``enable_gqa``, later) or repeated."""
     from torch.nn.attention.varlen import varlen_attn
 
     accepted = inspect.signature(varlen_attn).parameters
-    options: dict = {"scale": scale}
-    if "is_causal" in accepted:  # torch 2.10-2.11
+    options: dict = {}
+    if "is_causal" in accepted:
         options["is_causal"] = True
-    else:  # later torch: a window of (-1, 0) is causal
+    else:
         options["window_size"] = (-1, 0)
+    if scale is not None and "scale" in accepted:
+        options["scale"] = scale
+    elif scale is not None:  # the kernel scales by 1/√D: fold the rest into the queries
+        query = query * (scale * query.shape[-1] ** 0.5)
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and "enable_gqa" in accepted:
         options["enable_gqa"] = True

@@ -167,6 +167,34 @@ def test_a_run_asking_varlen_for_an_unverified_model_stops_naming_it(tmp_path):
         load_model(str(tmp_path), attn_implementation="varlen")
 
 
+def torch_2_10_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    """torch 2.10's signature (no scale: always 1/√D; no grouped-query heads), computed by the CPU stand-in."""
+    assert is_causal and key.shape[1] == query.shape[1] and torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k
+    return segment_attention(query, key, value, cu_seq_q, max_q, None)
+
+
+def later_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                      window_size=(-1, -1), enable_gqa=False):  # fmt: skip
+    """The later signature: causal as a window, the scale and grouped-query heads given."""
+    assert tuple(window_size) == (-1, 0) and (enable_gqa or key.shape[1] == query.shape[1])
+    return segment_attention(query, key, value, cu_seq_q, max_q, scale)
+
+
+@pytest.mark.parametrize("kernel", [torch_2_10_varlen_attn, later_varlen_attn])
+def test_the_kernel_is_called_as_each_torch_version_takes_it(kernel, monkeypatch):
+    from torch.nn.attention import varlen
+
+    from reasonrl.models.varlen_attention import varlen_kernel
+
+    monkeypatch.setattr(varlen, "varlen_attn", kernel)
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(30, 4, 8, generator=generator)
+    k, v = (torch.randn(30, 2, 8, generator=generator) for _ in "kv")
+    bounds = torch.tensor([0, 7, 19, 30], dtype=torch.int32)
+    out = varlen_kernel(q, k, v, bounds, 12, 0.2)  # a scale other than 1/√8, two query heads per key head
+    assert torch.allclose(out, segment_attention(q, k, v, bounds, 12, 0.2), atol=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_torchs_varlen_kernel_on_a_gpu_gives_the_padded_sdpa_numbers():
