@@ -27,15 +27,6 @@ VARLEN_ATTENTION = "reasonrl_varlen"
 _packed_call = contextvars.ContextVar("reasonrl_packed_varlen_call", default=False)
 
 
-def varlen_available() -> bool:
-    """Whether this torch has ``torch.nn.attention.varlen`` and a CUDA device to run it on."""
-    try:
-        from torch.nn.attention import varlen  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 # Architectures whose packed forward with ``varlen`` equals the padded one (tests/models/test_varlen_attention.py:
 # log-probs, entropy and gradients to 1e-5 with the kernel's CPU stand-in, a tiny random config each): the
 # packing-verified text architectures (``models.forward.PACKING_VERIFIED``) whose attention goes through
