@@ -19,6 +19,8 @@ one letter repeated, the letter drawn uniformly at the first step, and each lett
 position, taken from one long-tailed schedule (``bench/train_side.py: answer_lengths``, lognormal, median a
 quarter of the cap).  Only forwards that carry a KV cache are steered (generation); the trainers' passes are
 untouched.  Differences from a dapo run (both arms alike): no dynamic sampling (TRL has none), the reward above.
+As TRL runs it: its paged generation casts the policy to bf16 in place (TRL 1.16, ``_generate_single_turn`` with
+``bf16=True``), so from its first generation on ``trl_paged`` trains bf16 weights.
 
 Reported per arm: the median over the timed steps (all but the first) of seconds per step and its split into
 generation, log-probs (passes without gradients outside generation) and update (the rest: rewards, advantages,
@@ -31,6 +33,7 @@ GPU's peak memory.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -92,13 +95,16 @@ def letter_ends(tokenizer, cap: int, prompts: list[str]) -> dict[int, int]:
 def install_stop_schedule(model_class, ends: dict[int, int], stop: int) -> None:
     """Steer ``model_class``'s generation: after a token that is not a letter every letter gets +STEER (the
     answer's letter drawn uniformly); after letter t at position p, t again while p + 1 < ends[t], then ``stop``.
-    Forwards without a KV cache (the trainers' own passes) are left as they are.  No host sync: CUDA graphs of
-    transformers' continuous batching capture it."""
+    Forwards without a KV cache (the trainers' own passes) are left as they are.  Positions are each answer's own
+    (``generate`` builds them from the attention mask, continuous batching per request), so an answer's length
+    depends on its prompt's, not on its batch's padding.  No host sync: CUDA graphs of transformers' continuous
+    batching capture it."""
     import torch
 
     original = model_class.forward
     tables: dict = {}
 
+    @functools.wraps(original)  # generate reads the signature: logits_to_keep, position ids from the mask
     def forward(self, *args, **kwargs):
         output = original(self, *args, **kwargs)
         cache = kwargs.get("cache") if kwargs.get("past_key_values") is None else kwargs["past_key_values"]
@@ -106,7 +112,7 @@ def install_stop_schedule(model_class, ends: dict[int, int], stop: int) -> None:
             return output
         logits, ids = output.logits, kwargs["input_ids"]  # [B, K, V], [B, S]
         positions = kwargs.get("position_ids")
-        if positions is None:  # generate: the cache's positions (it now holds this forward's tokens too)
+        if positions is None:  # no position ids given: the cache's positions (it now holds this forward's tokens too)
             total = cache.get_seq_length()
             positions = torch.arange(total - ids.shape[1], total, device=ids.device)[None].expand(ids.shape[0], -1)
         keep = kwargs.get("logits_to_keep", 0)

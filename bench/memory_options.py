@@ -89,7 +89,7 @@ def measure(option: str, rows: int, response_tokens: int) -> dict:
     before_load = rss_gb()
     plan = dataclasses.replace(resolve(cfg, "cpu", 1), microbatch_tokens=768)
     model = load_model(MODEL, plan.parameter_torch_dtype)
-    if cfg.model.gradient_checkpointing:
+    if cfg.model.gradient_checkpointing is True:  # auto: off here, as the plan without a capacity
         model.gradient_checkpointing_enable()
     policy = TokenLogprobs(model, cfg.rollout.temperature, plan.forward_torch_dtype)
     updater = build_policy_updater(cfg, plan, policy, SingleProcess())

@@ -98,7 +98,7 @@ def worker(name: str) -> dict:
     torch.manual_seed(0)
     dtype = compute_dtype(cfg.model.dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=plan.attention)
-    if cfg.model.gradient_checkpointing:
+    if cfg.model.gradient_checkpointing is True:  # auto plans (capacity unknown here) without it
         model.gradient_checkpointing_enable()
     add_lora(model, cfg.model)
     reference = None

@@ -19,9 +19,10 @@ settings ``bench/vs_trl.py`` compares on (no KL, token-mean loss), packed (the d
 the log-prob pass, its ``_get_per_token_logps_and_entropies``, with its defaults (loss ``dapo``, β 0,
 gradient checkpointing, its fused LM head) but the compute dtype reasonrl uses; rows padded as TRL pads
 a generation batch (prompts left, answers right, to the batch's widest) in micro-batches of as many rows
-as fit the same token budget; ``trl_liger`` the same with ``use_liger_kernel=True`` (TRL's fused linear GRPO loss from
-liger-kernel, GPU only).  On the GPU ``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through
-torch's variable-length flash attention (``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes.
+as fit the same token budget; ``trl_liger`` the same with ``use_liger_kernel=True`` (in TRL 1.16: Liger's
+RMSNorm, RoPE and SwiGLU kernels beside TRL's own fused LM head; liger-kernel, GPU only).  On the GPU
+``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through torch's variable-length flash attention
+(``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes.
 
 Reported per pass: real tokens/s (prompt + answer, padding not counted), achieved TFLOP/s and MFU
 (2·N per token for the log-prob pass, 6·N for the update, N the matmul parameters, plus causal attention
@@ -74,7 +75,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 IMPLEMENTATIONS = ("reasonrl", "reasonrl_padded", "trl")
 # reasonrl packed into one sequence [1, N] through torch's varlen attention (model.attention=varlen; CUDA only)
 VARLEN = "reasonrl_varlen"
-TRL_LIGER = "trl_liger"  # TRL with use_liger_kernel=True: its fused linear GRPO loss (liger-kernel; CUDA only)
+TRL_LIGER = "trl_liger"  # TRL with use_liger_kernel=True: Liger's layer kernels (liger-kernel; CUDA only)
 PROMPT_TOKENS = (100, 200)  # uniform: prompts of about 150 tokens
 SMOKE_PROMPT_TOKENS = (8, 16)
 SETTINGS = ["algo.kl_placement=none", "algo.loss_agg=token-mean"]  # as bench/vs_trl.py compares
@@ -485,7 +486,7 @@ def run_profile(args: argparse.Namespace) -> int:
     for sweep in (s for s in profile.sweeps if not args.shapes or s.shape in args.shapes):
         caps = list(profile.smoke_caps if args.smoke else sweep.caps)
         if sweep.implementation == TRL_LIGER and (device != "cuda" or importlib.util.find_spec("liger_kernel") is None):
-            result["skipped"].append({**asdict(sweep), "why": "TRL's Liger loss needs CUDA and liger-kernel"})
+            result["skipped"].append({**asdict(sweep), "why": "TRL's Liger kernels need CUDA and liger-kernel"})
             continue
         if sweep.implementation in ("trl", TRL_LIGER) and result["trl"] is None:
             result["skipped"].append({**asdict(sweep), "why": "TRL is not installed (pip install trl==1.16.0)"})

@@ -26,7 +26,7 @@ class TrlPasses:
             per_device_train_batch_size=2,
             num_generations=2,
             bf16=dtype == torch.bfloat16,
-            use_liger_kernel=sweep.implementation == "trl_liger",  # TRL's fused linear GRPO loss (liger-kernel)
+            use_liger_kernel=sweep.implementation == "trl_liger",  # Liger's layer kernels (liger-kernel)
             use_cpu=device.type == "cpu",
             report_to="none",
             save_strategy="no",

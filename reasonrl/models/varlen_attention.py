@@ -147,8 +147,8 @@ def varlen_kernel(query: Tensor, key: Tensor, value: Tensor, boundaries: Tensor,
         options["window_size"] = (-1, 0)
     if scale is not None and "scale" in accepted:
         options["scale"] = scale
-    elif scale is not None:  # the kernel scales by 1/√D: fold the rest into the queries
-        query = query * (scale * query.shape[-1] ** 0.5)
+    elif scale is not None and abs(scale * query.shape[-1] ** 0.5 - 1) > 1e-6:  # the kernel scales by 1/√D
+        query = query * (scale * query.shape[-1] ** 0.5)  # the rest folded into the queries
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and "enable_gqa" in accepted:
         options["enable_gqa"] = True

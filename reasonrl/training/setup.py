@@ -272,9 +272,13 @@ def setup(
     plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
     terms = preflight(cfg)
     memory = check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
-    if memory is not None and memory.gradient_checkpointing != plan.gradient_checkpointing:  # auto, turned on
-        log.info("%s", memory.notes[-1])
-        plan = replace(plan, gradient_checkpointing=True)
+    if cfg.model.gradient_checkpointing == "auto":  # on where the plan says so, on every rank if on one
+        needed = memory is not None and memory.gradient_checkpointing
+        if backend.parallel.max(int(needed)):
+            log.info(
+                "%s", memory.notes[-1] if needed else "model.gradient_checkpointing=auto: on (another rank needs it)"
+            )
+            plan = replace(plan, gradient_checkpointing=True)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)

@@ -45,10 +45,10 @@ def test_generate_and_continuous_batching_answer_one_letter_up_to_its_scheduled_
     stops = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=64, **stops)[:, width:]
     letters = set()
-    for answer in out.tolist():
+    for answer, chat in zip(out.tolist(), chats * 4, strict=True):
         letter, n = answer[0], answer.index(tokenizer.eos_token_id) + 1
         assert letter in ends and answer[: n - 1] == [letter] * (n - 1)  # one letter, then the stop token
-        assert n == scheduled_length(ends, letter, width)  # generate's positions count the left padding
+        assert n == scheduled_length(ends, letter, len(chat))  # each row's own positions, padding not counted
         letters.add(letter)
     assert len(letters) > 3  # the letter is drawn, not fixed
 

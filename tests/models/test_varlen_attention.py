@@ -112,6 +112,22 @@ def test_one_packed_sequence_gives_the_padded_batchs_numbers_without_a_mask(fami
         assert torch.allclose(grad, padded[2][name], atol=1e-5), name
 
 
+def test_recomputed_layers_get_the_segments_bounds_too(kernel_calls, masks_built):
+    """Under gradient checkpointing the backward recomputes each layer with the same bounds (no mask is built)."""
+    plain, batch = varlen_lm("qwen2"), long_tailed_batch()
+    expected = logprob_pass(plain, batch, False)
+    model = varlen_lm("qwen2")
+    model.gradient_checkpointing_enable()
+    model.train()
+    kernel_calls.clear()
+    packed = logprob_pass(model, batch, True)
+    assert len(kernel_calls) == 2 * model.config.num_hidden_layers  # forward, then each layer again in backward
+    assert all(calls == kernel_calls[0] for calls in kernel_calls)
+    assert torch.allclose(packed[0], expected[0], atol=1e-5)
+    for name, grad in packed[2].items():
+        assert torch.allclose(grad, expected[2][name], atol=1e-5), name
+
+
 def test_generate_with_the_varlen_model_is_sdpas_generate(kernel_calls):
     """The hf engine copies the trainer's model: left padding and the KV cache go through SDPA's mask."""
     model = varlen_lm("qwen2")
