@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -286,12 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", "bench/gpu_rl_step.py", *sys.argv[1:]]),
               **device_description(profile["device"]), "profile": args.profile, "smoke": args.smoke,
               "model": f"random weights, {profile['shape']}'s config{' (smoke size)' * args.smoke}",
-              **{k: v for k, v in profile.items() if k != "arms"}, "arms": {}}  # fmt: skip
+              **{k: v for k, v in profile.items() if k != "arms"}, "arms": {}, "skipped": {}}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"gpu_rl_step_{args.profile}{'_smoke' if args.smoke else ''}.json"
     with tempfile.TemporaryDirectory() as models:
         model_dir = build_model(profile["shape"], args.smoke, Path(models) / "model")
         for arm in args.arms or profile["arms"]:
+            if arm.startswith("trl") and importlib.util.find_spec("trl") is None:
+                result["skipped"][arm] = "TRL is not installed (pip install -e '.[bench]')"
+                continue
             command = [sys.executable, __file__, "--profile", args.profile, "--out", str(args.out),
                        "--worker", arm, str(model_dir)]  # fmt: skip
             done = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=child_env())

@@ -67,15 +67,17 @@ def test_the_cpu_smoke_times_a_dapo_step_of_reasonrl_and_of_trl_on_the_same_work
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_rl_step_cpu_smoke.json").read_text())
-    assert (
-        result["device"] == "cpu" and result["cap"] == 32 and set(result["arms"]) == {"reasonrl_paged", "trl_generate"}
-    )
+    trl = importlib.util.find_spec("trl") is not None  # the bench extra; CI's dev install has no TRL
+    assert set(result["arms"]) == {"reasonrl_paged", *(["trl_generate"] if trl else [])}
+    assert set(result["skipped"]) == (set() if trl else {"trl_generate"})
+    assert result["device"] == "cpu" and result["cap"] == 32
     for arm in result["arms"].values():
         assert len(arm["steps"]) == 2 and arm["steps_timed"] == 1  # the first step warms up
         assert arm["seconds"] >= arm["generate"] > 0 and arm["update"] > 0
         assert all(0 < s["generated_tokens"] <= 8 * 32 < s["step_tokens"] for s in arm["steps"])
     reasonrl = result["arms"]["reasonrl_paged"]
     assert "rollout.engine=paged" in reasonrl["overrides"]
-    assert result["speedup_over"]["trl_generate"] == round(
-        result["arms"]["trl_generate"]["seconds"] / reasonrl["seconds"], 3
-    )
+    if trl:
+        assert result["speedup_over"]["trl_generate"] == round(
+            result["arms"]["trl_generate"]["seconds"] / reasonrl["seconds"], 3
+        )
