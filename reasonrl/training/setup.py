@@ -21,7 +21,7 @@ from reasonrl.data.source import TrainingStream
 from reasonrl.models.forward import packing_refusal, prompt_sharing_refusal
 from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
-from reasonrl.models.memory_plan import check_memory, engine_name
+from reasonrl.models.memory_plan import MemoryPlan, check_memory, engine_name
 from reasonrl.models.optim import adamw, trainable_parameters
 from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
 from reasonrl.reward.prm import ProcessRewardModel
@@ -208,6 +208,16 @@ def shares_prompts(cfg: Config, model_config: Any, device_type: str, role: str) 
     return refusal is None
 
 
+def with_planned_checkpointing(cfg: Config, plan: Plan, memory: MemoryPlan | None, parallel: DataParallel) -> Plan:
+    """``plan`` with model.gradient_checkpointing=auto decided: on where the memory plan ``memory`` needed it to fit,
+    and on every rank if one rank's plan did (said in the log); ``plan`` as it is otherwise."""
+    needed = memory is not None and memory.gradient_checkpointing
+    if cfg.model.gradient_checkpointing != "auto" or not parallel.max(int(needed)):
+        return plan
+    log.info("%s", memory.notes[-1] if needed else "model.gradient_checkpointing=auto: on (another rank needs it)")
+    return replace(plan, gradient_checkpointing=True)
+
+
 def kl_controller(cfg: Config) -> FixedKLController | AdaptiveKLController:
     """The KL coefficient's controller: fixed, or adaptive toward algo.kl_target (Ziegler et al. 2019)."""
     a = cfg.algo
@@ -272,13 +282,7 @@ def setup(
     plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
     terms = preflight(cfg)
     memory = check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
-    if cfg.model.gradient_checkpointing == "auto":  # on where the plan says so, on every rank if on one
-        needed = memory is not None and memory.gradient_checkpointing
-        if backend.parallel.max(int(needed)):
-            log.info(
-                "%s", memory.notes[-1] if needed else "model.gradient_checkpointing=auto: on (another rank needs it)"
-            )
-            plan = replace(plan, gradient_checkpointing=True)
+    plan = with_planned_checkpointing(cfg, plan, memory, backend.parallel)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)

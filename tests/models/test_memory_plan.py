@@ -195,3 +195,23 @@ def test_a_gpu_steps_sequences_are_checked_against_the_hosts_memory(monkeypatch,
     with caplog.at_level(logging.WARNING):
         check_memory(warned, torch.device("cuda"))
     assert "166.02 GiB of host memory" in caplog.text
+
+
+def test_auto_checkpointing_is_on_for_every_rank_when_one_ranks_plan_needs_it(caplog):
+    from reasonrl.config import resolve
+    from reasonrl.training.setup import with_planned_checkpointing
+
+    class OtherRankNeedsIt:  # DataParallel.max: the largest value over ranks
+        def max(self, value: int) -> int:
+            return 1
+
+    cfg = load_config("dr_grpo", CPU)
+    plan = resolve(cfg, "cpu", 2)
+    assert not plan.gradient_checkpointing
+    with caplog.at_level(logging.INFO):
+        assert with_planned_checkpointing(cfg, plan, None, OtherRankNeedsIt()).gradient_checkpointing
+    assert "model.gradient_checkpointing=auto: on (another rank needs it)" in caplog.text
+    explicit = load_config("dr_grpo", [*CPU, "model.gradient_checkpointing=false"])
+    assert not with_planned_checkpointing(
+        explicit, resolve(explicit, "cpu", 2), None, OtherRankNeedsIt()
+    ).gradient_checkpointing
