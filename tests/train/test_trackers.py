@@ -157,3 +157,30 @@ def test_a_steps_samples_are_a_markdown_table_in_tensorboard(tmp_path):
     tracker.log_samples(1, samples)
     tracker.close()
     assert any(path.stat().st_size > 0 for path in (tmp_path / "tensorboard").glob("events.*"))
+
+
+def test_a_tensorboard_writer_that_never_stops_does_not_keep_the_run_from_exiting(tmp_path, monkeypatch, caplog):
+    """A writer whose thread never got its stop signal (seen after a second Ctrl-C) is left after a bounded wait."""
+    import logging
+    import threading
+    import time
+
+    from reasonrl.training.record import trackers
+
+    never = threading.Event()
+
+    class StuckWriter:
+        def close(self):
+            never.wait()
+
+    monkeypatch.setattr(trackers, "WRITER_CLOSE_SECONDS", 0.2)
+    tracker = trackers.TensorBoardTracker(tmp_path)
+    tracker.log("metrics", 1, {"reward/mean": 0.5})  # a real writer, closed normally
+    tracker._writers["stuck"] = StuckWriter()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        tracker.close()
+    assert time.monotonic() - started < 5
+    assert "the TensorBoard writer of stuck did not close within" in caplog.text
+    assert "writer of metrics" not in caplog.text and any((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    never.set()
