@@ -130,7 +130,8 @@ class TensorBoardTracker:
     def close(self) -> None:
         """Close each writer (its thread writes what is queued), waiting at most ``WRITER_CLOSE_SECONDS``: a
         writer whose thread never received its stop signal (seen in a clean-clone test run on 2026-11-29, after a
-        second Ctrl-C: the process hung in tensorboardX's join) must not keep the run from exiting; such a writer's last queued events may be lost, said once."""
+        second Ctrl-C: the process hung in tensorboardX's join) must not keep the run from exiting; such a
+        writer's last queued events may be lost, said once."""
         for stream, writer in self._writers.items():
             closing = threading.Thread(target=writer.close, name=f"close tensorboard {stream}", daemon=True)
             closing.start()
