@@ -72,9 +72,11 @@ def gpu_prefix() -> str:
     return f"{device_description('cuda')['device']}, " if torch.cuda.is_available() else ""
 
 
-def build_random_model(shape: str, out: Path, smoke: bool) -> Path:
+def build_random_model(shape: str, out: Path, smoke: bool, real_vocabulary: bool = False) -> Path:
     """SHAPE's architecture with random weights (bfloat16) and the byte-level tokenizer, saved in OUT;
-    ``smoke``: the same family at bench/train_side.py's tiny size."""
+    ``smoke``: the same family at bench/train_side.py's tiny size.  The vocabulary is the tokenizer's, or with
+    ``real_vocabulary`` the shape's own (its LM head costs what the real model's does; generation must then be
+    kept to the tokenizer's ids, as bench/gpu_rl_step.py's stop schedule keeps it)."""
     import torch
     from train_side import model_config
     from transformers import AutoModelForCausalLM
@@ -83,7 +85,8 @@ def build_random_model(shape: str, out: Path, smoke: bool) -> Path:
 
     tokenizer = tiny_tokenizer()
     config = model_config(shape, smoke)
-    config.vocab_size = len(tokenizer)
+    if not real_vocabulary:
+        config.vocab_size = len(tokenizer)
     config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
     torch.manual_seed(0)

@@ -45,9 +45,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ modules
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from async_rl import build_random_model
 from common import ROOT, child_env
 from gpu_step import device_description
-from train_side import answer_lengths, model_config
+from train_side import answer_lengths
 from vs_trl import _prompts
 
 PROFILES = {
@@ -59,26 +60,6 @@ PROFILES = {
 LEARNING_RATE = 1e-6
 MAX_PROMPT_TOKENS = 256
 STEER = 50.0  # added to a steered logit: every other token then has a probability under e^-40
-
-
-def build_model(shape: str, smoke: bool, out: Path) -> Path:
-    """``shape`` with random weights (bf16 on disk), its real vocabulary size, and the byte-level tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from reasonrl.models.tiny import tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    config = model_config(shape, smoke)
-    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
-    config.pad_token_id = tokenizer.pad_token_id
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def letter_ends(tokenizer, cap: int, prompts: list[str]) -> dict[int, int]:
@@ -291,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"gpu_rl_step_{args.profile}{'_smoke' if args.smoke else ''}.json"
     with tempfile.TemporaryDirectory() as models:
-        model_dir = build_model(profile["shape"], args.smoke, Path(models) / "model")
+        model_dir = build_random_model(profile["shape"], Path(models) / "model", args.smoke, real_vocabulary=True)
         for arm in args.arms or profile["arms"]:
             if arm.startswith("trl") and importlib.util.find_spec("trl") is None:
                 result["skipped"][arm] = "TRL is not installed (pip install -e '.[bench]')"

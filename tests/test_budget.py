@@ -9,9 +9,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "reasonrl"
 FILE_LINES = 500
 FUNCTION_LINES = 80
 
-LONG_FILES = {
-    "config/schema.py": "the one source of truth for configuration: every setting, its type, default and docstring",
-}
+LONG_FILES: dict[str, str] = {}
+"""``"path"``: why it stays longer than FILE_LINES (none today: the schema's rollout group is its own module)."""
 LONG_FUNCTIONS: dict[str, str] = {}
 """``"path:function"``: why it stays longer than FUNCTION_LINES (none today)."""
 

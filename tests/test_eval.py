@@ -243,7 +243,7 @@ def test_eval_and_rm_train_options_default_to_their_settings():
 
 
 def test_fire_sampling_parameters_come_from_the_fire_config():
-    from reasonrl.config.schema import FireConfig
+    from reasonrl.config.rollout_schema import FireConfig
     from reasonrl.rollout.sampling import FireParams, fire_params
 
     assert fire_params(FireConfig()) is None  # off unless enabled

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reasonrl.config import Config, ConfigError, load_config
+from reasonrl.config.rollout_schema import FireConfig
 from reasonrl.config.routes import VERIFIER_SOURCES, resolve_routes
-from reasonrl.config.schema import FireConfig
 from reasonrl.data.examples import Example
 from reasonrl.data.loaders import DataError, Fields
 from reasonrl.data.prompts import PromptEncoder

@@ -156,8 +156,8 @@ def response_hidden_states(
     in_lanes = sorted(range(len(lengths)), key=lambda r: (lane[segment_of[r]], offset[segment_of[r]]))
     images = {k: v[in_lanes] for k, v in images.items()}
     inputs = dict(input_ids=lane_ids, attention_mask=mask, position_ids=lane_positions, **images)
-    in_sequence = [n for _, n in sorted(zip(offset, segment_lengths, strict=True))]  # varlen's one lane, in order
-    hidden = lanes_forward(backbone, compute_dtype, inputs, in_sequence if attention == VARLEN_ATTENTION else None)
+    varlen_order = sorted(zip(offset, segment_lengths, strict=True)) if attention == VARLEN_ATTENTION else None
+    hidden = lanes_forward(backbone, compute_dtype, inputs, varlen_order and [n for _, n in varlen_order])
     # 3. back to rows: the state before each response token
     wanted = reads[:, states]  # [B, T]
     picked = hidden[lane_of[:, states], column[:, states].clamp(0, width - 1)]  # [B, T, d]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reasonrl.config.schema import FireConfig
+from reasonrl.config.rollout_schema import FireConfig
 
 FIRE = FireConfig()  # the defaults: one source, the config schema
 

@@ -25,7 +25,7 @@ def scheduled_length(ends: dict[int, int], letter: int, prompt_tokens: int) -> i
 def test_generate_and_continuous_batching_answer_one_letter_up_to_its_scheduled_end(tmp_path):
     from transformers import AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
 
-    model_dir = gpu_rl_step.build_model("qwen2.5-0.5b", smoke=True, out=tmp_path / "model")
+    model_dir = gpu_rl_step.build_random_model("qwen2.5-0.5b", tmp_path / "model", smoke=True, real_vocabulary=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = [p for p, _ in gpu_rl_step._prompts(3)]
     ends = gpu_rl_step.letter_ends(tokenizer, 24, prompts)
