@@ -14,6 +14,9 @@ row (log-prob, entropy, log-sum-exp) for the backward pass, which recomputes eac
     ∂/∂h  = (∂/∂z) W / T,     ∂/∂W += (∂/∂z)ᵀ h / T (one buffer for the weight),     ∂/∂b += Σ_rows ∂/∂z / T
 
 An entropy nothing back-propagates (an entropy coefficient of 0: its gradient is None) costs no backward work.
+Each chunk takes one exponential pass forward and one backward, in place where it can (``_chunk_statistics``,
+``_chunk_logit_gradient``): on the project's 2-core CPU a [400, 49152] chunk of SmolLM2's head took 158 ms forward
+and 482 ms forward + backward against 208 and 643 ms with a separate log-sum-exp, softmax and product (2026-11-29).
 Against a plain ``log_softmax`` of the whole [N, V] logits: equal in fp32 to 1e-5, log-probs, entropy and the
 gradients of h, W and b (tests/models/test_logprob_head.py).  Peak memory: a chunk's [chunk, V] fp32 logits and
 their softmax, where the plain path holds several [N, V] tensors for its backward.
@@ -41,6 +44,45 @@ def _chunk_logits(
     return logits
 
 
+def _chunk_statistics(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(logsumexp(z), log π(y), H) [n] of one chunk's fp32 logits z [n, V], which it overwrites (z − max z).
+
+    One exponential pass: with m = max z, e = exp(z − m) and s = Σ e, logsumexp(z) = m + log s,
+    log π(y) = (z_y − m) − log s and H = log s − Σ e (z − m) / s (a batched dot product, no [n, V] product)."""
+    peak = logits.amax(-1, keepdim=True)  # [n, 1]
+    shifted = logits.sub_(peak)  # [n, V] z − m, in place
+    exp = shifted.exp()  # [n, V]
+    total = exp.sum(-1)  # [n]
+    log_total = total.log()
+    weighted = torch.bmm(exp[:, None, :], shifted[:, :, None]).view(-1)  # [n] Σ e (z − m)
+    target_shifted = shifted.gather(-1, targets[:, None]).squeeze(-1)
+    return peak.squeeze(-1) + log_total, target_shifted - log_total, log_total - weighted / total
+
+
+def _chunk_logit_gradient(
+    logits: Tensor,  # [n, V] fp32, overwritten
+    normaliser: Tensor,  # [n] logsumexp(z)
+    targets: Tensor,  # [n]
+    grad_logprobs: Tensor | None,  # [n] g_lp
+    grad_entropy: tuple[Tensor, Tensor] | None,  # ([n] g_H, [n] H)
+) -> Tensor:
+    """∂/∂z [n, V] = g_lp · (onehot(y) − p) − g_H · p · (log p + H), p = softmax(z), in ``logits``' storage:
+    log p in place, p the one new [n, V] tensor, the bracket's factor built in place of log p."""
+    log_p = logits.sub_(normaliser[:, None])  # [n, V] log p, in place
+    p = log_p.exp()  # [n, V]
+    if grad_entropy is None:  # −g_lp · p
+        grad_logits = p.mul_(-grad_logprobs[:, None])
+    else:  # −p · (g_lp + g_H (log p + H)), g_lp = 0 without log-prob gradient
+        g_entropy, entropy = grad_entropy
+        factor = log_p.add_(entropy[:, None]).mul_(g_entropy[:, None])  # [n, V] g_H (log p + H)
+        if grad_logprobs is not None:
+            factor.add_(grad_logprobs[:, None])
+        grad_logits = factor.mul_(p).neg_()
+    if grad_logprobs is not None:  # + g_lp at each target
+        grad_logits.scatter_add_(-1, targets[:, None], grad_logprobs[:, None])
+    return grad_logits
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     """``token_logprobs`` as an autograd function (the module docstring's forward and backward)."""
 
@@ -56,10 +98,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for start in range(0, n, chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             logits = _chunk_logits(hidden[rows].to(compute_dtype), weight_c, bias_c, temperature, suppressed)
-            lse = torch.logsumexp(logits, dim=-1)  # [n]
+            lse, logprobs[rows], entropy[rows] = _chunk_statistics(logits, targets[rows])
             normaliser[rows] = lse
-            logprobs[rows] = logits.gather(-1, targets[rows, None]).squeeze(-1) - lse
-            entropy[rows] = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, normaliser, entropy)
         ctx.options = (temperature, suppressed, chunk_tokens, compute_dtype)
         return logprobs, entropy
@@ -73,22 +113,20 @@ class _ChunkedLogprobs(torch.autograd.Function):
         weight_c = weight.to(compute_dtype)
         bias_c = None if bias is None else bias.to(compute_dtype)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_weight = None  # fp32 [V, d]: the first chunk's product, the later ones added to it
         wants_bias = bias is not None and ctx.needs_input_grad[2]
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             hidden_c = hidden[rows].to(compute_dtype)
             logits = _chunk_logits(hidden_c, weight_c, bias_c, temperature, suppressed)
-            log_p = logits - normaliser[rows, None]  # [n, V]
-            p = log_p.exp()
-            grad_logits = torch.zeros_like(logits)
-            if grad_logprobs is not None:  # g_lp · (onehot(y) − p)
-                g = grad_logprobs[rows, None]
-                grad_logits -= g * p
-                grad_logits.scatter_add_(-1, targets[rows, None], g)
-            if grad_entropy is not None:  # − g_H · p · (log p + H)
-                grad_logits -= grad_entropy[rows, None] * p * (log_p + entropy[rows, None])
+            grad_logits = _chunk_logit_gradient(
+                logits,
+                normaliser[rows],
+                targets[rows],
+                None if grad_logprobs is None else grad_logprobs[rows],
+                None if grad_entropy is None else (grad_entropy[rows], entropy[rows]),
+            )
             if temperature != 1.0:
                 grad_logits /= temperature
             if suppressed:
@@ -96,8 +134,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
             grad_logits_c = grad_logits.to(compute_dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = (grad_logits_c @ weight_c).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight += (grad_logits_c.T @ hidden_c).float()
+            if ctx.needs_input_grad[1]:
+                part = (grad_logits_c.T @ hidden_c).float()  # [V, d]
+                grad_weight = part if grad_weight is None else grad_weight.add_(part)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
