@@ -240,13 +240,15 @@ class ReasonrlPasses:
             set(wanted) - set(applied)), "memory_plan_gib": self.planned_gib(cfg)}  # fmt: skip
 
     def planned_gib(self, cfg) -> float | None:
-        """The memory plan's predicted peak for these settings, less the rollout engine (none runs here)."""
+        """The memory plan's predicted peak for these settings, less the rollout engine (none runs here) and the
+        allocator's headroom (which ``max_memory_allocated`` does not see)."""
         try:
             from reasonrl.models.memory_plan import gib, plan_memory
         except ImportError:  # a reasonrl from before the memory plan
             return None
         plan = plan_memory(cfg, self.policy.model.config, device_type=self.device.type)
-        return round(gib(plan.total - plan.components.get("rollout engine", 0)), 3)
+        unseen = plan.components.get("rollout engine", 0) + plan.components.get("allocator headroom", 0)
+        return round(gib(plan.total - unseen), 3)
 
     def logprob_pass(self, batch) -> None:
         """As the trainer's log-prob stage runs it: no grad, micro-batches of ``micro_batch_rows``."""

@@ -23,6 +23,8 @@ from typing import ClassVar, Self
 import torch
 from torch import Tensor
 
+from reasonrl.packing import balanced_bins, lane_tokens, prompt_segments
+
 
 @dataclass
 class RolloutBatch:
@@ -121,16 +123,14 @@ class RolloutBatch:
         last = torch.where(generated.any(1), generated.shape[1] - generated.flip(1).int().argmax(1), 0)  # [B]
         return (self.prompt_mask.sum(1) + last).tolist()
 
-    def forward_tokens(self, packed: bool = True, share_prompts: bool = False) -> int:
-        """Tokens a forward over this batch computes: packed, its lanes' (``pack_lanes`` as sdpa and eager
-        attention run them: lanes × the longest row, or with ``share_prompts`` lanes × the longest segment of
-        rows sharing a prompt; flash-attn's one sequence computes only the read tokens, so this overstates its
-        padding); padded, rows × width."""
+    def forward_tokens(self, packed: bool = True, share_prompts: bool = False, lanes: bool = True) -> int:
+        """Tokens a forward over this batch computes: packed in ``lanes`` (sdpa and eager attention: ``pack_lanes``,
+        lanes × the longest row, or with ``share_prompts`` lanes × the longest segment of rows sharing a prompt,
+        ``lane_tokens``) or as one sequence (flash-attn, varlen: the read tokens alone); padded, rows × width."""
         if not packed:
             return len(self) * (self.prompt_ids.shape[1] + self.response_ids.shape[1])
         lengths = self.segment_lengths(share_prompts)
-        lanes, _ = pack_lanes(lengths, max(lengths))
-        return (max(lanes) + 1) * max(lengths)
+        return lane_tokens(lengths) if lanes else sum(lengths)
 
     def segment_lengths(self, share_prompts: bool) -> list[int]:
         """Tokens of each sequence a packed forward reads: each row's read tokens, or with ``share_prompts``
@@ -139,22 +139,32 @@ class RolloutBatch:
             return self.read_lengths()
         return [tokens for _, tokens in self.prompt_sharing_units(math.inf)]  # a whole group: no budget splits it
 
-    def micro_batch_rows(self, token_budget: int, packed: bool = True, share_prompts: bool = False) -> list[list[int]]:
-        """Row indices of the micro-batches a forward runs, every row in exactly one (each group sorted).
+    def micro_batch_rows(
+        self, token_budget: int, packed: bool = True, share_prompts: bool = False, lanes: bool = True
+    ) -> list[list[int]]:
+        """Row indices of the micro-batches a forward runs, every row in exactly one (each group sorted); no
+        micro-batch computes more than ``token_budget`` tokens (``forward_tokens``) unless one row alone does.
 
-        ``packed`` (the trainer's forwards run each micro-batch as one sequence without padding): the rows'
-        read tokens in the fewest balanced bins of at most ``token_budget`` tokens (longest row first into
-        the lightest bin, as verl's dynamic batch size balances them).  With ``share_prompts`` the binned
-        items are the rows that share a prompt (its tokens counted once), as many of them together as the
-        budget allows.  Otherwise micro-batches whose padded size (rows × (prompt + response width)) fits the
-        budget, rows grouped by length.  A single row larger than the budget forms its own micro-batch.
+        ``packed`` (the trainer's forwards run each micro-batch's rows without padding): the rows' read tokens
+        in the fewest balanced bins of at most ``token_budget`` tokens (longest row first into the lightest bin,
+        as verl's dynamic batch size balances them); with ``lanes`` (sdpa and eager attention, which run a
+        micro-batch in lanes as wide as its longest row) a bin whose lanes would hold more than the budget is
+        split further (``lane_tokens``).  With ``share_prompts`` the binned items are the rows that share a
+        prompt (its tokens counted once), as many of them together as the budget allows.  Otherwise
+        micro-batches whose padded size (rows × (prompt + response width)) fits the budget, rows grouped by
+        length.  A single row larger than the budget forms its own micro-batch.
         """
         if packed and share_prompts:
             units = self.prompt_sharing_units(token_budget)
-            unit_bins = balanced_bins([tokens for _, tokens in units], token_budget)
-            return [sorted(r for u in unit_bin for r in units[u][0]) for unit_bin in unit_bins]
+            unit_rows = [rows for rows, _ in units]
+            segments = self.segment_cost(lanes)
+            cost = lambda bin_units: segments([r for u in bin_units for r in unit_rows[u]])  # noqa: E731
+            unit_bins = balanced_bins([tokens for _, tokens in units], token_budget, cost)
+            return [sorted(r for u in unit_bin for r in unit_rows[u]) for unit_bin in unit_bins]
         if packed:
-            return balanced_bins(self.read_lengths(), token_budget)
+            lengths = self.read_lengths()
+            cost = (lambda rows: lane_tokens([lengths[r] for r in rows])) if lanes else None
+            return balanced_bins(lengths, token_budget, cost)
         prompt_lens = self.prompt_mask.sum(1).tolist()  # [B]
         response_lens = self.response_mask.sum(1).tolist()  # [B]
         order = sorted(range(len(self)), key=lambda r: (prompt_lens[r] + response_lens[r], r), reverse=True)
@@ -172,6 +182,23 @@ class RolloutBatch:
         if current:
             groups.append(sorted(current))
         return groups
+
+    def segment_cost(self, lanes: bool) -> Callable[[list[int]], int]:
+        """Tokens a packed forward with shared prompts computes over some of this batch's rows: each group of
+        them sharing a prompt read as one segment (the prompt once, then their responses), in lanes
+        (``lane_tokens``) or as one sequence."""
+        lengths, prompt_lengths = self.read_lengths(), self.prompt_mask.sum(1).tolist()
+        groups = prompt_segments(self.prompt_ids, self.prompt_mask)
+        prompt_of = {row: i for i, rows in enumerate(groups) for row in rows}
+
+        def cost(rows: list[int]) -> int:
+            segments: dict[int, int] = {}
+            for row in rows:
+                start = segments.get(prompt_of[row], prompt_lengths[row])
+                segments[prompt_of[row]] = start + lengths[row] - prompt_lengths[row]
+            return lane_tokens(list(segments.values())) if lanes else sum(segments.values())
+
+        return cost
 
     def prompt_sharing_units(self, token_budget: float) -> list[tuple[list[int], int]]:
         """Rows that share a prompt, in runs of at most ``token_budget`` tokens when read as one segment (the
@@ -191,11 +218,17 @@ class RolloutBatch:
         return units
 
     def micro_batches(
-        self, token_budget: int, device: torch.device | str = "cpu", packed: bool = True, share_prompts: bool = False
+        self,
+        token_budget: int,
+        device: torch.device | str = "cpu",
+        packed: bool = True,
+        share_prompts: bool = False,
+        lanes: bool = True,
     ) -> list[RolloutBatch]:
         """The micro-batches of ``micro_batch_rows`` as batches, each moved to ``device`` (the batch
         itself stays where it is: one copy per micro-batch)."""
-        return [self.select(rows).to(device) for rows in self.micro_batch_rows(token_budget, packed, share_prompts)]
+        groups = self.micro_batch_rows(token_budget, packed, share_prompts, lanes)
+        return [self.select(rows).to(device) for rows in groups]
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """This batch with every tensor on ``device`` (itself when they are there already)."""
@@ -216,8 +249,11 @@ class ForwardTally:
     computed: int = 0
     padded: int = 0
 
-    def add(self, micro: RolloutBatch, filler: bool = False, packed: bool = True, share_prompts: bool = False) -> None:
-        computed = micro.forward_tokens(packed, share_prompts)
+    def add(
+        self, micro: RolloutBatch, filler: bool = False, packed: bool = True, share_prompts: bool = False,
+        lanes: bool = True,
+    ) -> None:  # fmt: skip
+        computed = micro.forward_tokens(packed, share_prompts, lanes)
         self.microbatches += 1
         self.computed += computed
         self.padded += computed if filler else computed - sum(micro.segment_lengths(packed and share_prompts))
@@ -419,49 +455,6 @@ class ImagePrompt(list):
 
     def __add__(self, tokens) -> ImagePrompt:  # ``prompt + continuation`` keeps the images too
         return self.extended(tokens)
-
-
-def balanced_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Indices of ``lengths`` in the fewest bins of total at most ``budget`` that greedy balancing finds:
-    k = ⌈Σ lengths / budget⌉ bins, each item (longest first) into the lightest bin, one more bin until
-    every bin fits (an item over the budget alone in its own).  Bins sorted, in order of their first item."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    oversized = [[i] for i in order if lengths[i] > budget]
-    fitting = [i for i in order if lengths[i] <= budget]
-    count, bins = -(-sum(lengths[i] for i in fitting) // budget), []  # ⌈Σ / budget⌉
-    while fitting:
-        bins = [[] for _ in range(count)]
-        loads = [0] * count
-        for i in fitting:
-            lightest = min(range(count), key=loads.__getitem__)
-            bins[lightest].append(i)
-            loads[lightest] += lengths[i]
-        if max(loads) <= budget:
-            break
-        count += 1
-    return sorted((sorted(g) for g in oversized + [b for b in bins if b]), key=lambda g: g[0])
-
-
-def prompt_segments(prompt_ids: Tensor, prompt_mask: Tensor) -> list[list[int]]:
-    """Rows whose prompts are the same tokens (``prompt_ids`` [B, P] left-padded, ``prompt_mask`` [B, P]), in
-    order of each prompt's first row, each group's rows in order."""
-    segments: dict[tuple[int, ...], list[int]] = {}
-    for row, (ids, mask) in enumerate(zip(prompt_ids.tolist(), prompt_mask.bool().tolist(), strict=True)):
-        segments.setdefault(tuple(i for i, m in zip(ids, mask, strict=True) if m), []).append(row)
-    return list(segments.values())
-
-
-def pack_lanes(lengths: list[int], capacity: int) -> tuple[list[int], list[int]]:
-    """Each row's lane and offset when rows of ``lengths`` tokens are packed into lanes of ``capacity``
-    tokens: longest first, each into the first lane it fits (first-fit decreasing)."""
-    lane, offset, filled = [0] * len(lengths), [0] * len(lengths), []
-    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
-        first = next((i for i, used in enumerate(filled) if used + lengths[row] <= capacity), len(filled))
-        if first == len(filled):
-            filled.append(0)
-        lane[row], offset[row] = first, filled[first]
-        filled[first] += lengths[row]
-    return lane, offset
 
 
 def _cat_padded(values: Sequence[Tensor], left: bool) -> Tensor:

@@ -51,7 +51,7 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     print("# derived plan (reasonrl.config.resolve)")
     plan_yaml = render_yaml(resolve(cfg), comments=args.docs)
     print("\n".join(f"# {line}" if line else line for line in plan_yaml.splitlines()))
-    from reasonrl.models.memory_plan import memory_plan_of
+    from reasonrl.models.memory_check import memory_plan_of
 
     memory = memory_plan_of(cfg)
     print("# memory plan (reasonrl.models.memory_plan): predicted peak per device, from the model's config")

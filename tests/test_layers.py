@@ -16,7 +16,7 @@ PACKAGE = Path(reasonrl.__file__).parent
 RANKS: tuple[tuple[str, ...], ...] = (
     ("algo", "errors"),  # pure torch math; the root of the errors a user reads
     # the run's settings, the typed rollout batch, stage timing and progress, the version, whether the Hub answers
-    ("config", "batch", "timing", "version", "hub_access"),
+    ("config", "batch", "packing", "timing", "version", "hub_access"),
     ("data",),  # examples, datasets, prompts and their encodings, offline datasets
     ("models",),  # loading models, LoRA, value models
     ("reward",),  # verifiers, judges, reward models and the router that scores with them

@@ -86,7 +86,8 @@ class Plan:
     """Trainer ranks the models are sharded over (FSDP2): dist.trainer_workers under Ray, torchrun's WORLD_SIZE."""
 
     microbatch_tokens: int
-    """The token budget of one forward micro-batch: train.microbatch_tokens, or the device's default."""
+    """The token budget of one forward micro-batch: train.microbatch_tokens, or the device's default (null, and auto
+    until the run's setup takes the memory plan's choice: ``models.memory_plan.auto_microbatch_plan``)."""
 
     attention: str
     """The trainer's attention kernel: model.attention with auto resolved for the device and the sequence cap."""
@@ -283,8 +284,8 @@ MICROBATCH_TOKENS = {"cpu": 768, "cuda": 16384}
 
 
 def microbatch_token_budget(cfg: Config, device_type: str) -> int:
-    """train.microbatch_tokens, or the device's default raised to one full sequence when it is null."""
-    if cfg.train.microbatch_tokens is not None:
+    """train.microbatch_tokens, or the device's default raised to one full sequence when it is null or auto."""
+    if isinstance(cfg.train.microbatch_tokens, int):
         return cfg.train.microbatch_tokens
     longest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
     return max(MICROBATCH_TOKENS.get(device_type, MICROBATCH_TOKENS["cpu"]), longest)

@@ -239,10 +239,14 @@ class TrainConfig:
     already, and nothing changes (nor is there anything to warn about).  The same update either way,
     so a resumed run may change it."""
 
-    microbatch_tokens: int | None = None
-    """Token budget of one forward/backward micro-batch: real tokens with train.pack_sequences (the rows'
-    prompts and responses, balanced over the fewest micro-batches), rows × padded length without; gradients
-    accumulate over micro-batches, so it changes speed and memory, not what is learnt.  null (default): 768 on the
+    microbatch_tokens: int | Literal["auto"] | None = None
+    """Token budget of one forward/backward micro-batch: the tokens a micro-batch's forward computes (packed: the
+    rows' prompts and responses balanced over the fewest micro-batches, and with sdpa or eager attention the lanes'
+    padding counted too; padded: rows × padded length), never more unless one sequence alone is; gradients
+    accumulate over micro-batches, so it changes speed and memory, not what is learnt.  auto: on a GPU the largest
+    budget the memory plan predicts to fit (one full sequence, then powers of two from 1024 up to a mini-batch's
+    tokens at the caps; without gradient checkpointing where the device default fits without it, said in the log);
+    on the CPU, and where there is no plan, the default below.  null (default): 768 on the
     CPU (activation memory grows about 1 GB per 1k tokens for the 135M model; 768 keeps the main job
     under 6 GB peak RSS) and 16384 on a GPU (verl's default token budget per GPU; at 768 tokens a GPU
     step is bound by kernel launches: docs/benchmarks.md, "One RL step on a GPU"), raised to one full

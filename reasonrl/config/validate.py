@@ -38,7 +38,7 @@ def _batch_sizes(cfg: Config) -> list[str]:
             f"rollout.vllm.max_model_len={r.vllm.max_model_len} is shorter than the longest sequence "
             f"(rollout.max_prompt_tokens + rollout.max_response_tokens = {longest}); raise it or leave it null"
         )
-    if t.microbatch_tokens is not None and t.microbatch_tokens < longest:
+    if isinstance(t.microbatch_tokens, int) and t.microbatch_tokens < longest:
         problems.append(
             f"train.microbatch_tokens={t.microbatch_tokens} cannot hold one full sequence "
             f"(rollout.max_prompt_tokens + rollout.max_response_tokens = {longest}); raise it to at least {longest}"

@@ -9,8 +9,8 @@ import itertools
 import torch
 from torch import Tensor
 
-from reasonrl.batch import pack_lanes, prompt_segments
 from reasonrl.models.varlen_attention import VARLEN_ATTENTION, packed_varlen_forward, segment_boundaries
+from reasonrl.packing import pack_lanes, prompt_segments
 
 
 def autocast_context(compute_dtype: torch.dtype, device: torch.device) -> contextlib.AbstractContextManager:
@@ -132,7 +132,7 @@ def response_hidden_states(
     lengths = reads.sum(1).tolist()  # [B]
     segment_of, responses_before, segment_lengths = segment_places(segments, lengths, prompt_mask.sum(1).tolist())
     attention = str(getattr(backbone.config, "_attn_implementation", ""))
-    varlen = "flash" in attention or attention == VARLEN_ATTENTION  # one sequence [1, N]
+    varlen = not runs_in_lanes(backbone.config)  # one sequence [1, N]
     lane, offset = pack_lanes(segment_lengths, sum(segment_lengths) if varlen else max(segment_lengths))
     lane_of = torch.tensor([lane[s] for s in segment_of], device=device)[:, None].expand_as(reads)  # [B, P+T]
     in_response = torch.arange(reads.shape[1], device=device) >= prompt_ids.shape[1]  # [P+T]
@@ -162,6 +162,14 @@ def response_hidden_states(
     wanted = reads[:, states]  # [B, T]
     picked = hidden[lane_of[:, states], column[:, states].clamp(0, width - 1)]  # [B, T, d]
     return picked * wanted[..., None].to(picked.dtype)
+
+
+def runs_in_lanes(config) -> bool:
+    """Whether a packed forward of a model with ``config`` runs lanes [L, W] as wide as its longest row (sdpa and
+    eager attention) rather than one sequence [1, N] (flash-attn, ``model.attention=varlen``): what a micro-batch
+    of packed rows costs (``RolloutBatch.micro_batch_rows``)."""
+    attention = str(getattr(config, "_attn_implementation", ""))
+    return not ("flash" in attention or attention == VARLEN_ATTENTION)
 
 
 def lanes_forward(backbone: torch.nn.Module, compute_dtype: torch.dtype, inputs: dict,

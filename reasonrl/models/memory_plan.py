@@ -15,8 +15,15 @@ the policy update, where a training step peaks:
 - bf16 weight copies: autocast's bf16 casts of fp32 weights, saved for the backward pass;
 - embedding gradient temporaries: a micro-batch's gradients of the input embedding and of the LM head
   ([vocab, d] each) are computed whole before they add to the accumulated ones;
-- activations of one micro-batch of ``train.microbatch_tokens`` tokens (packed: the budget is real tokens),
-  with or without ``model.gradient_checkpointing``, and eager attention's saved probabilities;
+- activations of the largest micro-batch the packing code builds: ``train.microbatch_tokens`` computed tokens in
+  every layout (``RolloutBatch.micro_batch_rows`` cuts packed rows so that their lanes' padding stays within the
+  budget too), with or without ``model.gradient_checkpointing``, and eager attention's saved probabilities;
+- the optimiser step's temporaries, which come after the micro-batches' activations are freed (the peak is the
+  larger of the two): none for torch's fused AdamW over fp32 weights; ``MasterWeightAdamW`` on the device holds
+  an fp32 copy of each gradient and torch's ``foreach`` AdamW one more fp32 tensor per weight
+  (``OPTIMIZER_STEP_BYTES``);
+- on a GPU the caching allocator's headroom: ``ALLOCATOR_HEADROOM`` of the rest (blocks it holds but cannot hand
+  out at the peak; an allowance, not measured);
 - LM-head chunks: ``DEFAULT_CHUNK_TOKENS`` rows of fp32 logits over the vocabulary and their temporaries;
 - the step's sequences (a CPU run's; a GPU run's are checked against the host's memory apart): the completions and
   the RolloutBatch at the caps, ``ROLLOUT_BYTES_PER_TOKEN`` per token;
@@ -35,13 +42,11 @@ checkpointed fp32-weight training; docs/benchmarks.md, "Memory plan on an H100")
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonrl.config import Config, ConfigError, resolve
-from reasonrl.config.plan import attended_span, microbatch_token_budget, planned_device_type, planned_world_size
+from reasonrl.config import Config, resolve
+from reasonrl.config.plan import attended_span, microbatch_token_budget
 
 if TYPE_CHECKING:
     import torch
@@ -66,6 +71,15 @@ bf16 cast of its input, so a Qwen2 layer saves about 48·d + 10·I bytes per tok
 ``max_memory_allocated`` on an H100 (docs/benchmarks.md, "Memory plan on an H100")."""
 ACTIVATION_ATTENTION = 2.0
 """Eager attention: [span, span] score matrices per head saved per layer (probabilities and their softmax)."""
+OPTIMIZER_STEP_BYTES = 8
+"""Per trained parameter, the temporaries of ``MasterWeightAdamW``'s step on the device: the gradient in fp32 and
+``foreach`` AdamW's denominator (its other operations are in place)."""
+ALLOCATOR_HEADROOM = 0.05
+"""On a GPU, the fraction of the planned peak added for memory PyTorch's caching allocator reserves in blocks it
+cannot hand out at the peak (an allowance: ``bench/memory_plan_gpu.py`` compares the plan without it with
+``max_memory_allocated``)."""
+MICROBATCH_AUTO_SMALLEST = 1024
+"""train.microbatch_tokens=auto tries one full sequence, then powers of two from this up to a mini-batch's tokens."""
 HEAD_COPIES = 4.0
 """LM-head chunk: fp32 [chunk, vocab] tensors alive at once (logits, softmax, their product, a gradient)."""
 ROLLOUT_BYTES_PER_TOKEN = 128
@@ -73,8 +87,6 @@ ROLLOUT_BYTES_PER_TOKEN = 128
 id and its log-prob, 72 bytes measured with tracemalloc) and the RolloutBatch's [B, P+T] tensors (ids, masks and
 up to eight float32 per-token fields, about 51 bytes)."""
 FSDP_GATHERED_LAYERS = 2  # the layer running and the one prefetched
-LORA_RANK_SUGGESTED = 16
-GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,8 @@ class MemoryPlan:
     notes: tuple[str, ...] = field(default=())
     gradient_checkpointing: bool = False
     """Whether the plan recomputes activations (model.gradient_checkpointing, auto resolved)."""
+    microbatch_tokens: int | None = None
+    """The token budget planned for (train.microbatch_tokens, auto resolved)."""
 
     @property
     def fits(self) -> bool:
@@ -195,9 +209,12 @@ def plan_memory(
 ) -> MemoryPlan:
     """The peak memory per device of ``cfg``'s training on ``device_type`` ("cpu" or "cuda") with
     ``world_size`` FSDP2 ranks; ``device_memory`` is the GPU's total (vLLM's share is a fraction of it).
-    model.gradient_checkpointing=auto plans without it, and with it where that does not fit ``capacity``."""
+    model.gradient_checkpointing=auto plans without it, and with it where that does not fit ``capacity``;
+    train.microbatch_tokens=auto plans the largest budget that fits (``auto_microbatch_plan``)."""
+    options = dict(device_type=device_type, world_size=world_size, capacity=capacity, device_memory=device_memory)
+    if cfg.train.microbatch_tokens == "auto":
+        return auto_microbatch_plan(cfg, model_config, options)
     if cfg.model.gradient_checkpointing == "auto":
-        options = dict(device_type=device_type, world_size=world_size, capacity=capacity, device_memory=device_memory)
         return auto_checkpointing_plan(cfg, model_config, options)
     m, t = cfg.model, cfg.train
     plan = resolve(cfg, device_type, world_size)
@@ -247,19 +264,47 @@ def plan_memory(
         "embedding gradient temporaries": 0 if m.lora_rank else 2 * shape.vocab * shape.hidden * gradient_bytes,
         "activations": int(activations),
         "LM-head chunks": int(HEAD_COPIES * 4 * min(DEFAULT_CHUNK_TOKENS, tokens) * shape.vocab),
+        "optimizer step temporaries": (
+            shape.trainable * (OPTIMIZER_STEP_BYTES if device_type == "cuda" else 4) // shards
+            if master and not offload
+            else 0
+        ),
         "rollout engine": engine_bytes(cfg, device_type, shape, compute_bytes, device_memory),
         "rollout batch (host)": rollout_batch_bytes(cfg) if device_type == "cpu" else 0,
     }
-    total = sum(components.values())
+    total, notes = planned_peak(components, engine_sleeps(cfg, device_type), device_type)
+    return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, notes,
+                      m.gradient_checkpointing, tokens)  # fmt: skip
+
+
+UPDATE_TRANSIENTS = (
+    "FSDP2 gathered layers",
+    "bf16 weight copies",
+    "embedding gradient temporaries",
+    "activations",
+    "LM-head chunks",
+)
+"""Components alive only while a micro-batch's forward and backward run."""
+
+
+def planned_peak(components: dict[str, int], sleeping_engine: bool, device_type: str) -> tuple[int, tuple[str, ...]]:
+    """The peak of ``components`` (adding the allocator's headroom to them on a GPU) and notes on how it was summed:
+    what stays resident, plus the larger of a micro-batch's transients and the optimiser step's temporaries; with
+    a sleeping vLLM the larger of generation (no gradients, no transients) and the update (no engine)."""
+    update = sum(components[name] for name in UPDATE_TRANSIENTS)
+    step = components["optimizer step temporaries"]
+    resident = sum(components.values()) - update - step
+    total = resident + max(update, step)
     notes = []
-    if engine_sleeps(cfg, device_type):
-        transient = ("policy gradients", "FSDP2 gathered layers", "bf16 weight copies")
-        transient += ("embedding gradient temporaries", "activations", "LM-head chunks")
-        generation = total - sum(components[name] for name in transient)
-        total = max(generation, total - components["rollout engine"])
+    if step > update:
+        notes.append("the optimiser step's temporaries exceed a micro-batch's: the peak is at the step")
+    if sleeping_engine:
+        total = max(resident - components["policy gradients"], total - components["rollout engine"])
         notes.append("vLLM sleeps during the update: the total is the larger of generation and update")
-    return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, tuple(notes),
-                      m.gradient_checkpointing)  # fmt: skip
+    if device_type == "cuda":
+        components["allocator headroom"] = int(ALLOCATOR_HEADROOM * total)
+        total += components["allocator headroom"]
+    return total, tuple(notes)
 
 
 def auto_checkpointing_plan(cfg: Config, model_config: Any, options: dict) -> MemoryPlan:
@@ -272,6 +317,48 @@ def auto_checkpointing_plan(cfg: Config, model_config: Any, options: dict) -> Me
     note = (f"model.gradient_checkpointing=auto: on (without it the peak would be {gib(without.total):.2f} GiB, "
             f"more than the {gib(options['capacity'] or 0):.2f} GiB available)")  # fmt: skip
     return replace(with_it, notes=(*with_it.notes, note))
+
+
+def microbatch_candidates(cfg: Config, device_type: str) -> list[int]:
+    """The budgets train.microbatch_tokens=auto chooses from, smallest first: on a GPU one full sequence, then powers
+    of two from ``MICROBATCH_AUTO_SMALLEST`` up to a mini-batch's tokens at the caps (a larger budget never fills);
+    on the CPU the device's default alone (its memory is the machine's, shared with the rollout and everything
+    else, and a larger micro-batch computes no faster there: docs/benchmarks.md)."""
+    default = microbatch_token_budget(cfg, device_type)
+    if device_type != "cuda":
+        return [default]
+    longest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+    most = cfg.train.minibatch_sequences * longest
+    powers = [MICROBATCH_AUTO_SMALLEST * 2**k for k in range(32) if MICROBATCH_AUTO_SMALLEST * 2**k <= most]
+    return [longest, *(b for b in powers if b > longest)]
+
+
+def auto_microbatch_plan(cfg: Config, model_config: Any, options: dict) -> MemoryPlan:
+    """``plan_memory``'s plan of train.microbatch_tokens=auto: the largest of ``microbatch_candidates`` whose plan
+    fits the capacity in ``options`` (unknown: the device's default).  With model.gradient_checkpointing=auto,
+    without recomputation where the device's default budget or a larger one fits without it, else with it at
+    the largest budget that fits then.  Where none fits, the smallest budget (the check then refuses the run,
+    naming the settings that would fit)."""
+    device_type, capacity = options["device_type"], options["capacity"]
+    default = microbatch_token_budget(cfg, device_type)
+    if capacity is None:
+        return plan_memory(with_setting(cfg, "train.microbatch_tokens", default), model_config, **options)
+    auto = cfg.model.gradient_checkpointing == "auto"
+    candidates = microbatch_candidates(cfg, device_type)
+    for checkpointing in [False, True] if auto else [cfg.model.gradient_checkpointing]:
+        setting = with_setting(cfg, "model.gradient_checkpointing", checkpointing)
+        plans = [plan_memory(with_setting(setting, "train.microbatch_tokens", b), model_config, **options)
+                 for b in candidates]  # fmt: skip
+        fitting = [p for p in plans if p.fits]
+        if fitting and (checkpointing or not auto or fitting[-1].microbatch_tokens >= default):
+            chosen = fitting[-1]
+            note = (f"train.microbatch_tokens=auto: {chosen.microbatch_tokens} tokens, the largest of "
+                    f"{candidates[0]}–{candidates[-1]} that fits ({gib(chosen.total):.2f} of {gib(capacity):.2f} "
+                    f"GiB predicted), gradient checkpointing {'on' if checkpointing else 'off'}")  # fmt: skip
+            turned_on = ("model.gradient_checkpointing=auto: on (no budget of at least "
+                         f"{default} tokens fits without it)",) if auto and checkpointing else ()  # fmt: skip
+            return replace(chosen, notes=(*chosen.notes, note, *turned_on))
+    return plans[0]
 
 
 def rollout_batch_bytes(cfg: Config) -> int:
@@ -309,149 +396,7 @@ def engine_bytes(
     return copy + cfg.rollout.vllm.cpu_kv_cache_gib * GIB if name == "vllm" else copy
 
 
-def device_memory(device: torch.device, local_ranks: int = 1) -> tuple[int, int]:
-    """(bytes available to this process, the device's total): a GPU's free and total memory, or the
-    machine's (``host_memory``) shared by ``local_ranks`` processes."""
-    import torch
-
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return free, total
-    return host_memory(local_ranks)
-
-
-def host_memory(local_ranks: int = 1) -> tuple[int, int]:
-    """(the machine's available RAM, /proc/meminfo's MemAvailable, per ``local_ranks`` processes; its total)."""
-    lines = Path("/proc/meminfo").read_text().splitlines()
-    info = dict(line.split(":", 1) for line in lines if ":" in line)
-    available, total = (int(info[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
-    return available // max(1, local_ranks), total
-
-
 def with_setting(cfg: Config, key: str, value: Any) -> Config:
     """``cfg`` with one dotted setting (group.name) changed."""
     group, name = key.split(".")
     return replace(cfg, **{group: replace(getattr(cfg, group), **{name: value})})
-
-
-def fixing_settings(cfg: Config, model_config: Any, plan: MemoryPlan) -> list[tuple[str, MemoryPlan]]:
-    """Each setting that lowers ``plan``'s peak, with the plan it would give: the largest
-    train.microbatch_tokens that fits (or its smallest, one full sequence), gradient checkpointing, LoRA,
-    optimiser offload (GPU), bf16 parameters, and on a GPU the fewest FSDP2 ranks that fit."""
-    options = dict(device_type=plan.device_type, world_size=plan.world_size, capacity=plan.capacity)
-    m, t = cfg.model, cfg.train
-    changes: list[tuple[str, Any]] = []
-    budget = microbatch_token_budget(cfg, plan.device_type)
-    smallest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
-    budgets = [budget // 2**k for k in range(1, 12) if budget // 2**k > smallest] + [smallest]
-    fitting = [b for b in budgets if b < budget and plan_memory(with_setting(cfg, "train.microbatch_tokens", b),
-                                                                 model_config, **options).fits]  # fmt: skip
-    if fitting or smallest < budget:
-        changes.append(("train.microbatch_tokens", fitting[0] if fitting else smallest))
-    if not m.gradient_checkpointing:
-        changes.append(("model.gradient_checkpointing", True))
-    if not m.lora_rank:
-        changes.append(("model.lora_rank", LORA_RANK_SUGGESTED))
-    if plan.device_type == "cuda" and not t.offload_optimizer:
-        changes.append(("train.offload_optimizer", True))
-    if t.param_dtype == "float32" and m.dtype != "float32":  # bf16 weights need bf16 passes
-        changes.append(("train.param_dtype", "bfloat16"))
-    found = [(f"{key}={str(value).lower()}", plan_memory(with_setting(cfg, key, value), model_config, **options))
-             for key, value in changes]  # fmt: skip
-    if plan.device_type == "cuda":
-        for ranks in (n for n in GPU_COUNTS if n > plan.world_size):
-            more = plan_memory(cfg, model_config, **(options | {"world_size": ranks}))
-            if more.fits or ranks == GPU_COUNTS[-1]:
-                launch = f"torchrun --nproc-per-node {ranks}, or dist.trainer_workers={ranks}"
-                found.append((f"{ranks} GPUs ({launch})", more))
-                break
-    return found
-
-
-def refusal_message(cfg: Config, model_config: Any, plan: MemoryPlan) -> str:
-    """Why the run does not fit, its plan, and the settings that would make it fit with their predicted peaks."""
-    fixes = fixing_settings(cfg, model_config, plan)
-    fit = [f"{setting} ({gib(p.total):.2f} GiB)" for setting, p in fixes if p.fits]
-    short = [f"{setting} ({gib(p.total):.2f} GiB)" for setting, p in fixes if not p.fits]
-    lines = [
-        f"the memory plan predicts a peak of {gib(plan.total):.2f} GiB per device for training "
-        f"{cfg.model.name_or_path}, more than the {gib(plan.capacity or 0):.2f} GiB this {plan.device_type} has "
-        "available (nothing has loaded yet):",
-        *(f"  {line}" for line in plan.table().splitlines()),
-        f"settings that would make it fit (predicted peak per device): {'; '.join(fit) or 'none alone'}",
-    ]
-    if short:
-        lines.append(f"settings that lower it but not enough alone: {'; '.join(short)}")
-    sequences = plan.components.get("rollout batch (host)", 0)
-    if sequences > plan.total / 2:  # the step's sequences, which none of those settings shrink
-        lines.append(
-            f"a rollout step's sequences alone take {gib(sequences):.2f} GiB: lower rollout.rollout_prompts, "
-            "rollout.samples_per_prompt or rollout.max_response_tokens"
-        )
-    lines.append("to run it anyway: train.memory_check=warn (or skip)")
-    return "\n".join(lines)
-
-
-def memory_plan_of(cfg: Config, device: torch.device | None = None, world_size: int | None = None) -> MemoryPlan | str:
-    """The plan of ``cfg`` on ``device`` (default: the run's device on this machine) with ``world_size``
-    ranks (default: the run's), with what the device has here; or a line saying why there is none (the
-    model's config is not on this machine)."""
-    import torch
-
-    from reasonrl.models.load import model_config
-    from reasonrl.models.model_error import ModelError
-
-    device = device or torch.device(planned_device_type(cfg))
-    try:
-        config = model_config(cfg.model.name_or_path)
-    except ModelError as exc:
-        return f"no memory plan: {exc}"
-    if config is None:
-        return f"no memory plan: the config of {cfg.model.name_or_path} is not on this machine (nothing is downloaded)"
-    here = device.type == "cpu" or torch.cuda.is_available()
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    available, total = device_memory(device, local_ranks) if here else (None, None)
-    return plan_memory(
-        cfg,
-        config,
-        device_type=device.type,
-        world_size=world_size or planned_world_size(cfg),
-        capacity=available,
-        device_memory=total,
-    )
-
-
-def check_memory(cfg: Config, device: torch.device, world_size: int = 1) -> MemoryPlan | None:
-    """Refuse a run whose plan exceeds what ``device`` has (a ConfigError naming the settings that would
-    fit), before any weight loads; train.memory_check=warn logs that instead, skip skips the check."""
-    import logging
-
-    mode = cfg.train.memory_check
-    if mode == "skip":
-        return None
-    log = logging.getLogger(__name__)
-    if device.type != "cpu":  # a GPU run's sequences live in host memory: the device plan does not hold them
-        host = rollout_batch_bytes(cfg)
-        available = host_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))[0]
-        if host > available:
-            message = (
-                f"a rollout step's sequences take about {gib(host):.2f} GiB of host memory (rollout.rollout_prompts × "
-                f"rollout.samples_per_prompt × (rollout.max_prompt_tokens + rollout.max_response_tokens) tokens at "
-                f"{ROLLOUT_BYTES_PER_TOKEN} bytes each), more than the {gib(available):.2f} GiB this machine has "
-                "available: lower one of them; to run it anyway: train.memory_check=warn (or skip)"
-            )
-            if mode == "refuse":
-                raise ConfigError(message)
-            log.warning("%s", message)
-    plan = memory_plan_of(cfg, device, world_size)
-    if isinstance(plan, str):
-        log.warning("%s; the run starts unchecked", plan)
-        return None
-    if not plan.fits:
-        from reasonrl.models.load import model_config
-
-        message = refusal_message(cfg, model_config(cfg.model.name_or_path), plan)
-        if mode == "refuse":
-            raise ConfigError(message)
-        log.warning("%s", message)
-    return plan

@@ -155,9 +155,9 @@ def logprob_stage(run: Run, batch: RolloutBatch, seed: int) -> dict[str, float]:
     keep their stored behaviour log-probs), reference log-probs also on those when the KL is in the reward
     (every token's reward) or in a loss that trains on them."""
     updater = run.updater
-    packed, share_prompts = updater.policy.packed, updater.policy.share_prompts
+    packed, share_prompts, lanes = updater.policy.packed, updater.policy.share_prompts, updater.policy.lanes
     groups = first_epoch_row_groups(  # data-parallel: this rank's rows
-        batch, updater.minibatch_sequences, seed, run.parallel, run.plan.microbatch_tokens, packed, share_prompts
+        batch, updater.minibatch_sequences, seed, run.parallel, run.plan.microbatch_tokens, packed, share_prompts, lanes
     )
     stale = None if batch.pool_window is None else batch.pool_window.stale_mask  # [B, T]
     fresh = batch.response_mask if stale is None else batch.response_mask & ~stale
@@ -171,7 +171,7 @@ def logprob_stage(run: Run, batch: RolloutBatch, seed: int) -> dict[str, float]:
         with torch.no_grad():
             for rows in groups:
                 part = batch.select(rows or [0])  # [] = a filler forward, kept in step
-                tally.add(part, filler=not rows, packed=packed, share_prompts=share_prompts)
+                tally.add(part, filler=not rows, packed=packed, share_prompts=share_prompts, lanes=lanes)
                 head_mask = needed[rows or [0], : part.response_mask.shape[1]] & bool(rows)  # a filler: no head
                 logprobs, _ = policy(part, head_mask=head_mask)
                 lm_head_tokens += head_tokens(part, head_mask)

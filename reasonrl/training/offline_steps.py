@@ -57,7 +57,9 @@ def compute_reference(run: Run, data: OfflineData, cache: Path) -> None:
     out = torch.zeros(batch.response_mask.shape)
     with torch.no_grad():
         policy = run.updater.policy
-        for rows in batch.micro_batch_rows(run.plan.microbatch_tokens, policy.packed, policy.share_prompts):
+        for rows in batch.micro_batch_rows(
+            run.plan.microbatch_tokens, policy.packed, policy.share_prompts, policy.lanes
+        ):
             part = batch.select(rows)
             if run.reference is not None:
                 logprobs, _ = run.reference(part)
@@ -129,7 +131,9 @@ def dqo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
     tokens = int(batch.response_mask.sum())
     # 1. V_φ(s_h) of every state, before this step's updates (no gradient)
     batch.values = critic.values(batch)
-    micros = batch.micro_batches(run.plan.microbatch_tokens, run.updater.device, policy.packed, policy.share_prompts)
+    micros = batch.micro_batches(
+        run.plan.microbatch_tokens, run.updater.device, policy.packed, policy.share_prompts, policy.lanes
+    )
     sums: dict[str, float] = defaultdict(float)
     returns, value_weights = [], []
     policy.model.train()
@@ -171,7 +175,7 @@ def dqo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
     critic.model.eval()
     sums["critic/grad_norm"] = apply_gradients(critic.model, critic.optimizer, critic.grad_clip)
     all_returns = torch.zeros_like(batch.values)
-    row_groups = batch.micro_batch_rows(run.plan.microbatch_tokens, policy.packed, policy.share_prompts)
+    row_groups = batch.micro_batch_rows(run.plan.microbatch_tokens, policy.packed, policy.share_prompts, policy.lanes)
     for rows, g in zip(row_groups, returns, strict=True):
         all_returns[rows, : g.shape[1]] = g.cpu()
     sums["critic/explained_variance"] = explained_variance(batch.values, all_returns, batch.response_mask).item()

@@ -21,7 +21,8 @@ from reasonrl.data.source import TrainingStream
 from reasonrl.models.forward import packing_refusal, prompt_sharing_refusal
 from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
-from reasonrl.models.memory_plan import MemoryPlan, check_memory, engine_name
+from reasonrl.models.memory_check import check_memory
+from reasonrl.models.memory_plan import MemoryPlan, engine_name
 from reasonrl.models.optim import adamw, trainable_parameters
 from reasonrl.models.value import load_value_model, rescale_head, value_model_from_policy
 from reasonrl.reward.prm import ProcessRewardModel
@@ -208,13 +209,19 @@ def shares_prompts(cfg: Config, model_config: Any, device_type: str, role: str) 
     return refusal is None
 
 
-def with_planned_checkpointing(cfg: Config, plan: Plan, memory: MemoryPlan | None, parallel: DataParallel) -> Plan:
-    """``plan`` with model.gradient_checkpointing=auto decided: on where the memory plan ``memory`` needed it to fit,
-    and on every rank if one rank's plan did (said in the log); ``plan`` as it is otherwise."""
+def with_planned_settings(cfg: Config, plan: Plan, memory: MemoryPlan | None, parallel: DataParallel) -> Plan:
+    """``plan`` with the memory plan's choices (``memory``; said in the log): model.gradient_checkpointing=auto on
+    where it needed recomputation to fit, on every rank if one rank's plan did; train.microbatch_tokens=auto its
+    budget, the smallest of the ranks' (a plan-less run keeps the device's default)."""
+    if cfg.train.microbatch_tokens == "auto" and memory is not None and memory.microbatch_tokens:
+        budget = -parallel.max(-memory.microbatch_tokens)
+        log.info("%s", next((n for n in memory.notes if n.startswith("train.microbatch_tokens=auto")), budget))
+        plan = replace(plan, microbatch_tokens=budget)
     needed = memory is not None and memory.gradient_checkpointing
     if cfg.model.gradient_checkpointing != "auto" or not parallel.max(int(needed)):
         return plan
-    log.info("%s", memory.notes[-1] if needed else "model.gradient_checkpointing=auto: on (another rank needs it)")
+    said = [n for n in memory.notes if n.startswith("model.gradient_checkpointing=auto")] if needed else []
+    log.info("%s", said[0] if said else "model.gradient_checkpointing=auto: on (another rank needs it)")
     return replace(plan, gradient_checkpointing=True)
 
 
@@ -282,7 +289,7 @@ def setup(
     plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
     terms = preflight(cfg)
     memory = check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
-    plan = with_planned_checkpointing(cfg, plan, memory, backend.parallel)
+    plan = with_planned_settings(cfg, plan, memory, backend.parallel)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)

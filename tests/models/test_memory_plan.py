@@ -9,9 +9,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.cli import main
 from reasonrl.config import ConfigError, load_config
-from reasonrl.models import memory_plan
+from reasonrl.models import memory_check, memory_plan
 from reasonrl.models.lora import add_lora
-from reasonrl.models.memory_plan import GIB, check_memory, plan_memory, refusal_message
+from reasonrl.models.memory_check import check_memory, refusal_message
+from reasonrl.models.memory_plan import GIB, plan_memory
 
 TINY = LlamaConfig(
     vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -124,12 +125,12 @@ def test_a_run_with_auto_checkpointing_recomputes_where_the_memory_plan_says_it_
         "dr_grpo", [*CPU, "model.name_or_path=tiny-random", "model.gradient_checkpointing=false"]
     )
     without = plan_memory(no_checkpointing, tiny, device_type="cpu")
-    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (without.total - 1, 64 * GIB))
+    monkeypatch.setattr(memory_check, "device_memory", lambda device, local_ranks=1: (without.total - 1, 64 * GIB))
     with caplog.at_level(logging.INFO):
         run = setup.setup(cfg, tmp_path)
     assert run.plan.gradient_checkpointing and run.model.is_gradient_checkpointing
     assert "model.gradient_checkpointing=auto: on" in caplog.text
-    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (64 * GIB, 64 * GIB))
+    monkeypatch.setattr(memory_check, "device_memory", lambda device, local_ranks=1: (64 * GIB, 64 * GIB))
     run = setup.setup(cfg, tmp_path / "roomy")
     assert not run.plan.gradient_checkpointing and not run.model.is_gradient_checkpointing
 
@@ -137,7 +138,7 @@ def test_a_run_with_auto_checkpointing_recomputes_where_the_memory_plan_says_it_
 def test_train_refuses_before_any_weight_loads(monkeypatch, tmp_path):
     from reasonrl.training import setup
 
-    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (GIB // 4, GIB))
+    monkeypatch.setattr(memory_check, "device_memory", lambda device, local_ranks=1: (GIB // 4, GIB))
     monkeypatch.setattr(setup, "load_model", lambda *a, **k: pytest.fail("weights loaded before the check"))
     cfg = load_config("dr_grpo", [*CPU, "model.name_or_path=tiny-random"])
     with pytest.raises(ConfigError, match=r"more than the 0\.25 GiB this cpu has available") as refused:
@@ -146,7 +147,7 @@ def test_train_refuses_before_any_weight_loads(monkeypatch, tmp_path):
 
 
 def test_warn_logs_the_plan_and_skip_skips_it(monkeypatch, caplog):
-    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (GIB // 4, GIB))
+    monkeypatch.setattr(memory_check, "device_memory", lambda device, local_ranks=1: (GIB // 4, GIB))
     device = torch.device("cpu")
     with caplog.at_level(logging.WARNING):
         planned = check_memory(load_config("dr_grpo", [*CPU, "model.name_or_path=tiny-random",
@@ -179,13 +180,13 @@ def test_a_step_whose_sequences_exceed_the_cpus_memory_is_refused_naming_them(mo
     cfg = load_config("dr_grpo", [*CPU, *HUGE_STEP])
     parts = plan_memory(cfg, TINY, device_type="cpu").components
     assert parts["rollout batch (host)"] == (160000 + 20000 * 8) * (256 + 4096) * 128  # the batch and one more pass
-    monkeypatch.setattr(memory_plan, "device_memory", lambda device, local_ranks=1: (24 * GIB, 24 * GIB))
+    monkeypatch.setattr(memory_check, "device_memory", lambda device, local_ranks=1: (24 * GIB, 24 * GIB))
     with pytest.raises(ConfigError, match=r"a rollout step's sequences alone take 166\.02 GiB: lower rollout"):
         check_memory(load_config("dr_grpo", [*CPU, *HUGE_STEP, "model.name_or_path=tiny-random"]), torch.device("cpu"))
 
 
 def test_a_gpu_steps_sequences_are_checked_against_the_hosts_memory(monkeypatch, caplog):
-    monkeypatch.setattr(memory_plan, "host_memory", lambda local_ranks=1: (24 * GIB, 32 * GIB))
+    monkeypatch.setattr(memory_check, "host_memory", lambda local_ranks=1: (24 * GIB, 32 * GIB))
     cfg = load_config("dr_grpo", [*HUGE_STEP, "model.name_or_path=tiny-random"])
     with pytest.raises(
         ConfigError, match=r"sequences take about 166\.02 GiB of host memory .* more than the 24\.00 GiB"
@@ -199,7 +200,7 @@ def test_a_gpu_steps_sequences_are_checked_against_the_hosts_memory(monkeypatch,
 
 def test_auto_checkpointing_is_on_for_every_rank_when_one_ranks_plan_needs_it(caplog):
     from reasonrl.config import resolve
-    from reasonrl.training.setup import with_planned_checkpointing
+    from reasonrl.training.setup import with_planned_settings
 
     class OtherRankNeedsIt:  # DataParallel.max: the largest value over ranks
         def max(self, value: int) -> int:
@@ -209,9 +210,82 @@ def test_auto_checkpointing_is_on_for_every_rank_when_one_ranks_plan_needs_it(ca
     plan = resolve(cfg, "cpu", 2)
     assert not plan.gradient_checkpointing
     with caplog.at_level(logging.INFO):
-        assert with_planned_checkpointing(cfg, plan, None, OtherRankNeedsIt()).gradient_checkpointing
+        assert with_planned_settings(cfg, plan, None, OtherRankNeedsIt()).gradient_checkpointing
     assert "model.gradient_checkpointing=auto: on (another rank needs it)" in caplog.text
     explicit = load_config("dr_grpo", [*CPU, "model.gradient_checkpointing=false"])
-    assert not with_planned_checkpointing(
+    assert not with_planned_settings(
         explicit, resolve(explicit, "cpu", 2), None, OtherRankNeedsIt()
     ).gradient_checkpointing
+
+
+GPU = ["model.device=auto", "rollout.engine=hf", "model.dtype=bfloat16", "rollout.max_response_tokens=1792"]
+
+
+def gpu_plan(*overrides: str, capacity: int | None = None):
+    cfg = load_config("dr_grpo", [*GPU, *overrides])
+    return plan_memory(cfg, TINY, device_type="cuda", capacity=capacity, device_memory=80 * GIB)
+
+
+def test_the_optimiser_steps_temporaries_count_where_the_step_peaks_and_a_gpu_keeps_headroom():
+    params = tiny_parameters()
+    fused = gpu_plan("train.microbatch_tokens=2048")  # torch's fused AdamW over fp32 weights: in place
+    assert fused.components["optimizer step temporaries"] == 0
+    assert fused.components["allocator headroom"] == int(0.05 * (fused.total - fused.components["allocator headroom"]))
+    master = gpu_plan("train.microbatch_tokens=2048", "train.param_dtype=bfloat16")
+    assert master.components["optimizer step temporaries"] == 8 * params  # fp32 gradients + foreach's denominator
+    parts = master.components
+    transients = sum(parts[k] for k in memory_plan.UPDATE_TRANSIENTS)
+    resident = sum(parts.values()) - transients - parts["optimizer step temporaries"] - parts["allocator headroom"]
+    assert master.total - parts["allocator headroom"] == resident + max(transients, 8 * params)
+    offloaded = gpu_plan("train.microbatch_tokens=2048", "train.param_dtype=bfloat16", "train.offload_optimizer=true")
+    assert offloaded.components["optimizer step temporaries"] == 0  # the step runs in host memory
+    assert "allocator headroom" not in plan().components  # the CPU: none
+
+
+def test_auto_token_budget_is_the_largest_that_fits_and_prefers_no_recomputation():
+    longest = 256 + 1792
+    sizes = {b: gpu_plan(f"train.microbatch_tokens={b}", "model.gradient_checkpointing=false").total
+             for b in (longest, 4096, 8192, 16384, 32768)}  # fmt: skip
+    auto = load_config("dr_grpo", [*GPU, "train.microbatch_tokens=auto"])
+    most = auto.train.minibatch_sequences * longest  # a larger budget never fills
+    candidates = memory_plan.microbatch_candidates(auto, "cuda")
+    assert candidates == [longest, *(2**k for k in range(12, 20) if 2**k <= most)] and candidates[-1] * 2 > most
+    chosen = gpu_plan("train.microbatch_tokens=auto", "model.gradient_checkpointing=false", capacity=sizes[8192])
+    assert chosen.microbatch_tokens == 8192 and chosen.fits and not chosen.gradient_checkpointing
+    assert (
+        f"train.microbatch_tokens=auto: 8192 tokens, the largest of 2048–{candidates[-1]} that fits" in chosen.notes[-1]
+    )
+    # auto checkpointing: off where the device default (16384) fits without it
+    roomy = gpu_plan("train.microbatch_tokens=auto", capacity=sizes[32768])
+    assert (roomy.microbatch_tokens, roomy.gradient_checkpointing) == (32768, False)
+    # on where only a smaller budget would fit without it, at the largest budget that fits with it
+    recomputed = gpu_plan("train.microbatch_tokens=16384", "model.gradient_checkpointing=true").total
+    assert sizes[8192] < recomputed < sizes[16384]
+    tight = gpu_plan("train.microbatch_tokens=auto", capacity=recomputed)
+    assert (tight.microbatch_tokens, tight.gradient_checkpointing) == (16384, True) and tight.fits
+    assert "model.gradient_checkpointing=auto: on (no budget of at least 16384 tokens" in tight.notes[-1]
+    # nothing fits: the smallest budget, refused with its fixes by the check
+    assert gpu_plan("train.microbatch_tokens=auto", capacity=GIB // 8).microbatch_tokens == longest
+    # no capacity known, or the CPU: the device's default
+    assert gpu_plan("train.microbatch_tokens=auto").microbatch_tokens == 16384
+    assert plan("train.microbatch_tokens=auto", capacity=64 * GIB).microbatch_tokens == 768
+
+
+def test_a_run_trains_with_the_planned_token_budget_agreed_over_ranks(caplog):
+    from dataclasses import replace
+
+    from reasonrl.config import resolve
+    from reasonrl.training.setup import with_planned_settings
+
+    class OtherRankFitsLess:  # DataParallel.max over ranks, one of which planned 4096
+        def max(self, value: int) -> int:
+            return max(value, -4096)
+
+    cfg = load_config("dr_grpo", [*CPU, "train.microbatch_tokens=auto", "model.gradient_checkpointing=false"])
+    plan = resolve(cfg, "cpu", 2)
+    assert plan.microbatch_tokens == 768  # the default until the memory plan chooses
+    memory = replace(gpu_plan("train.microbatch_tokens=8192"), notes=("train.microbatch_tokens=auto: 8192 tokens",))
+    with caplog.at_level(logging.INFO):
+        assert with_planned_settings(cfg, plan, memory, OtherRankFitsLess()).microbatch_tokens == 4096
+    assert "train.microbatch_tokens=auto: 8192 tokens" in caplog.text
+    assert with_planned_settings(cfg, plan, None, OtherRankFitsLess()).microbatch_tokens == 768  # no plan

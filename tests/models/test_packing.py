@@ -368,3 +368,6 @@ def test_micro_batches_keep_a_prompts_rows_together_and_count_its_tokens_once():
     assert batch.select([0, 1, 2, 7, 8]).segment_lengths(share_prompts=True) == [15, 3 + 9 + 2]
     assert batch.forward_tokens(packed=True, share_prompts=True) == 48 * 2  # lanes of the longest segment
     assert batch.forward_tokens(packed=True) == 33 * 4  # rows: lanes of the longest row
+    for budget in (40, 48, 64):  # no micro-batch's lanes hold more than the budget
+        groups = batch.micro_batch_rows(token_budget=budget, share_prompts=True)
+        assert all(batch.select(g).forward_tokens(packed=True, share_prompts=True) <= budget for g in groups)

@@ -1,5 +1,7 @@
 """RolloutBatch helpers: selection, trimming, concatenation, micro-batching, and the feature records with them."""
 
+import random
+
 import pytest
 import torch
 
@@ -55,6 +57,25 @@ def test_packed_micro_batches_hold_real_tokens_up_to_the_budget_in_the_fewest_ba
     assert batch.micro_batch_rows(token_budget=12) == [[0], [1], [2], [3], [4], [5], [6], [7]]  # over: alone
     batch.response_mask[0, 3:6] = False  # injected tokens in the middle of a conversation are still read
     assert batch.read_lengths()[0] == 13
+
+
+def test_no_packed_micro_batch_computes_more_than_the_budget_in_lanes_or_in_one_sequence():
+    """Lanes (sdpa, eager) are as wide as a micro-batch's longest row: a bin of real tokens within the budget can
+    compute more than it in lanes (here rows of 12 beside one of 20: 4 lanes of 20 = 80 tokens for 56 read), so
+    lanes cut it further; one sequence (flash-attn, varlen) computes only the read tokens and keeps the
+    bins of real tokens."""
+    batch = make([1, 1, 1, 1], [19, 11, 11, 11])  # read tokens 20, 12, 12, 12: 56
+    assert batch.micro_batch_rows(token_budget=56, lanes=False) == [[0, 1, 2, 3]]
+    assert batch.select([0, 1, 2, 3]).forward_tokens(lanes=True) == 4 * 20  # no two rows share a 20-token lane
+    assert batch.select([0, 1, 2, 3]).forward_tokens(lanes=False) == 56
+    groups = batch.micro_batch_rows(token_budget=56, lanes=True)
+    assert sorted(r for g in groups for r in g) == [0, 1, 2, 3]
+    assert all(batch.select(g).forward_tokens(lanes=True) <= 56 for g in groups) and len(groups) == 2
+    lengths = [max(1, round(random.Random(s).lognormvariate(3.0, 1.0))) for s in range(200)]
+    long_tailed = make([1] * 200, [min(n, 255) for n in lengths])
+    for budget in (256, 512, 1024):
+        for rows in long_tailed.micro_batch_rows(token_budget=budget):
+            assert long_tailed.select(rows).forward_tokens() <= budget
 
 
 def test_concat_repads_left_and_right():

@@ -100,17 +100,18 @@ class DataParallel:
             dist.barrier()
 
     def row_groups(
-        self, batch: RolloutBatch, token_budget: int, packed: bool = True, share_prompts: bool = False
-    ) -> list[list[int]]:
+        self, batch: RolloutBatch, token_budget: int, packed: bool = True, share_prompts: bool = False,
+        lanes: bool = True,
+    ) -> list[list[int]]:  # fmt: skip
         """Rows of ``batch`` this rank computes in forward-only passes (old log-probs, values), grouped in
         micro-batches of at most ``token_budget`` tokens (``RolloutBatch.micro_batch_rows``), then padded
         with empty groups to the busiest rank's count (a rank runs a forward for those too, and keeps
         nothing of it)."""
         if not self.active:
-            return batch.micro_batch_rows(token_budget, packed, share_prompts)
+            return batch.micro_batch_rows(token_budget, packed, share_prompts, lanes)
         mine = list(self.share(len(batch)))
         share = batch.select(mine) if mine else None
-        local = share.micro_batch_rows(token_budget, packed, share_prompts) if share else []
+        local = share.micro_batch_rows(token_budget, packed, share_prompts, lanes) if share else []
         groups = [[mine[i] for i in g] for g in local]
         return groups + [[] for _ in range(self.max(len(groups)) - len(groups))]
 

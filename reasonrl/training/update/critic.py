@@ -15,6 +15,7 @@ import torch
 from reasonrl.algo.aggregate import count_for_aggregation
 from reasonrl.algo.value_loss import explained_variance, value_loss
 from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
+from reasonrl.models.forward import runs_in_lanes
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel
 from reasonrl.training.placement.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
@@ -46,6 +47,11 @@ class CriticUpdater:
         self.skipped_steps = 0
 
     @property
+    def lanes(self) -> bool:
+        """Whether the value model's packed forwards run in lanes (``models.forward.runs_in_lanes``)."""
+        return runs_in_lanes(self.model.backbone.config)
+
+    @property
     def device(self) -> torch.device:
         """Where the model is: each micro-batch moves there."""
         return next(self.model.parameters()).device
@@ -56,10 +62,14 @@ class CriticUpdater:
         forwards are counted in ``tally``."""
         out = torch.zeros(batch.response_mask.shape)
         with torch.no_grad():
-            for rows in self.parallel.row_groups(batch, self.microbatch_tokens, self.packed, self.share_prompts):
+            for rows in self.parallel.row_groups(
+                batch, self.microbatch_tokens, self.packed, self.share_prompts, self.lanes
+            ):
                 part = batch.select(rows or [0])
                 if tally is not None:
-                    tally.add(part, filler=not rows, packed=self.packed, share_prompts=self.share_prompts)
+                    tally.add(
+                        part, filler=not rows, packed=self.packed, share_prompts=self.share_prompts, lanes=self.lanes
+                    )
                 values = self.forward_values(part)
                 out[rows, : values.shape[1]] = values.cpu()
         return self.parallel.sum_(out)
@@ -82,12 +92,12 @@ class CriticUpdater:
         tokens, seqs = count_for_aggregation(mask)
         sums: dict[str, float] = defaultdict(float)
         micros = my_micro_batches(
-            minibatch, self.parallel, self.microbatch_tokens, self.device, self.packed, self.share_prompts
+            minibatch, self.parallel, self.microbatch_tokens, self.device, self.packed, self.share_prompts, self.lanes
         )
         tally = ForwardTally("critic")
         for index, micro in enumerate(micros):
             reduce_gradients_after(self.model, last=index == len(micros) - 1)
-            tally.add(micro, packed=self.packed, share_prompts=self.share_prompts)
+            tally.add(micro, packed=self.packed, share_prompts=self.share_prompts, lanes=self.lanes)
             values = self.forward_values(micro)
             loss, stats = value_loss(
                 values,

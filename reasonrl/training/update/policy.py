@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from reasonrl.models.forward import response_hidden_states
+from reasonrl.models.forward import response_hidden_states, runs_in_lanes
 from reasonrl.models.logprob_head import DEFAULT_CHUNK_TOKENS, token_logprobs
 
 
@@ -103,6 +103,12 @@ class TokenLogprobs(torch.nn.Module):
         self.model, self.temperature, self.compute_dtype, self.packed = model, temperature, compute_dtype, packed
         self.share_prompts = packed and share_prompts
         self.suppressed = suppressed_tokens(model)
+
+    @property
+    def lanes(self) -> bool:
+        """Whether its packed forwards run in lanes (``models.forward.runs_in_lanes``): how its micro-batches are
+        cut to the token budget."""
+        return runs_in_lanes(self.model.config)
 
     def forward(self, batch, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """A RolloutBatch -> (log-probs [B, T], entropy [B, T]), computed at ``head_mask`` [B, T] only

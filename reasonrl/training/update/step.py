@@ -88,12 +88,14 @@ class PolicyUpdater:
         tokens, seqs = count_for_aggregation(mask)
         nll_tokens = (mask & minibatch.correct[:, None]).sum()
         sums: dict[str, float] = defaultdict(float)
-        packed, share_prompts = self.policy.packed, self.policy.share_prompts
-        micros = my_micro_batches(minibatch, self.parallel, self.microbatch_tokens, self.device, packed, share_prompts)
+        packed, share_prompts, lanes = self.policy.packed, self.policy.share_prompts, self.policy.lanes
+        micros = my_micro_batches(
+            minibatch, self.parallel, self.microbatch_tokens, self.device, packed, share_prompts, lanes
+        )
         tally = ForwardTally("policy")
         for index, micro in enumerate(micros):
             reduce_gradients_after(self.policy, last=index == len(micros) - 1)
-            tally.add(micro, packed=packed, share_prompts=share_prompts)
+            tally.add(micro, packed=packed, share_prompts=share_prompts, lanes=lanes)
             micro_mask = micro.policy_loss_mask
             # the LM head only where the loss reads (T-PPO's token filtering: earlier windows' tokens are out)
             logprobs, entropy = self.policy(micro, head_mask=micro_mask)
@@ -182,14 +184,15 @@ def my_micro_batches(
     device: torch.device,
     packed: bool = True,
     share_prompts: bool = False,
+    lanes: bool = True,
 ) -> list[RolloutBatch]:
     """This rank's share of ``minibatch``'s rows in micro-batches of at most ``token_budget`` tokens
     (``RolloutBatch.micro_batch_rows``), padded with loss-free fillers to as many micro-batches as the
     busiest rank has."""
     if not parallel.active:
-        return minibatch.micro_batches(token_budget, device, packed, share_prompts)
+        return minibatch.micro_batches(token_budget, device, packed, share_prompts, lanes)
     share = minibatch.select(list(parallel.share(len(minibatch))))
-    mine = share.micro_batches(token_budget, device, packed, share_prompts) if len(share) else []
+    mine = share.micro_batches(token_budget, device, packed, share_prompts, lanes) if len(share) else []
     return parallel.lockstep(mine, minibatch, device)
 
 
@@ -216,6 +219,7 @@ def first_epoch_row_groups(
     token_budget: int,
     packed: bool,
     share_prompts: bool = False,
+    lanes: bool = True,
 ) -> list[list[int]]:
     """The rows of ``batch`` in each micro-batch this rank's update runs in its first epoch (mini-batches of
     ``size`` sequences, as ``shuffled_minibatches`` and ``my_micro_batches`` make them), in its order, then
@@ -229,6 +233,6 @@ def first_epoch_row_groups(
         rows = order[start : start + size]
         mine = [rows[i] for i in parallel.share(len(rows))] if parallel.active else rows
         if mine:
-            local = batch.select(mine).micro_batch_rows(token_budget, packed, share_prompts)
+            local = batch.select(mine).micro_batch_rows(token_budget, packed, share_prompts, lanes)
             groups += [[mine[i] for i in g] for g in local]
     return groups + [[] for _ in range(parallel.max(len(groups)) - len(groups))]
