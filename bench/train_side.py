@@ -22,7 +22,8 @@ a generation batch (prompts left, answers right, to the batch's widest) in micro
 as fit the same token budget; ``trl_liger`` the same with ``use_liger_kernel=True`` (in TRL 1.16: Liger's
 RMSNorm, RoPE and SwiGLU kernels beside TRL's own fused LM head; liger-kernel, GPU only).  On the GPU
 ``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through torch's variable-length flash attention
-(``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes.
+(``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes, and ``reasonrl_selective`` reasonrl with
+``model.checkpoint_policy=selective`` (the matmuls' and attention's outputs kept, no matmul recomputed).
 
 Reported per pass: real tokens/s (prompt + answer, padding not counted), achieved TFLOP/s and MFU
 (2·N per token for the log-prob pass, 6·N for the update, N the matmul parameters, plus causal attention
@@ -76,6 +77,7 @@ IMPLEMENTATIONS = ("reasonrl", "reasonrl_padded", "trl")
 # reasonrl packed into one sequence [1, N] through torch's varlen attention (model.attention=varlen; CUDA only)
 VARLEN = "reasonrl_varlen"
 TRL_LIGER = "trl_liger"  # TRL with use_liger_kernel=True: Liger's layer kernels (liger-kernel; CUDA only)
+SELECTIVE = "reasonrl_selective"  # reasonrl with model.checkpoint_policy=selective: no matmul recomputed
 PROMPT_TOKENS = (100, 200)  # uniform: prompts of about 150 tokens
 SMOKE_PROMPT_TOKENS = (8, 16)
 SETTINGS = ["algo.kl_placement=none", "algo.loss_agg=token-mean"]  # as bench/vs_trl.py compares
@@ -120,6 +122,7 @@ PROFILES = {
             *_both("qwen2.5-1.5b", (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),  # as TRL's default
             Sweep("qwen2.5-1.5b", VARLEN, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
             Sweep("qwen2.5-1.5b", TRL_LIGER, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
+            Sweep("qwen2.5-1.5b", SELECTIVE, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
             Sweep("qwen2.5-7b", "reasonrl", (4096,), 8, **BIG),
             *_both("qwen2.5-0.5b", (1024, 4096, 16384), 16),
             Sweep("qwen2.5-7b", "trl", (4096,), 8, **BIG),
@@ -327,6 +330,19 @@ def measure(passes, counter: TokenCounter, batch, model, device, peak_flops: flo
     return result
 
 
+def checkpoint_layers(model, policy: str) -> None:
+    """Gradient checkpointing with ``policy`` as reasonrl's trainer turns it on (a reasonrl from before
+    model.checkpoint_policy: transformers' own, full)."""
+    try:
+        from reasonrl.models.checkpointing import enable_checkpointing
+    except ImportError:
+        if policy != "full":
+            raise
+        model.gradient_checkpointing_enable()
+        return
+    enable_checkpointing(model, policy)
+
+
 def run_worker(sweep: Sweep, caps: list[int], smoke: bool, device_name: str) -> None:
     """Each of ``caps`` upward for ``sweep`` in this process, one JSON line per cap as it finishes; the first
     cap that runs out of GPU memory ends the sweep."""
@@ -353,7 +369,7 @@ def run_worker(sweep: Sweep, caps: list[int], smoke: bool, device_name: str) -> 
         ).eval()
     trl = sweep.implementation in ("trl", TRL_LIGER)
     if sweep.gradient_checkpointing and not trl:  # TRL: its own default
-        model.gradient_checkpointing_enable()
+        checkpoint_layers(model, "selective" if sweep.implementation == SELECTIVE else "full")
     dtype = compute_dtype("auto")  # the trainer's default: bf16 where the hardware has it
     passes_type = TrlPasses if trl else ReasonrlPasses
     passes = passes_type(model, device, dtype, sweep.implementation != "reasonrl_padded", sweep)

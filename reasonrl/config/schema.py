@@ -31,6 +31,13 @@ class ModelConfig:
     memory plan predicts the run does not fit the device without it (said in the log), off otherwise (and where
     the plan has no figure for the device or the model)."""
 
+    checkpoint_policy: Literal["full", "selective"] = "full"
+    """What gradient checkpointing keeps (where it is on): full (transformers' own) keeps each decoder layer's
+    input and recomputes the whole layer in the backward pass; selective keeps the matmuls' and attention's outputs
+    and recomputes only norms, RoPE, activation functions, residual adds and casts: no matmul twice, for more
+    memory than full and a third or so of what no checkpointing keeps (torch's selective activation
+    checkpointing; models/checkpointing.py)."""
+
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the policy, reference, critic and reward models live and train: auto = cuda when a CUDA
     device is visible, else cpu.  cuda on a machine without one is a configuration error."""

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from reasonrl.config import Config, resolve
+from reasonrl.config import Config, Plan, resolve
 from reasonrl.config.plan import attended_span, microbatch_token_budget
 
 if TYPE_CHECKING:
@@ -104,6 +104,8 @@ class ModelShape:
     hidden: int
     intermediate: int
     heads: int
+    key_value_width: int
+    """The keys' (and the values') width per token: key/value heads × head size."""
     vocab: int
 
     @classmethod
@@ -127,6 +129,8 @@ class ModelShape:
             hidden=text.hidden_size,
             intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
             heads=text.num_attention_heads,
+            key_value_width=(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+            * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
             vocab=text.vocab_size,
         )
 
@@ -229,21 +233,8 @@ def plan_memory(
     shards = max(1, plan.world_size)
     host_shards = offload and shards > 1  # FSDP2's CPUOffloadPolicy: the weights' and gradients' shards too
     tokens = plan.microbatch_tokens
-    # a packed lane or a padded row: the longest row's length, or a segment of rows sharing a prompt
-    span = min(tokens, attended_span(cfg, device_type, plan.max_sequence_tokens))
     autocast = compute == "bfloat16" and param_bytes == 4
-    hidden_factor, intermediate_factor = (
-        (ACTIVATION_HIDDEN_AUTOCAST, ACTIVATION_INTERMEDIATE_AUTOCAST)
-        if autocast
-        else (ACTIVATION_HIDDEN, ACTIVATION_INTERMEDIATE)
-    )
-    per_layer = compute_bytes * (hidden_factor * shape.hidden + intermediate_factor * shape.intermediate)
-    eager = plan.attention == "eager"
-    attention_bytes = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if eager else 0
-    if m.gradient_checkpointing:  # each layer's input kept (fp32 residual), one layer recomputed at a time
-        activations = tokens * (shape.layers * 4 * shape.hidden + per_layer) + attention_bytes
-    else:
-        activations = tokens * shape.layers * per_layer + attention_bytes * shape.layers
+    activations = activation_bytes(cfg, plan, shape, autocast)
     separate_reference = plan.uses_reference and not m.lora_rank  # LoRA: the frozen base is the reference
     casts = 2 * shape.parameters if autocast and not m.gradient_checkpointing else 0
     components = {
@@ -262,7 +253,7 @@ def plan_memory(
         ),
         "bf16 weight copies": casts // shards,
         "embedding gradient temporaries": 0 if m.lora_rank else 2 * shape.vocab * shape.hidden * gradient_bytes,
-        "activations": int(activations),
+        "activations": activations,
         "LM-head chunks": int(HEAD_COPIES * 4 * min(DEFAULT_CHUNK_TOKENS, tokens) * shape.vocab),
         "optimizer step temporaries": (
             shape.trainable * (OPTIMIZER_STEP_BYTES if device_type == "cuda" else 4) // shards
@@ -275,6 +266,30 @@ def plan_memory(
     total, notes = planned_peak(components, engine_sleeps(cfg, device_type), device_type)
     return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, notes,
                       m.gradient_checkpointing, tokens)  # fmt: skip
+
+
+def activation_bytes(cfg: Config, plan: Plan, shape: ModelShape, autocast: bool) -> int:
+    """What the largest micro-batch (``plan.microbatch_tokens`` computed tokens) keeps for its backward pass: each
+    layer's saved values, or with gradient checkpointing each layer's input (and with the selective policy its
+    matmuls' and attention's outputs) plus one layer recomputed at a time, and eager attention's score matrices."""
+    tokens, compute_bytes = plan.microbatch_tokens, element_size(plan.forward_dtype)
+    # a packed lane or a padded row: the longest row's length, or a segment of rows sharing a prompt
+    span = min(tokens, attended_span(cfg, plan.device_type, plan.max_sequence_tokens))
+    hidden_factor, intermediate_factor = (
+        (ACTIVATION_HIDDEN_AUTOCAST, ACTIVATION_INTERMEDIATE_AUTOCAST)
+        if autocast
+        else (ACTIVATION_HIDDEN, ACTIVATION_INTERMEDIATE)
+    )
+    per_layer = compute_bytes * (hidden_factor * shape.hidden + intermediate_factor * shape.intermediate)
+    eager = plan.attention == "eager"
+    attention = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if eager else 0
+    if not cfg.model.gradient_checkpointing:
+        return int(tokens * shape.layers * per_layer + attention * shape.layers)
+    kept = 4 * shape.hidden  # each layer's input (the fp32 residual)
+    selective = cfg.model.checkpoint_policy == "selective"  # eager's score matrices are matmul outputs: kept too
+    if selective:
+        kept += compute_bytes * (4 * shape.hidden + 2 * shape.key_value_width + 2 * shape.intermediate)
+    return int(tokens * (shape.layers * kept + per_layer) + attention * (shape.layers if selective else 1))
 
 
 UPDATE_TRANSIENTS = (

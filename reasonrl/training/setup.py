@@ -18,6 +18,7 @@ from reasonrl.config.plan import vllm_engine_options
 from reasonrl.config.validate import RunFacts, refuse_not_run_together
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
+from reasonrl.models.checkpointing import enable_checkpointing
 from reasonrl.models.forward import packing_refusal, prompt_sharing_refusal
 from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
@@ -145,7 +146,7 @@ def build_critic(
         model = load_value_model(cfg.critic.path, attention).to(device)
     model.to(plan.parameter_torch_dtype)
     if plan.gradient_checkpointing:
-        model.backbone.gradient_checkpointing_enable()
+        enable_checkpointing(model.backbone, cfg.model.checkpoint_policy)
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
     backend.place(model, dtype, cfg.train.offload_optimizer)
     optimizer = adamw(trainable_parameters(model), plan.critic_lr, cfg.train.weight_decay, cfg.train.offload_optimizer)
@@ -248,7 +249,7 @@ def load_policy(
     attention, dtype, parameters = plan.attention, plan.forward_torch_dtype, plan.parameter_torch_dtype
     model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
     if plan.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_checkpointing(model, cfg.model.checkpoint_policy)
     if workers is not None:
         engine = workers.engine
     elif engine is None:

@@ -289,3 +289,21 @@ def test_a_run_trains_with_the_planned_token_budget_agreed_over_ranks(caplog):
         assert with_planned_settings(cfg, plan, memory, OtherRankFitsLess()).microbatch_tokens == 4096
     assert "train.microbatch_tokens=auto: 8192 tokens" in caplog.text
     assert with_planned_settings(cfg, plan, None, OtherRankFitsLess()).microbatch_tokens == 768  # no plan
+
+
+def test_selective_checkpointing_keeps_more_than_full_and_much_less_than_none():
+    deep = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=176, num_hidden_layers=30,
+                       num_attention_heads=4, num_key_value_heads=1)  # fmt: skip
+    cfg = [*GPU, "train.microbatch_tokens=4096", "model.attention=sdpa"]
+
+    def activations(*overrides: str) -> int:
+        chosen = plan_memory(load_config("dr_grpo", [*cfg, *overrides]), deep, device_type="cuda")
+        return chosen.components["activations"]
+
+    none = activations("model.gradient_checkpointing=false")
+    full = activations("model.gradient_checkpointing=true")
+    selective = activations("model.gradient_checkpointing=true", "model.checkpoint_policy=selective")
+    assert full < selective < none / 2
+    # per token and layer: the fp32 input, and the bf16 outputs of q, o, attention, down (d each), k, v (16 each:
+    # one key/value head of 16) and gate, up (176 each)
+    assert selective - full == 4096 * 30 * 2 * (4 * 64 + 2 * 16 + 2 * 176)

@@ -55,6 +55,7 @@ RESUMABLE_KEYS = (
     "train.pack_sequences",
     "train.share_prompts",
     "model.gradient_checkpointing",
+    "model.checkpoint_policy",
     "train.memory_check",
     "train.offload_optimizer",
     "rollout.engine",
