@@ -258,6 +258,8 @@ class ReasonrlPasses:
         import torch
 
         options = {"packed": self.packed} if takes(type(batch).micro_batch_rows, "packed") else {}
+        if takes(type(batch).micro_batch_rows, "lanes"):  # as the trainer cuts them for this attention
+            options["lanes"] = self.policy.lanes
         with torch.no_grad():
             for rows in batch.micro_batch_rows(self.budget, **options):
                 self.policy(batch.select(rows).to(self.device))

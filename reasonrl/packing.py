@@ -14,8 +14,9 @@ def balanced_bins(
 ) -> list[list[int]]:
     """Indices of ``lengths`` in the fewest bins of ``cost`` at most ``budget`` that greedy balancing finds:
     k = ⌈Σ lengths / budget⌉ bins, each item (longest first) into the lightest bin, one more bin until
-    every bin fits (an item over the budget alone in its own).  ``cost`` of a bin's indices: by default the sum
-    of their lengths (never less than it).  Bins sorted, in order of their first item."""
+    every bin fits, at least as many more as the bins' costs need together (an item over the budget alone in its
+    own).  ``cost`` of a bin's indices: by default the sum of their lengths; a caller's may be more (lanes' padding)
+    or less (a prompt its items share, counted once).  Bins sorted, in order of their first item."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     oversized = [[i] for i in order if lengths[i] > budget]
     fitting = [i for i in order if lengths[i] <= budget]
@@ -28,9 +29,10 @@ def balanced_bins(
             lightest = min(range(count), key=loads.__getitem__)
             bins[lightest].append(i)
             loads[lightest] += lengths[i]
-        if all(cost(b) <= budget for b in bins if b):
+        costs = [cost(b) for b in bins if b]
+        if max(costs) <= budget:
             break
-        count += 1
+        count = max(count + 1, -(-sum(costs) // budget))
     return sorted((sorted(g) for g in oversized + [b for b in bins if b]), key=lambda g: g[0])
 
 

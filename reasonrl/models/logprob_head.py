@@ -139,6 +139,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 grad_weight = part if grad_weight is None else grad_weight.add_(part)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
+        if ctx.needs_input_grad[1] and grad_weight is None:  # no row: a zero gradient, as every rank's must exist
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None

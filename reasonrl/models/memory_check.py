@@ -1,7 +1,7 @@
 """The memory check before a run loads anything: the plan of ``models.memory_plan`` against what the device has,
 and where it does not fit, one error naming the settings that would (each with its predicted peak).
 
-``train.memory_check`` decides: refuse (the default), warn, or skip; ``reasonrl plan`` prints the same plan.
+``train.memory_check`` decides: refuse (the default), warn, or skip; ``reasonrl config show`` prints the same plan.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def fixing_settings(cfg: Config, model_config: Any, plan: MemoryPlan) -> list[tu
     options = dict(device_type=plan.device_type, world_size=plan.world_size, capacity=plan.capacity)
     m, t = cfg.model, cfg.train
     changes: list[tuple[str, Any]] = []
-    budget = microbatch_token_budget(cfg, plan.device_type)
+    budget = plan.microbatch_tokens or microbatch_token_budget(cfg, plan.device_type)  # auto: what it planned
     smallest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
     budgets = [budget // 2**k for k in range(1, 12) if budget // 2**k > smallest] + [smallest]
     fitting = [b for b in budgets if b < budget and plan_memory(with_setting(cfg, "train.microbatch_tokens", b),

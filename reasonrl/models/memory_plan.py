@@ -81,7 +81,8 @@ cannot hand out at the peak (an allowance: ``bench/memory_plan_gpu.py`` compares
 MICROBATCH_AUTO_SMALLEST = 1024
 """train.microbatch_tokens=auto tries one full sequence, then powers of two from this up to a mini-batch's tokens."""
 HEAD_COPIES = 4.0
-"""LM-head chunk: fp32 [chunk, vocab] tensors alive at once (logits, softmax, their product, a gradient)."""
+"""LM-head chunk: fp32 [chunk, vocab] tensors alive at once (at most: the logits, their exponential, the GEMM's
+bf16 output and the gradient's bf16 cast; models/logprob_head.py)."""
 ROLLOUT_BYTES_PER_TOKEN = 128
 """Host memory per token of a step's sequences (prompt + response cap): the completions as Python lists (a token
 id and its log-prob, 72 bytes measured with tracemalloc) and the RolloutBatch's [B, P+T] tensors (ids, masks and
@@ -110,7 +111,18 @@ class ModelShape:
 
     @classmethod
     def of(cls, config: Any, lora_rank: int = 0, lora_targets: str | tuple[str, ...] = "all-linear") -> ModelShape:
-        """Count ``config``'s parameters on the meta device (nothing allocated) and LoRA's adapters on them."""
+        """Count ``config``'s parameters on the meta device (nothing allocated) and LoRA's adapters on them; once per
+        config and LoRA setting in a process (a plan of train.microbatch_tokens=auto weighs many budgets)."""
+        key = (config.to_json_string(use_diff=False), lora_rank, lora_targets)
+        if key not in _SHAPES:
+            if len(_SHAPES) >= SHAPES_KEPT:
+                _SHAPES.clear()
+            _SHAPES[key] = cls.counted(config, lora_rank, lora_targets)
+        return _SHAPES[key]
+
+    @classmethod
+    def counted(cls, config: Any, lora_rank: int, lora_targets: str | tuple[str, ...]) -> ModelShape:
+        """``of``'s count, made on the meta device."""
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -133,6 +145,10 @@ class ModelShape:
             * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
             vocab=text.vocab_size,
         )
+
+
+SHAPES_KEPT = 16
+_SHAPES: dict[tuple, ModelShape] = {}
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -365,7 +381,7 @@ def auto_microbatch_plan(cfg: Config, model_config: Any, options: dict) -> Memor
         plans = [plan_memory(with_setting(setting, "train.microbatch_tokens", b), model_config, **options)
                  for b in candidates]  # fmt: skip
         fitting = [p for p in plans if p.fits]
-        if fitting and (checkpointing or not auto or fitting[-1].microbatch_tokens >= default):
+        if fitting and (checkpointing or not auto or fitting[-1].microbatch_tokens >= min(default, candidates[-1])):
             chosen = fitting[-1]
             note = (f"train.microbatch_tokens=auto: {chosen.microbatch_tokens} tokens, the largest of "
                     f"{candidates[0]}–{candidates[-1]} that fits ({gib(chosen.total):.2f} of {gib(capacity):.2f} "

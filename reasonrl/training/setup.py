@@ -214,9 +214,12 @@ def with_planned_settings(cfg: Config, plan: Plan, memory: MemoryPlan | None, pa
     """``plan`` with the memory plan's choices (``memory``; said in the log): model.gradient_checkpointing=auto on
     where it needed recomputation to fit, on every rank if one rank's plan did; train.microbatch_tokens=auto its
     budget, the smallest of the ranks' (a plan-less run keeps the device's default)."""
-    if cfg.train.microbatch_tokens == "auto" and memory is not None and memory.microbatch_tokens:
-        budget = -parallel.max(-memory.microbatch_tokens)
-        log.info("%s", next((n for n in memory.notes if n.startswith("train.microbatch_tokens=auto")), budget))
+    if cfg.train.microbatch_tokens == "auto":  # every rank takes part in the agreement, with a plan or without
+        planned = memory.microbatch_tokens if memory is not None and memory.microbatch_tokens else None
+        budget = -parallel.max(-(planned or plan.microbatch_tokens))
+        said = [n for n in memory.notes if n.startswith("train.microbatch_tokens=auto")] if planned else []
+        why = said[0] if said else "no memory plan here: the device's default"
+        log.info("train.microbatch_tokens=auto: %d tokens, the smallest over ranks (this rank's plan: %s)", budget, why)
         plan = replace(plan, microbatch_tokens=budget)
     needed = memory is not None and memory.gradient_checkpointing
     if cfg.model.gradient_checkpointing != "auto" or not parallel.max(int(needed)):

@@ -99,3 +99,13 @@ def test_no_head_token_still_runs_a_backward():
     assert logprobs.shape == entropy.shape == (0,)
     (logprobs.sum() + entropy.sum()).backward()
     assert hidden.grad is not None and torch.equal(hidden.grad, torch.zeros_like(hidden))
+
+
+def test_no_row_still_gives_the_head_weight_a_zero_gradient():
+    """A micro-batch with no head token (a data-parallel filler, a rank whose rows are all filtered out) gives the
+    head's weight a zero gradient, not none: under FSDP2 every rank must reduce the same tensors."""
+    head, hidden, targets = case(bias=True)
+    logprobs, entropy = token_logprobs(hidden[:0], head, targets[:0])
+    (logprobs.sum() + entropy.sum()).backward()
+    assert torch.equal(head.weight.grad, torch.zeros_like(head.weight))
+    assert torch.equal(head.bias.grad, torch.zeros_like(head.bias))

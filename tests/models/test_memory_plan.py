@@ -266,6 +266,9 @@ def test_auto_token_budget_is_the_largest_that_fits_and_prefers_no_recomputation
     assert "model.gradient_checkpointing=auto: on (no budget of at least 16384 tokens" in tight.notes[-1]
     # nothing fits: the smallest budget, refused with its fixes by the check
     assert gpu_plan("train.microbatch_tokens=auto", capacity=GIB // 8).microbatch_tokens == longest
+    # a mini-batch smaller than the device default: its whole, without recomputation where that fits
+    small = gpu_plan("train.microbatch_tokens=auto", "train.minibatch_sequences=4", capacity=64 * GIB)
+    assert (small.microbatch_tokens, small.gradient_checkpointing) == (8192, False)
     # no capacity known, or the CPU: the device's default
     assert gpu_plan("train.microbatch_tokens=auto").microbatch_tokens == 16384
     assert plan("train.microbatch_tokens=auto", capacity=64 * GIB).microbatch_tokens == 768
@@ -287,7 +290,8 @@ def test_a_run_trains_with_the_planned_token_budget_agreed_over_ranks(caplog):
     memory = replace(gpu_plan("train.microbatch_tokens=8192"), notes=("train.microbatch_tokens=auto: 8192 tokens",))
     with caplog.at_level(logging.INFO):
         assert with_planned_settings(cfg, plan, memory, OtherRankFitsLess()).microbatch_tokens == 4096
-    assert "train.microbatch_tokens=auto: 8192 tokens" in caplog.text
+    assert "train.microbatch_tokens=auto: 4096 tokens, the smallest over ranks" in caplog.text
+    assert "(this rank's plan: train.microbatch_tokens=auto: 8192 tokens)" in caplog.text
     assert with_planned_settings(cfg, plan, None, OtherRankFitsLess()).microbatch_tokens == 768  # no plan
 
 
