@@ -76,3 +76,29 @@ def test_a_run_checkpoints_its_layers_with_the_policy_it_asks_for(policy, tmp_pa
     run = setup.setup(load_config("dr_grpo", overrides), tmp_path)
     checkpoints = [layer._gradient_checkpointing_func.keywords for layer in decoder_layers(run.model)]
     assert checkpoints and all(("context_fn" in kept) == (policy == "selective") for kept in checkpoints)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_selective_keeps_less_than_none_and_more_than_full_with_the_same_gradients():
+    """bf16 autocast on a GPU, as the trainer computes: the peak of forward + backward orders full < selective < none,
+    and selective's gradients are none's."""
+    peaks, grads = {}, {}
+    for policy in ("none", "full", "selective"):
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                             num_attention_heads=8, num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
+        model = LlamaForCausalLM(config).cuda().train()
+        if policy != "none":
+            enable_checkpointing(model, policy)
+        ids = torch.randint(0, 512, (4, 1024), generator=torch.Generator().manual_seed(1)).cuda()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        hidden.float().square().mean().backward()
+        peaks[policy] = torch.cuda.max_memory_allocated()
+        grads[policy] = {name: p.grad.float().clone() for name, p in model.named_parameters() if p.grad is not None}
+    assert peaks["full"] < peaks["selective"] < peaks["none"]
+    for name, grad in grads["selective"].items():
+        torch.testing.assert_close(grad, grads["none"][name], atol=1e-3, rtol=1e-2, msg=name)
