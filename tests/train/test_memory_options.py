@@ -66,7 +66,15 @@ def trained_weights(optimizer, weights) -> dict[str, torch.Tensor]:
     [(OFFLOAD, 1e-5), (BF16, 0.1), ((*BF16, *OFFLOAD), 0.1)],
     ids=["offload", "bf16", "bf16-offload"],
 )
-def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(options, within):
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs a CUDA device")]),
+    ],
+)  # fmt: skip
+def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(options, within, device):
     """At lr 1e-6 on weights of about 0.02 (half a bf16 spacing: 6e-5) a bf16 weight without a master keeps about
     1% of the fp32 run's movement (its updates round away: 99% off, measured); with an fp32 master every memory
     configuration learns what the fp32 run learns: to float noise with offloading, and to the 4-8% that bf16
@@ -76,9 +84,9 @@ def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(opt
         cfg = tiny_config(*overrides)
         initial = load_model("tiny-random", getattr(torch, cfg.train.param_dtype))
         start = {n: p.detach().float() for n, p in initial.named_parameters()}
-        weights, _, optimizer = updated_policy(*overrides)
-        learnt = {n: w - start[n] for n, w in trained_weights(optimizer, weights).items()}
-        stored = {n: w.detach().float() - start[n] for n, w in weights.items()}
+        weights, _, optimizer = updated_policy(*overrides, device=device)
+        learnt = {n: w.cpu() - start[n] for n, w in trained_weights(optimizer, weights).items()}
+        stored = {n: w.detach().float().cpu() - start[n] for n, w in weights.items()}
         return learnt, stored
 
     def relative_error(moved, expected):
