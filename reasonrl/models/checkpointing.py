@@ -24,15 +24,18 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 CheckpointPolicyName = Literal["full", "selective"]
 
-KEPT_OPERATIONS = ("mm", "addmm", "bmm", "baddbmm", "attention", "attn")
-"""An aten operation whose output ``selective`` keeps: the matmuls and any attention kernel (sdpa's flash,
-efficient, cuDNN and CPU kernels, flash-attn's and torch's variable-length ones), by their names' words."""
+KEPT_MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+"""aten matmuls whose outputs ``selective`` keeps."""
+KEPT_ATTENTION_WORDS = ("attention", "attn")
+"""Words naming an attention kernel whose output ``selective`` keeps: sdpa's flash, efficient, cuDNN and CPU
+kernels, flash-attn's and torch's variable-length ones."""
 
 
 def keeps_output(operation) -> bool:
-    """Whether ``selective`` keeps ``operation``'s output rather than computing it again (``KEPT_OPERATIONS``)."""
+    """Whether ``selective`` keeps ``operation``'s output (a matmul's or an attention kernel's) rather than
+    computing it again."""
     name = str(getattr(operation, "__name__", operation)).split(".")[0].lower().lstrip("_")
-    return name in KEPT_OPERATIONS[:4] or any(word in name for word in KEPT_OPERATIONS[4:])
+    return name in KEPT_MATMULS or any(word in name for word in KEPT_ATTENTION_WORDS)
 
 
 def _selective_policy(ctx, operation, *args, **kwargs) -> CheckpointPolicy:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.config import Config, ConfigError
-from reasonrl.config.plan import microbatch_token_budget, planned_device_type, planned_world_size
+from reasonrl.config.plan import planned_device_type, planned_world_size
 from reasonrl.models.memory_plan import (
     ROLLOUT_BYTES_PER_TOKEN,
     MemoryPlan,
@@ -55,7 +55,7 @@ def fixing_settings(cfg: Config, model_config: Any, plan: MemoryPlan) -> list[tu
     options = dict(device_type=plan.device_type, world_size=plan.world_size, capacity=plan.capacity)
     m, t = cfg.model, cfg.train
     changes: list[tuple[str, Any]] = []
-    budget = plan.microbatch_tokens or microbatch_token_budget(cfg, plan.device_type)  # auto: what it planned
+    budget = plan.microbatch_tokens  # with auto: what it planned
     smallest = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
     budgets = [budget // 2**k for k in range(1, 12) if budget // 2**k > smallest] + [smallest]
     fitting = [b for b in budgets if b < budget and plan_memory(with_setting(cfg, "train.microbatch_tokens", b),

@@ -185,13 +185,13 @@ class MemoryPlan:
     total: int
     """Predicted peak per device: the components' sum, or with a sleeping vLLM the larger of generation
     (resident parts + the engine's share) and the update (everything else)."""
+    microbatch_tokens: int
+    """The token budget planned for (train.microbatch_tokens, auto resolved)."""
     capacity: int | None = None
     """Bytes the device has for this process (free GPU memory, or available RAM per local rank); None = unknown."""
     notes: tuple[str, ...] = field(default=())
     gradient_checkpointing: bool = False
     """Whether the plan recomputes activations (model.gradient_checkpointing, auto resolved)."""
-    microbatch_tokens: int | None = None
-    """The token budget planned for (train.microbatch_tokens, auto resolved)."""
 
     @property
     def fits(self) -> bool:
@@ -280,8 +280,8 @@ def plan_memory(
         "rollout batch (host)": rollout_batch_bytes(cfg) if device_type == "cpu" else 0,
     }
     total, notes = planned_peak(components, engine_sleeps(cfg, device_type), device_type)
-    return MemoryPlan(device_type, shards, shape.parameters, components, total, capacity, notes,
-                      m.gradient_checkpointing, tokens)  # fmt: skip
+    return MemoryPlan(device_type, shards, shape.parameters, components, total, tokens, capacity, notes,
+                      m.gradient_checkpointing)  # fmt: skip
 
 
 def activation_bytes(cfg: Config, plan: Plan, shape: ModelShape, autocast: bool) -> int:

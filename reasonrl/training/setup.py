@@ -215,7 +215,7 @@ def with_planned_settings(cfg: Config, plan: Plan, memory: MemoryPlan | None, pa
     where it needed recomputation to fit, on every rank if one rank's plan did; train.microbatch_tokens=auto its
     budget, the smallest of the ranks' (a plan-less run keeps the device's default)."""
     if cfg.train.microbatch_tokens == "auto":  # every rank takes part in the agreement, with a plan or without
-        planned = memory.microbatch_tokens if memory is not None and memory.microbatch_tokens else None
+        planned = memory.microbatch_tokens if memory is not None else None
         budget = -parallel.max(-(planned or plan.microbatch_tokens))
         said = [n for n in memory.notes if n.startswith("train.microbatch_tokens=auto")] if planned else []
         why = said[0] if said else "no memory plan here: the device's default"
