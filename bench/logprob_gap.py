@@ -3,8 +3,9 @@
     python bench/logprob_gap.py [--model smollm2-135m] [--engine fast] [--prompts 32] [--new-tokens 64]
 
 Samples completions of arithmetic prompts with the rollout engine (bf16), then recomputes the
-log-probs of exactly those tokens with the trainer's forward (fp32 master weights, bf16 autocast —
-and, for reference, pure fp32).  Reports mean and max |Δ log-prob|, and the PPO ratio
+log-probs of exactly those tokens with the trainer's forward: bf16 weights computing in bf16 end to end (what
+``train.param_dtype=auto`` trains with where the forward passes run in bf16), fp32 weights under bf16 autocast
+(``train.param_dtype=float32``), and, for reference, pure fp32.  Reports mean and max |Δ log-prob|, and the PPO ratio
 exp(trainer − old) at the first mini-batch for both choices of "old": the engine's log-probs
 (what a trainer that trusted the sampler would use) and the trainer's own recomputation (what
 reasonrl does: exactly 1).
@@ -13,6 +14,7 @@ reasonrl does: exactly 1).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 
 import torch
@@ -37,15 +39,18 @@ def main() -> None:
     prompts = [prompt_token_ids(tokenizer, task.train_example(i).question, "answer_line") for i in range(args.prompts)]
     completions = engine.generate(prompts, SamplingParams(args.new_tokens, temperature=1.0, seed=0))
     result: dict = {"model": args.model, "engine": args.engine, "tokens": sum(len(c.token_ids) for c in completions)}
-    for label, dtype in (("autocast_bf16", torch.bfloat16), ("fp32", torch.float32)):
+    bf16_weights = copy.deepcopy(model).to(torch.bfloat16)
+    arms = (("bf16_weights", bf16_weights, torch.bfloat16), ("autocast_bf16", model, torch.bfloat16),
+            ("fp32", model, torch.float32))  # fmt: skip
+    for label, trainer_model, dtype in arms:
         gaps, ratios_engine, ratios_recomputed = [], [], []
         with torch.no_grad():
             for prompt, completion in zip(prompts, completions, strict=True):
                 ids = torch.tensor([completion.token_ids])
                 mask = torch.ones_like(ids, dtype=torch.bool)
                 args_ = (torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.bool), ids, mask)
-                trainer = response_logprobs(model, *args_, compute_dtype=dtype)[0][0]
-                again = response_logprobs(model, *args_, compute_dtype=dtype)[0][0]
+                trainer = response_logprobs(trainer_model, *args_, compute_dtype=dtype)[0][0]
+                again = response_logprobs(trainer_model, *args_, compute_dtype=dtype)[0][0]
                 engine_lp = torch.tensor(completion.logprobs)
                 gaps.append((trainer - engine_lp).abs())
                 ratios_engine.append(torch.exp(trainer - engine_lp))

@@ -47,7 +47,9 @@ def add_lora(model: PreTrainedModel, settings: ModelConfig) -> PreTrainedModel:
 
     Everything but the adapter is frozen (``requires_grad=False``).  A's initialisation draws from
     torch's RNG (seeded by the run).  No dropout on the adapter: the PPO ratio of the first mini-batch
-    stays exactly 1, as with full fine-tuning.
+    stays exactly 1, as with full fine-tuning.  The adapter is fp32 whatever the base is stored in (PEFT's
+    ``autocast_adapter_dtype``, which ``inject_adapter_in_model`` does not apply): its small matmuls run in fp32
+    and the optimiser needs no master copy of it.
     """
     if settings.lora_rank <= 0:
         return model
@@ -70,6 +72,8 @@ def add_lora(model: PreTrainedModel, settings: ModelConfig) -> PreTrainedModel:
         ) from None
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(ADAPTER_MARK in name)
+        if ADAPTER_MARK in name and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
     return model
 
 
@@ -99,7 +103,8 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
             if any(part.startswith(ADAPTER_MARK) for part in parts):  # the adapter's own A, B (and embedding) tensors
                 continue
             plain = ".".join(part for part in parts if part != "base_layer")
-            merged[plain] = tensor + deltas[plain].to(tensor.dtype) if plain in deltas else tensor
+            # added in the delta's fp32, rounded once to the base's dtype (as PEFT's merge_and_unload)
+            merged[plain] = (tensor + deltas[plain]).to(tensor.dtype) if plain in deltas else tensor
     return merged
 
 

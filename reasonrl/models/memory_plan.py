@@ -6,9 +6,9 @@ the policy update, where a training step peaks:
 
 - runtime: the process itself (Python, torch, transformers; on a GPU allocator slack);
 - policy weights, gradients and AdamW's two fp32 moments: ``train.param_dtype`` bytes per parameter for
-  the weights and the trainable parameters' gradients, 8 bytes per trainable parameter for AdamW, and 4 more
-  for the fp32 master copy of bf16 weights (none of these on the GPU with ``train.offload_optimizer``); LoRA
-  trains only the adapters;
+  the weights, 4 for the trainable parameters' gradients (bf16 weights' are summed in fp32; FSDP2's shards of them
+  are bf16), 8 bytes per trainable parameter for AdamW, and 4 more for the fp32 master copy of bf16 weights (none
+  of these on the GPU with ``train.offload_optimizer``); LoRA trains only the adapters;
 - the frozen reference (with a KL term and no LoRA) in the policy's ``train.param_dtype``, so that it computes as
   the policy does; the critic (gae, egae): its
   weights and AdamW states stay resident while the policy updates (its gradients are freed after its step);
@@ -19,8 +19,8 @@ the policy update, where a training step peaks:
   every layout (``RolloutBatch.micro_batch_rows`` cuts packed rows so that their lanes' padding stays within the
   budget too), with or without ``model.gradient_checkpointing``, and eager attention's saved probabilities;
 - the optimiser step's temporaries, which come after the micro-batches' activations are freed (the peak is the
-  larger of the two): none for torch's fused AdamW over fp32 weights; ``MasterWeightAdamW`` on the device holds
-  an fp32 copy of each gradient and torch's ``foreach`` AdamW one more fp32 tensor per weight
+  larger of the two): none for torch's fused AdamW over fp32 weights; ``MasterWeightAdamW`` on a GPU torch's
+  ``foreach`` AdamW's fp32 denominator per weight, and with FSDP2's bf16 shards an fp32 copy of each gradient
   (``OPTIMIZER_STEP_BYTES``);
 - on a GPU the caching allocator's headroom: ``ALLOCATOR_HEADROOM`` of the rest (blocks it holds but cannot hand
   out at the peak; an allowance, not measured);
@@ -71,9 +71,11 @@ bf16 cast of its input, so a Qwen2 layer saves about 48·d + 10·I bytes per tok
 ``max_memory_allocated`` on an H100 (docs/benchmarks.md, "Memory plan on an H100")."""
 ACTIVATION_ATTENTION = 2.0
 """Eager attention: [span, span] score matrices per head saved per layer (probabilities and their softmax)."""
-OPTIMIZER_STEP_BYTES = 8
-"""Per trained parameter, the temporaries of ``MasterWeightAdamW``'s step on the device: the gradient in fp32 and
-``foreach`` AdamW's denominator (its other operations are in place)."""
+OPTIMIZER_STEP_BYTES = {"cuda": 4, "cpu": 0}
+"""Per trained parameter, the temporaries of ``MasterWeightAdamW``'s step on the device: ``foreach`` AdamW's
+denominator on a GPU (its other operations are in place; the CPU's fused kernel holds none); the gradient arrives
+as the fp32 sum it keeps, except from FSDP2's bf16 shards (``SHARD_GRADIENT_COPY_BYTES`` more)."""
+SHARD_GRADIENT_COPY_BYTES = 4
 ALLOCATOR_HEADROOM = 0.05
 """On a GPU, the fraction of the planned peak added for memory PyTorch's caching allocator reserves in blocks it
 cannot hand out at the peak (an allowance: ``bench/memory_plan_gpu.py`` compares the plan without it with
@@ -239,10 +241,12 @@ def plan_memory(
     m, t = cfg.model, cfg.train
     plan = resolve(cfg, device_type, world_size)
     shape = ModelShape.of(model_config, m.lora_rank, m.lora_target_modules)
-    param_bytes = element_size(t.param_dtype)
+    param_bytes = element_size(plan.parameter_dtype)
     compute = plan.forward_dtype
     compute_bytes = element_size(compute)
-    gradient_bytes = 4 if m.lora_rank else param_bytes  # LoRA's adapters stay fp32
+    # LoRA's adapters stay fp32; bf16 weights' gradients are summed in fp32 (MasterWeightAdamW), but FSDP2's shards
+    # of them are in the weights' dtype
+    gradient_bytes = 4 if m.lora_rank or plan.world_size == 1 else param_bytes
     master = param_bytes != 4 and not m.lora_rank  # bf16 weights: an fp32 master beside the moments
     optimizer_bytes = ADAM_BYTES + (MASTER_BYTES if master else 0)
     offload = t.offload_optimizer and device_type == "cuda"
@@ -272,7 +276,7 @@ def plan_memory(
         "activations": activations,
         "LM-head chunks": int(HEAD_COPIES * 4 * min(DEFAULT_CHUNK_TOKENS, tokens) * shape.vocab),
         "optimizer step temporaries": (
-            shape.trainable * (OPTIMIZER_STEP_BYTES if device_type == "cuda" else 4) // shards
+            shape.trainable * (OPTIMIZER_STEP_BYTES[device_type] + SHARD_GRADIENT_COPY_BYTES * (shards > 1)) // shards
             if master and not offload
             else 0
         ),

@@ -58,6 +58,31 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.state_device = torch.device(state_device) if state_device is not None else None
+        self.accumulated: dict[torch.Tensor, torch.Tensor] = {}
+        """Each bf16 weight's gradient summed in fp32 over the micro-batches since the last step, beside it."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.dtype != torch.float32 and param.requires_grad:
+                    param.register_post_accumulate_grad_hook(self._accumulate_in_fp32)
+
+    def _accumulate_in_fp32(self, param: torch.Tensor) -> None:
+        """Move the gradient a backward pass just left on a bf16 weight into its fp32 sum (``accumulated``), as
+        FSDP2 sums the micro-batches' gradients in its reduce dtype: added in bf16, each micro-batch after the
+        first would round the sum to 8 significant bits."""
+        total = self.accumulated.get(param)
+        if total is None:
+            self.accumulated[param] = param.grad.float()
+        else:
+            total.add_(param.grad)
+        param.grad = None
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The fp32 sums of the bf16 weights' gradients (``accumulated``), for clipping before ``step``."""
+        return list(self.accumulated.values())
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self.accumulated.clear()
 
     def _owns_master(self, param: torch.Tensor) -> bool:
         """Whether ``param`` needs a master copy: a weight not in fp32, or not where its state is."""
@@ -88,7 +113,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
+            params = [p for p in group["params"] if p.grad is not None or p in self.accumulated]
             if not params:
                 continue
             states = []
@@ -125,7 +150,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     def _state_gradient(self, param: torch.Tensor, state: dict) -> torch.Tensor:
         """``param``'s gradient where its state is, in fp32 (from a GPU into a pinned buffer kept in the state)."""
         where = state["exp_avg"].device
-        grad = param.grad
+        grad = self.accumulated.get(param, param.grad)
         if grad.device == where:
             return grad if grad.dtype == torch.float32 else grad.float()
         if where.type == "cpu" and grad.device.type == "cuda":
@@ -160,9 +185,11 @@ class NonFiniteWeightsError(ReasonRLError, RuntimeError):
 
 
 def has_non_finite_weights(model: torch.nn.Module) -> bool:
-    """Whether any of ``model``'s weights (this process's shards of them under FSDP2) is NaN or infinite."""
+    """Whether any of ``model``'s weights (this process's shards of them under FSDP2) is NaN or infinite (or so
+    large that their fp32 sum overflows).  One sum per weight: NaN and infinities reach it, and it reads each
+    weight once (0.03 s for the 135M model on 2 cores, where ``isfinite`` per weight took 0.3 s)."""
     local = [getattr(p, "_local_tensor", p).detach() for p in model.parameters()]
-    return bool(local) and not bool(torch.stack([torch.isfinite(t).all() for t in local]).all())
+    return bool(local) and not bool(torch.stack([t.sum(dtype=torch.float32) for t in local]).sum().isfinite())
 
 
 def apply_gradients(
@@ -175,8 +202,10 @@ def apply_gradients(
 
     A non-finite norm (a NaN/inf loss) skips the step with a warning and leaves the weights as they were.
     """
-    params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf).item()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if isinstance(optimizer, MasterWeightAdamW):  # bf16 weights' gradients, summed in fp32
+        grads += optimizer.gradients()
+    grad_norm = clip_gradients(grads, grad_clip)
     if math.isfinite(grad_norm):
         optimizer.step()
         if scheduler is not None:
@@ -186,3 +215,19 @@ def apply_gradients(
         log.warning("skipping an optimiser step of %s: the gradient norm is %s (NaN/inf loss)", name, grad_norm)
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+def clip_gradients(grads: list[torch.Tensor], max_norm: float | None) -> float:
+    """Scale ``grads`` in place so that their global L2 norm is at most ``max_norm`` (None: no clipping); returns
+    the norm before.  torch's ``clip_grad_norm_`` arithmetic (the factor max_norm / (norm + 1e-6), at most 1) on
+    gradient tensors rather than on parameters: the fp32 sums of bf16 weights' gradients are no parameter's
+    ``.grad``."""
+    if not grads:
+        return 0.0
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    norm = total.item()
+    if max_norm is not None and math.isfinite(norm):
+        factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for grad in grads:
+            grad.mul_(factor.to(grad.device))
+    return norm

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
+from torch.nn import functional as F
 
 from reasonrl.models.forward import response_hidden_states
 from reasonrl.models.load import ModelError, load_model, without_dropout
@@ -57,7 +58,9 @@ class ValueModel(torch.nn.Module):
         """V(s_t) for every response token, fp32 [B, T]; 0 at masked positions."""
         rows = (prompt_ids, prompt_mask, response_ids, response_mask)
         hidden = response_hidden_states(self.backbone, *rows, compute_dtype, vision, packed, share_prompts)  # [B, T, d]
-        values = self.head(hidden.float()).squeeze(-1)  # [B, T]; the d -> 1 head is cheap in fp32
+        # the d -> 1 head is cheap in fp32, whatever its weights are stored in
+        head = self.head
+        values = F.linear(hidden.float(), head.weight.float(), head.bias.float()).squeeze(-1)  # [B, T]
         return values * response_mask.to(values.device)
 
     def save(self, directory: Path) -> Path:

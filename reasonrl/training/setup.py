@@ -144,7 +144,7 @@ def build_critic(
         model = model.to(device)
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
-    model.to(plan.parameter_torch_dtype)
+    model.backbone.to(plan.parameter_torch_dtype)  # the d -> 1 head stays fp32 (ValueModel.forward)
     if plan.gradient_checkpointing:
         enable_checkpointing(model.backbone, cfg.model.checkpoint_policy)
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully

@@ -157,7 +157,7 @@ def test_a_critic_backbone_with_lora_saves_and_reloads(tmp_path):
     from reasonrl.training.record.checkpoint import load_value_weights
     from reasonrl.training.setup import build_critic
 
-    cfg = load_config("ppo", [*TINY, "model.lora_rank=4"])
+    cfg = load_config("ppo", [*TINY, "model.lora_rank=4", "train.param_dtype=float32"])  # fp32: equal to 1e-4
     critic = build_critic(cfg, resolve(cfg, "cpu", 1), torch.device("cpu"))
     held = {id(p) for group in critic.optimizer.param_groups for p in group["params"]}
     trainable = {n for n, p in critic.model.named_parameters() if id(p) in held}
@@ -245,7 +245,12 @@ def test_the_export_is_a_merged_model_and_an_adapter(straight_run):
 
     final = straight_run / "final"
     merged = AutoModelForCausalLM.from_pretrained(final).state_dict()
-    adapted = PeftModel.from_pretrained(load_model("tiny-random"), final / ADAPTER_DIR).merge_and_unload()
+    stored = {w.dtype for w in merged.values()}  # the trained base's (train.param_dtype=auto: bf16 here)
+    assert len(stored) == 1
+    adapter = load_file(final / ADAPTER_DIR / ADAPTER_FILE)
+    assert {w.dtype for w in adapter.values()} == {torch.float32}  # whatever the base: PEFT's autocast_adapter_dtype
+    base_model = load_model("tiny-random", stored.pop())
+    adapted = PeftModel.from_pretrained(base_model, final / ADAPTER_DIR).merge_and_unload()
     reference = adapted.state_dict()
     assert merged.keys() == reference.keys()
     torch.testing.assert_close(merged, reference)  # our merge is PEFT's merge_and_unload

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError, resolve
 from reasonrl.models.load import load_model
-from reasonrl.models.optim import MasterWeightAdamW
+from reasonrl.models.optim import MasterWeightAdamW, apply_gradients
 from reasonrl.training.backend import SingleProcess
 from reasonrl.training.loop import fit
 from reasonrl.training.record.metrics import read_metrics
@@ -20,6 +20,7 @@ from tests.train.test_loop import comparable, tiny_config
 from tests.train.test_step import rollout_batch
 
 BF16 = ("train.param_dtype=bfloat16",)  # model.dtype stays auto: bf16 forward passes on any hardware
+FP32 = ("train.param_dtype=float32",)
 OFFLOAD = ("train.offload_optimizer=true",)
 
 
@@ -63,7 +64,7 @@ def trained_weights(optimizer, weights) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     ("options", "within"),
-    [(OFFLOAD, 1e-5), (BF16, 0.1), ((*BF16, *OFFLOAD), 0.1)],
+    [((*FP32, *OFFLOAD), 1e-5), (BF16, 0.1), ((*BF16, *OFFLOAD), 0.1)],
     ids=["offload", "bf16", "bf16-offload"],
 )
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(opt
 
     def moves(*overrides):
         cfg = tiny_config(*overrides)
-        initial = load_model("tiny-random", getattr(torch, cfg.train.param_dtype))
+        initial = load_model("tiny-random", resolve(cfg).parameter_torch_dtype)
         start = {n: p.detach().float() for n, p in initial.named_parameters()}
         weights, _, optimizer = updated_policy(*overrides, device=device)
         learnt = {n: w.cpu() - start[n] for n, w in trained_weights(optimizer, weights).items()}
@@ -93,7 +94,7 @@ def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(opt
         error = sum((moved[n] - expected[n]).norm() ** 2 for n in expected) ** 0.5
         return (error / sum(expected[n].norm() ** 2 for n in expected) ** 0.5).item()
 
-    expected, _ = moves("model.dtype=bfloat16", "train.lr=1e-6")
+    expected, _ = moves("model.dtype=bfloat16", "train.lr=1e-6", *FP32)
     learnt, stored = moves("model.dtype=bfloat16", "train.lr=1e-6", *options)
     assert relative_error(learnt, expected) < within
     if BF16[0] in options:  # what the bf16 weights alone hold of it: what a run without a master would have learnt
@@ -104,6 +105,16 @@ def test_bf16_parameters_run_the_forward_passes_in_bf16_and_refuse_float32_ones(
     assert resolve(tiny_config(*BF16), "cpu").forward_dtype == "bfloat16"  # even where model.dtype=auto would pick fp32
     with pytest.raises(ConfigError, match=r"train.param_dtype=bfloat16 .* set model.dtype=bfloat16 \(or auto\)"):
         tiny_config(*BF16, "model.dtype=float32")
+
+
+def test_auto_stores_bf16_weights_where_one_process_computes_in_bf16_and_fp32_shards_under_fsdp2():
+    def stored(*overrides, world_size=1):
+        return resolve(tiny_config(*overrides), "cpu", world_size).parameter_dtype
+
+    assert stored("model.dtype=bfloat16") == "bfloat16"  # train.param_dtype=auto, the default
+    assert stored("model.dtype=float32") == "float32"
+    assert stored("model.dtype=bfloat16", world_size=2) == "float32"  # FSDP2's fp32 shards are the master
+    assert stored("model.dtype=bfloat16", *FP32) == "float32"
 
 
 def test_offloading_the_optimiser_gives_the_same_weights_with_its_moments_in_cpu_memory():
@@ -128,7 +139,7 @@ def test_offloading_on_a_gpu_keeps_the_moments_off_it_and_the_update_the_same():
 
 @pytest.mark.parametrize(
     ("first_half", "second_half"),
-    [(BF16, BF16), ((), OFFLOAD)],  # a resumed run may switch offloading on: it changes no update
+    [(BF16, BF16), (FP32, (*FP32, *OFFLOAD))],  # a resumed run may switch offloading on: it changes no update
     ids=["bf16", "offload"],
 )
 def test_a_run_with_each_memory_option_resumes_exactly(tmp_path, first_half, second_half):
@@ -142,10 +153,41 @@ def test_a_run_with_each_memory_option_resumes_exactly(tmp_path, first_half, sec
     checkpoints = [tmp_path / run / "checkpoints" / "step-000002" for run in ("straight", "split")]
     a, b = (load_file(c / "model.safetensors") for c in checkpoints)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert {w.dtype for w in a.values()} == {getattr(torch, tiny_config(*second_half).train.param_dtype)}
+    assert {w.dtype for w in a.values()} == {resolve(tiny_config(*second_half)).parameter_torch_dtype}
     moments = torch.load(checkpoints[0] / "trainer.pt", weights_only=True)["optimizer"]["state"]
     assert {m.dtype for state in moments.values() for m in (state["exp_avg"], state["exp_avg_sq"])} == {torch.float32}
     if BF16[0] in second_half:  # the fp32 masters are saved: a resumed run continues what was learnt, not its bf16 copy
         assert {state["master"].dtype for state in moments.values()} == {torch.float32}
     straight, split = (comparable(read_metrics(tmp_path / run / "metrics.jsonl")) for run in ("straight", "split"))
     assert straight == split
+
+
+def test_bf16_weights_sum_their_micro_batches_gradients_in_fp32_and_clip_that_sum():
+    """Eight micro-batches' bf16 gradients of one bf16 weight: the optimiser holds their sum in fp32 (to the bit the
+    sum of the same bf16 gradients in fp32, as FSDP2 sums them), where adding them into the bf16 ``.grad`` would
+    round the sum to 8 significant bits; clipping scales that sum, and the step moves the master by it."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 64, bias=False).to(torch.bfloat16)
+    optimizer = MasterWeightAdamW(list(layer.parameters()), lr=1e-3, weight_decay=0.0)
+    inputs = [torch.randn(4, 64, dtype=torch.bfloat16) * scale for scale in (1, 30, 0.01, 5, 1, 100, 0.3, 2)]
+    one_by_one = [torch.autograd.grad(layer(x).square().sum(), layer.weight)[0] for x in inputs]
+    in_fp32 = torch.zeros(64, 64)
+    in_bf16 = torch.zeros(64, 64, dtype=torch.bfloat16)
+    for grad in one_by_one:
+        in_fp32 += grad
+        in_bf16 += grad
+    for x in inputs:
+        layer(x).square().sum().backward()
+    assert layer.weight.grad is None  # moved into the fp32 sum as each backward left it
+    (held,) = optimizer.gradients()
+    assert held.dtype == torch.float32 and torch.equal(held, in_fp32)
+    assert not torch.equal(in_bf16.float(), in_fp32)  # what a bf16 sum would have held instead
+    # the step torch's AdamW takes on an fp32 copy of the weight, given the fp32 sum clipped by torch
+    reference = torch.nn.Parameter(layer.weight.detach().float())
+    reference.grad = in_fp32.clone()
+    expected_norm = torch.nn.utils.clip_grad_norm_([reference], 1.0).item()
+    torch.optim.AdamW([reference], lr=1e-3, weight_decay=0.0, fused=True).step()
+    norm = apply_gradients(layer, optimizer, grad_clip=1.0)
+    assert norm == pytest.approx(expected_norm, rel=1e-6)
+    torch.testing.assert_close(optimizer.state[layer.weight]["master"], reference.detach(), atol=1e-7, rtol=0)
+    assert optimizer.gradients() == [] and layer.weight.grad is None

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from reasonrl.models.load import load_model
-from reasonrl.models.optim import NonFiniteWeightsError
+from reasonrl.models.optim import MasterWeightAdamW, NonFiniteWeightsError
 from reasonrl.rollout.fast import FastEngine
 from reasonrl.training.loop import fit
 from reasonrl.training.record.metrics import read_metrics
@@ -71,7 +71,7 @@ def test_a_batch_without_signal_takes_no_update_and_constant_rewards_stop_the_ru
     assert [r["train/no_signal_step"] for r in records] == [1.0, 1.0, 1.0]
     initial = load_model("tiny-random").state_dict()
     trained = load_file(tmp_path / "on" / "checkpoints" / "step-000003" / "model.safetensors")
-    assert all(torch.equal(trained[k], initial[k]) for k in trained)
+    assert all(torch.equal(trained[k], initial[k].to(trained[k].dtype)) for k in trained)  # bf16: the same, rounded
 
 
 def cfg_overrides(_cfg):
@@ -100,17 +100,20 @@ def test_the_kl_to_an_identical_reference_is_exactly_zero(tmp_path):
         assert step["policy/kl_ref"] == 0.0 and step["loss/kl"] == 0.0, (dtype, step["loss/kl"])
 
 
-def test_an_update_that_leaves_nan_weights_stops_before_saving_them(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("optimizer", "stored"), [(torch.optim.AdamW, "float32"), (MasterWeightAdamW, "bfloat16")], ids=["fp32", "bf16"]
+)
+def test_an_update_that_leaves_nan_weights_stops_before_saving_them(tmp_path, monkeypatch, optimizer, stored):
     """An optimiser step that writes NaN into a weight (an overflow in its arithmetic) stops the run at that
     update: no checkpoint, weight sync or exported model takes the weights."""
-    step = torch.optim.AdamW.step
+    step = optimizer.step
 
     def overflows(self, *args, **kwargs):
         step(self, *args, **kwargs)
         self.param_groups[0]["params"][0].data[0] = float("nan")
 
-    monkeypatch.setattr(torch.optim.AdamW, "step", overflows)
-    cfg = tiny_config("train.rollout_steps=2", "run.save_every=1")
+    monkeypatch.setattr(optimizer, "step", overflows)
+    cfg = tiny_config("train.rollout_steps=2", "run.save_every=1", f"train.param_dtype={stored}")
     with pytest.raises(NonFiniteWeightsError, match=r"^the policy's weights hold NaN or infinity after its update"):
         fit(cfg, tmp_path, verifier=DigitFraction(), show_progress=False)
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "final").exists()
