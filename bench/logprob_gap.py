@@ -3,9 +3,9 @@
     python bench/logprob_gap.py [--model smollm2-135m] [--engine fast] [--prompts 32] [--new-tokens 64]
 
 Samples completions of arithmetic prompts with the rollout engine (bf16), then recomputes the
-log-probs of exactly those tokens with the trainer's forward: bf16 weights computing in bf16 end to end (what
-``train.param_dtype=auto`` trains with where the forward passes run in bf16), fp32 weights under bf16 autocast
-(``train.param_dtype=float32``), and, for reference, pure fp32.  Reports mean and max |Δ log-prob|, and the PPO ratio
+log-probs of exactly those tokens with the trainer's forward: fp32 weights under bf16 autocast (what training
+uses by default), bf16 weights computing in bf16 end to end (``train.param_dtype=bfloat16``), and, for reference,
+pure fp32.  Reports mean and max |Δ log-prob|, and the PPO ratio
 exp(trainer − old) at the first mini-batch for both choices of "old": the engine's log-probs
 (what a trainer that trusted the sampler would use) and the trainer's own recomputation (what
 reasonrl does: exactly 1).

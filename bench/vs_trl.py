@@ -15,13 +15,10 @@ Same model (SmolLM2-135M-Instruct, the same converted weights), the same prompts
 steps × prompts problems of the arithmetic task, chat-formatted with the same template), the same
 number of completions per prompt, max new tokens, learning rate, steps and seed, the same reward
 (reasonrl's math verifier: 1 correct, 0 wrong), one optimiser step per generation batch, no KL
-(TRL's default β = 0), token-level loss (TRL's default `loss_type="dapo"`), bf16 compute with updates kept in
-fp32 for both (TRL: fp32 weights under bf16 autocast; reasonrl: its default train.param_dtype=auto, bf16 weights
-computing in bf16 end to end with an fp32 master copy in the optimiser and the gradients summed in fp32, since
-commit 2026-11-29 "bf16 compute end to end"; before it fp32 weights under autocast, as TRL), no gradient
-checkpointing for both (TRL's GRPOConfig turns it on by default, reasonrl's auto where a run does not fit without
-it: off for both here; runs before 2026-11-29's last one had TRL checkpointing), AdamW for both (torch's
-arithmetic; reasonrl takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its
+(TRL's default β = 0), token-level loss (TRL's default `loss_type="dapo"`), bf16 compute on fp32
+weights and no gradient checkpointing for both (TRL's GRPOConfig turns it on by default, reasonrl's auto where a
+run does not fit without it: off for both here; runs before 2026-11-29's last one had TRL checkpointing), AdamW
+for both (torch's; reasonrl takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its
 own.  Reported: median seconds per step, completion tokens per second, peak RSS, and both reward curves;
 ``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.
 """

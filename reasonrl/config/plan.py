@@ -97,7 +97,7 @@ class Plan:
     bfloat16 wherever the trained weights are stored in it."""
 
     parameter_dtype: str
-    """What the trained weights are stored in: train.param_dtype with auto resolved (``parameter_dtype_name``)."""
+    """What the trained weights are stored in (train.param_dtype)."""
 
     @property
     def forward_torch_dtype(self):
@@ -182,7 +182,7 @@ def resolve(cfg: Config, device_type: str | None = None, world_size: int | None 
             forward_dtype=forward_dtype_name(cfg, device_type),
         ),
         forward_dtype=forward_dtype_name(cfg, device_type),
-        parameter_dtype=parameter_dtype_name(cfg, device_type, world_size),
+        parameter_dtype=t.param_dtype,
     )
 
 
@@ -268,16 +268,6 @@ def forward_dtype_name(cfg: Config, device_type: str) -> str:
     if cfg.model.dtype != "auto":
         return cfg.model.dtype
     return "bfloat16" if native_bf16(device_type) else "float32"
-
-
-def parameter_dtype_name(cfg: Config, device_type: str, world_size: int) -> str:
-    """What the trained weights are stored in: train.param_dtype; auto = bfloat16 (with the optimiser's fp32
-    master) where the forward passes run in bf16 on one trainer process, as FSDP2's mixed precision computes under
-    torchrun (whose shards stay fp32: float32 there), else float32."""
-    if cfg.train.param_dtype != "auto":
-        return cfg.train.param_dtype
-    bf16 = forward_dtype_name(cfg, device_type) == "bfloat16"
-    return "bfloat16" if bf16 and world_size == 1 else "float32"
 
 
 def vllm_engine_options(cfg: Config) -> dict[str, Any]:

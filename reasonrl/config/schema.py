@@ -227,19 +227,19 @@ class TrainConfig:
     minibatch_sequences: int = 32
     """Responses per optimiser step; must divide rollout_prompts × samples_per_prompt."""
 
-    param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """What the trainer stores the trained weights (policy and critic) in, and computes with.  bfloat16: bf16
-    compute end to end (the residual stream, norms and RoPE too, no autocast casts), with an fp32 master copy of
-    each weight beside AdamW's two fp32 moments in the optimiser (models/optim.py: MasterWeightAdamW), so updates far
-    below bf16's last bit (RL's 1e-6 on weights of 0.02) are learnt, not rounded away, and the micro-batches'
-    gradients summed in fp32; with train.offload_optimizer the master and the moments are in CPU memory, which is
-    where bf16 saves device memory (a 7B full fine-tune: 28 GB on the card).  float32: fp32 weights, bf16 compute
-    under autocast where the forward passes run in bf16.  auto: bfloat16 where the forward passes run in bf16
-    (model.dtype) on one trainer process (the 135M model's update on 2 CPU cores: 20% faster than fp32 weights
-    under autocast, docs/benchmarks.md), else float32.  bfloat16 needs bf16 forward passes (model.dtype bfloat16,
-    or auto, which then means bf16); with LoRA the frozen base is bf16 and the adapters stay fp32.  Under torchrun
-    FSDP2 all-gathers the weights in bf16 and reduces gradients in fp32 whenever the forward passes run in bf16,
-    whatever this setting (auto keeps its shards fp32: they are the master)."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """What the trainer stores the trained weights (policy and critic) in, and computes with.  float32: fp32
+    weights, bf16 compute under autocast where the forward passes run in bf16 (model.dtype).  bfloat16: bf16 compute
+    end to end (the residual stream, norms and RoPE too: no autocast casts), with an fp32 master copy of each weight
+    beside AdamW's two fp32 moments in the optimiser (models/optim.py: MasterWeightAdamW), so updates far below
+    bf16's last bit (RL's 1e-6 on weights of 0.02) are learnt, not rounded away, and the micro-batches' gradients
+    (and the input embedding's, models/embedding_gradient.py) summed in fp32; with train.offload_optimizer the master,
+    the moments and those sums are in CPU memory, which is where bf16 saves device memory (a 7B full fine-tune: its
+    14 GB of weights on the card).  Not the default: the 135M model's update on 2 CPU cores is about 20% faster, but the main job (make demo)
+    learnt less in 10 steps at lr 1e-5 (53.5% against 64.5%, docs/benchmarks.md, "bf16 end to end").  Needs bf16
+    forward passes (model.dtype bfloat16, or auto, which then means bf16); with LoRA the frozen base is bf16 and the
+    adapters stay fp32.  Under torchrun FSDP2 all-gathers the weights in bf16 and reduces gradients in fp32 whenever
+    the forward passes run in bf16, whatever this setting."""
 
     offload_optimizer: bool = False
     """Keep AdamW's moments (8 bytes per parameter) in CPU memory and run its step there: on a GPU that

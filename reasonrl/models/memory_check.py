@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonrl.config import Config, ConfigError, resolve
+from reasonrl.config import Config, ConfigError
 from reasonrl.config.plan import planned_device_type, planned_world_size
 from reasonrl.models.memory_plan import (
     ROLLOUT_BYTES_PER_TOKEN,
@@ -68,8 +68,7 @@ def fixing_settings(cfg: Config, model_config: Any, plan: MemoryPlan) -> list[tu
         changes.append(("model.lora_rank", LORA_RANK_SUGGESTED))
     if plan.device_type == "cuda" and not t.offload_optimizer:
         changes.append(("train.offload_optimizer", True))
-    stored = resolve(cfg, plan.device_type, plan.world_size).parameter_dtype
-    if stored == "float32" and m.dtype != "float32":  # bf16 weights need bf16 passes
+    if t.param_dtype == "float32" and m.dtype != "float32":  # bf16 weights need bf16 passes
         changes.append(("train.param_dtype", "bfloat16"))
     found = [(f"{key}={str(value).lower()}", plan_memory(with_setting(cfg, key, value), model_config, **options))
              for key, value in changes]  # fmt: skip

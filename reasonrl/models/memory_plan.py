@@ -244,8 +244,8 @@ def plan_memory(
     param_bytes = element_size(plan.parameter_dtype)
     compute = plan.forward_dtype
     compute_bytes = element_size(compute)
-    # LoRA's adapters stay fp32; bf16 weights' gradients are summed in fp32 (MasterWeightAdamW), but FSDP2's shards
-    # of them are in the weights' dtype
+    # LoRA's adapters stay fp32; bf16 weights' gradients are summed in fp32 (MasterWeightAdamW: on the host where it
+    # offloads), but FSDP2's shards of them are in the weights' dtype
     gradient_bytes = 4 if m.lora_rank or plan.world_size == 1 else param_bytes
     master = param_bytes != 4 and not m.lora_rank  # bf16 weights: an fp32 master beside the moments
     optimizer_bytes = ADAM_BYTES + (MASTER_BYTES if master else 0)
@@ -260,7 +260,7 @@ def plan_memory(
     components = {
         "runtime": RUNTIME_CUDA_BYTES if device_type == "cuda" else RUNTIME_CPU_BYTES,
         "policy weights": 0 if host_shards else shape.parameters * param_bytes // shards,
-        "policy gradients": 0 if host_shards else shape.trainable * gradient_bytes // shards,
+        "policy gradients": 0 if host_shards or (master and offload) else shape.trainable * gradient_bytes // shards,
         "optimizer states (AdamW)": 0 if offload else shape.trainable * optimizer_bytes // shards,
         "reference weights": shape.parameters * param_bytes // shards if separate_reference else 0,
         "critic (weights, AdamW)": (

@@ -59,7 +59,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.state_device = torch.device(state_device) if state_device is not None else None
         self.accumulated: dict[torch.Tensor, torch.Tensor] = {}
-        """Each bf16 weight's gradient summed in fp32 over the micro-batches since the last step, beside it."""
+        """Each bf16 weight's gradient summed in fp32 over the micro-batches since the last step, where its state is
+        (beside it, or in CPU memory with ``state_device="cpu"``: offloading keeps them off the GPU too)."""
         for group in self.param_groups:
             for param in group["params"]:
                 if param.dtype != torch.float32 and param.requires_grad:
@@ -69,11 +70,12 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         """Move the gradient a backward pass just left on a bf16 weight into its fp32 sum (``accumulated``), as
         FSDP2 sums the micro-batches' gradients in its reduce dtype: added in bf16, each micro-batch after the
         first would round the sum to 8 significant bits."""
+        where = self.state_device or param.device
         total = self.accumulated.get(param)
         if total is None:
-            self.accumulated[param] = param.grad.float()
+            self.accumulated[param] = param.grad.to(where, torch.float32)
         else:
-            total.add_(param.grad)
+            total.add_(param.grad.to(where))
         param.grad = None
 
     def gradients(self) -> list[torch.Tensor]:

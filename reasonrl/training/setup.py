@@ -19,6 +19,7 @@ from reasonrl.config.validate import RunFacts, refuse_not_run_together
 from reasonrl.data.prompts import PromptEncoder
 from reasonrl.data.source import TrainingStream
 from reasonrl.models.checkpointing import enable_checkpointing
+from reasonrl.models.embedding_gradient import sum_embedding_gradients_in_fp32
 from reasonrl.models.forward import packing_refusal, prompt_sharing_refusal
 from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
@@ -145,6 +146,7 @@ def build_critic(
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
     model.backbone.to(plan.parameter_torch_dtype)  # the d -> 1 head stays fp32 (ValueModel.forward)
+    sum_embedding_gradients_in_fp32(model.backbone)
     if plan.gradient_checkpointing:
         enable_checkpointing(model.backbone, cfg.model.checkpoint_policy)
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
@@ -251,6 +253,7 @@ def load_policy(
     run has one (a KL term without LoRA), placed by ``backend``."""
     attention, dtype, parameters = plan.attention, plan.forward_torch_dtype, plan.parameter_torch_dtype
     model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
+    sum_embedding_gradients_in_fp32(model)
     if plan.gradient_checkpointing:
         enable_checkpointing(model, cfg.model.checkpoint_policy)
     if workers is not None:

@@ -157,7 +157,7 @@ def test_a_critic_backbone_with_lora_saves_and_reloads(tmp_path):
     from reasonrl.training.record.checkpoint import load_value_weights
     from reasonrl.training.setup import build_critic
 
-    cfg = load_config("ppo", [*TINY, "model.lora_rank=4", "train.param_dtype=float32"])  # fp32: equal to 1e-4
+    cfg = load_config("ppo", [*TINY, "model.lora_rank=4"])
     critic = build_critic(cfg, resolve(cfg, "cpu", 1), torch.device("cpu"))
     held = {id(p) for group in critic.optimizer.param_groups for p in group["params"]}
     trainable = {n for n, p in critic.model.named_parameters() if id(p) in held}
@@ -197,6 +197,7 @@ LORA_PPO = [  # a critic, a KL term (the frozen base is its reference) and LoRA 
     "model.lora_rank=4",
     "train.lr=1e-2",
     "run.save_every=1",
+    "train.param_dtype=bfloat16",  # a bf16 base under fp32 adapters
 ]
 
 
@@ -245,7 +246,7 @@ def test_the_export_is_a_merged_model_and_an_adapter(straight_run):
 
     final = straight_run / "final"
     merged = AutoModelForCausalLM.from_pretrained(final).state_dict()
-    stored = {w.dtype for w in merged.values()}  # the trained base's (train.param_dtype=auto: bf16 here)
+    stored = {w.dtype for w in merged.values()}  # the trained base's: bf16 (LORA_PPO)
     assert len(stored) == 1
     adapter = load_file(final / ADAPTER_DIR / ADAPTER_FILE)
     assert {w.dtype for w in adapter.values()} == {torch.float32}  # whatever the base: PEFT's autocast_adapter_dtype

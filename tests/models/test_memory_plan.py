@@ -43,9 +43,9 @@ def test_weights_gradients_and_adamw_states_are_counted_per_parameter():
 def test_a_kl_term_adds_the_reference_in_the_policys_dtype_unless_lora_is_its_base():
     params = tiny_parameters()
     assert plan(preset="grpo").components["reference weights"] == 4 * params
-    fp32_weights = plan("model.dtype=bfloat16", "train.param_dtype=float32", preset="grpo").components
-    assert fp32_weights["reference weights"] == 4 * params  # as the policy
-    assert plan("model.dtype=bfloat16", preset="grpo").components["reference weights"] == 2 * params  # auto: bf16
+    assert plan("model.dtype=bfloat16", preset="grpo").components["reference weights"] == 4 * params  # as the policy
+    bf16_weights = plan("model.dtype=bfloat16", "train.param_dtype=bfloat16", preset="grpo").components
+    assert bf16_weights["reference weights"] == 2 * params
     assert plan("model.lora_rank=4", preset="grpo").components["reference weights"] == 0
 
 
@@ -89,7 +89,7 @@ def test_vllm_takes_its_share_of_the_gpu_and_gives_it_back_while_asleep():
 
 def test_the_refusal_names_each_setting_with_its_predicted_peak():
     cfg = load_config("dr_grpo", [*CPU, "train.microbatch_tokens=4096", "model.dtype=auto",
-                                  "model.gradient_checkpointing=false", "train.param_dtype=float32"])  # fmt: skip
+                                  "model.gradient_checkpointing=false"])  # fmt: skip
     over = plan_memory(cfg, TINY, device_type="cpu")
     # room for everything but a fifth of the activations: checkpointing or a smaller budget fits
     capacity = over.total - over.components["activations"] // 5
@@ -231,19 +231,19 @@ def gpu_plan(*overrides: str, capacity: int | None = None):
 def test_the_optimiser_steps_temporaries_count_where_the_step_peaks_and_a_gpu_keeps_headroom():
     params = tiny_parameters()
     # torch's fused AdamW over fp32 weights: in place
-    fused = gpu_plan("train.microbatch_tokens=2048", "train.param_dtype=float32")
+    fused = gpu_plan("train.microbatch_tokens=2048")
     assert fused.components["optimizer step temporaries"] == 0
     assert fused.components["allocator headroom"] == int(0.05 * (fused.total - fused.components["allocator headroom"]))
     master = gpu_plan("train.microbatch_tokens=2048", "train.param_dtype=bfloat16")
     assert master.components["policy gradients"] == 4 * params  # summed in fp32
     assert master.components["optimizer step temporaries"] == 4 * params  # foreach's denominator
-    assert gpu_plan("train.microbatch_tokens=2048").components == master.components  # auto: bf16 weights on one GPU
     parts = master.components
     transients = sum(parts[k] for k in memory_plan.UPDATE_TRANSIENTS)
     resident = sum(parts.values()) - transients - parts["optimizer step temporaries"] - parts["allocator headroom"]
     assert master.total - parts["allocator headroom"] == resident + max(transients, 4 * params)
     offloaded = gpu_plan("train.microbatch_tokens=2048", "train.param_dtype=bfloat16", "train.offload_optimizer=true")
     assert offloaded.components["optimizer step temporaries"] == 0  # the step runs in host memory
+    assert offloaded.components["policy gradients"] == 0  # summed in fp32 in host memory
     assert "allocator headroom" not in plan().components  # the CPU: none
 
 
@@ -303,7 +303,7 @@ def test_a_run_trains_with_the_planned_token_budget_agreed_over_ranks(caplog):
 def test_selective_checkpointing_keeps_more_than_full_and_much_less_than_none():
     deep = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=176, num_hidden_layers=30,
                        num_attention_heads=4, num_key_value_heads=1)  # fmt: skip
-    cfg = [*GPU, "train.microbatch_tokens=4096", "model.attention=sdpa", "train.param_dtype=float32"]  # autocast
+    cfg = [*GPU, "train.microbatch_tokens=4096", "model.attention=sdpa"]
 
     def activations(*overrides: str) -> int:
         chosen = plan_memory(load_config("dr_grpo", [*cfg, *overrides]), deep, device_type="cuda")

@@ -107,16 +107,6 @@ def test_bf16_parameters_run_the_forward_passes_in_bf16_and_refuse_float32_ones(
         tiny_config(*BF16, "model.dtype=float32")
 
 
-def test_auto_stores_bf16_weights_where_one_process_computes_in_bf16_and_fp32_shards_under_fsdp2():
-    def stored(*overrides, world_size=1):
-        return resolve(tiny_config(*overrides), "cpu", world_size).parameter_dtype
-
-    assert stored("model.dtype=bfloat16") == "bfloat16"  # train.param_dtype=auto, the default
-    assert stored("model.dtype=float32") == "float32"
-    assert stored("model.dtype=bfloat16", world_size=2) == "float32"  # FSDP2's fp32 shards are the master
-    assert stored("model.dtype=bfloat16", *FP32) == "float32"
-
-
 def test_offloading_the_optimiser_gives_the_same_weights_with_its_moments_in_cpu_memory():
     plain, _, _ = updated_policy("model.dtype=float32")
     offloaded, _, optimizer = updated_policy("model.dtype=float32", *OFFLOAD)
