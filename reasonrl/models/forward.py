@@ -20,6 +20,18 @@ def autocast_context(compute_dtype: torch.dtype, device: torch.device) -> contex
     return torch.autocast(device_type=device.type, dtype=compute_dtype)
 
 
+def weight_casts_kept(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """A block (a mini-batch's micro-batches) whose forwards under ``autocast_context`` cast each fp32 weight to bf16
+    once, not once per micro-batch (0.09 s per forward for the 135M model on 2 CPU cores): autocast keeps its casts
+    until its outermost context exits, and this is one, entered with autocast off, so nothing between the forwards
+    runs under it.  The weights must not change inside the block.  With gradient checkpointing a no-op: the casts
+    would then outlive each micro-batch (those of a forward without it are saved for its backward anyway)."""
+    checkpointed = any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules())
+    if checkpointed:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=next(model.parameters()).device.type, enabled=False)
+
+
 # Architectures whose packed forward equals the padded one (tests/models/test_packing.py: log-probs,
 # entropy and gradients to 1e-5, a tiny random config each).  Packing needs a model that reads each row's
 # positions from ``position_ids`` and whose only mixing of tokens is attention: recurrent or convolutional

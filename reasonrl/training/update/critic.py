@@ -15,7 +15,7 @@ import torch
 from reasonrl.algo.aggregate import count_for_aggregation
 from reasonrl.algo.value_loss import explained_variance, value_loss
 from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
-from reasonrl.models.forward import runs_in_lanes
+from reasonrl.models.forward import runs_in_lanes, weight_casts_kept
 from reasonrl.models.optim import apply_gradients
 from reasonrl.models.value import ValueModel
 from reasonrl.training.placement.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
@@ -95,24 +95,25 @@ class CriticUpdater:
             minibatch, self.parallel, self.microbatch_tokens, self.device, self.packed, self.share_prompts, self.lanes
         )
         tally = ForwardTally("critic")
-        for index, micro in enumerate(micros):
-            reduce_gradients_after(self.model, last=index == len(micros) - 1)
-            tally.add(micro, packed=self.packed, share_prompts=self.share_prompts, lanes=self.lanes)
-            values = self.forward_values(micro)
-            loss, stats = value_loss(
-                values,
-                micro.values,
-                micro.returns,
-                micro.value_loss_mask,
-                self.value_clip,
-                "token-mean",
-                global_tokens=tokens,
-                global_seqs=seqs,
-            )
-            loss.backward()
-            share = micro.value_loss_mask.sum().item() / max(1, int(tokens))
-            sums["critic/value_loss"] += loss.item()
-            sums["critic/clip_frac"] += stats["clip_frac"].item() * share
+        with weight_casts_kept(self.model):  # until the optimiser step
+            for index, micro in enumerate(micros):
+                reduce_gradients_after(self.model, last=index == len(micros) - 1)
+                tally.add(micro, packed=self.packed, share_prompts=self.share_prompts, lanes=self.lanes)
+                values = self.forward_values(micro)
+                loss, stats = value_loss(
+                    values,
+                    micro.values,
+                    micro.returns,
+                    micro.value_loss_mask,
+                    self.value_clip,
+                    "token-mean",
+                    global_tokens=tokens,
+                    global_seqs=seqs,
+                )
+                loss.backward()
+                share = micro.value_loss_mask.sum().item() / max(1, int(tokens))
+                sums["critic/value_loss"] += loss.item()
+                sums["critic/clip_frac"] += stats["clip_frac"].item() * share
         sums = self.parallel.sum_metrics(sums | tally.metrics())
         grad_norm = apply_gradients(self.model, self.optimizer, self.grad_clip)
         self.skipped_steps += not math.isfinite(grad_norm)

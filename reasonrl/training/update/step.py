@@ -22,6 +22,7 @@ from reasonrl.algo.off_policy import behaviour_log_ratio, correction_stats, impo
 from reasonrl.algo.policy_loss import positive_example_nll, ppo_clip
 from reasonrl.algo.presets import AlgoSpec
 from reasonrl.batch import FORWARD_TALLY_PREFIXES, ForwardTally, RolloutBatch
+from reasonrl.models.forward import weight_casts_kept
 from reasonrl.models.optim import NonFiniteWeightsError, apply_gradients, has_non_finite_weights
 from reasonrl.training.placement.parallel import SINGLE_PROCESS, DataParallel, reduce_gradients_after
 from reasonrl.training.update.policy import TokenLogprobs, head_tokens
@@ -93,50 +94,51 @@ class PolicyUpdater:
             minibatch, self.parallel, self.microbatch_tokens, self.device, packed, share_prompts, lanes
         )
         tally = ForwardTally("policy")
-        for index, micro in enumerate(micros):
-            reduce_gradients_after(self.policy, last=index == len(micros) - 1)
-            tally.add(micro, packed=packed, share_prompts=share_prompts, lanes=lanes)
-            micro_mask = micro.policy_loss_mask
-            # the LM head only where the loss reads (T-PPO's token filtering: earlier windows' tokens are out)
-            logprobs, entropy = self.policy(micro, head_mask=micro_mask)
-            sums["perf/lm_head_tokens_policy"] += head_tokens(micro, micro_mask)
-            # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch): its gap to
-            # the engine's log-probs is the step's engine-vs-trainer gap
-            old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-            per_token, stats = ppo_clip(
-                logprobs, old_logprobs, micro.advantages, micro_mask, spec.eps_low, spec.eps_high, spec.dual_clip
-            )
-            share = micro_mask.sum().item() / max(1, int(tokens))
-            if micro.old_logprobs is None and micro_mask.any():
-                gap = (old_logprobs - micro.rollout_logprobs.to(old_logprobs.device)).abs()
-                sums["rollout/logprob_abs_diff"] += masked_mean(gap, micro_mask).item() * share
-            if self.correction.mode != "none":  # each token's loss weighted by π_prox / π_behav
-                log_ratio = behaviour_log_ratio(old_logprobs, micro.rollout_logprobs, micro_mask)
-                c = self.correction
-                weights, keep = importance_weights(log_ratio, micro_mask, c.mode, c.level, c.threshold)
-                per_token = per_token * weights
-                for key, value in correction_stats(log_ratio, weights, keep, micro_mask).items():
-                    sums[key] = max(sums[key], value) if key in CORRECTION_MAXIMA else sums[key] + value * share
-            policy_loss = self._aggregate(per_token, micro_mask, tokens, seqs)
-            loss = policy_loss
-            if spec.nll_weight:
-                nll = positive_example_nll(logprobs, micro_mask, micro.correct, global_tokens=nll_tokens)
-                loss = loss + spec.nll_weight * nll
-                sums["loss/nll"] += nll.item()
-            if spec.kl_placement == "loss" and kl_coef > 0:
-                kl = self._aggregate(
-                    kl_estimate(logprobs, micro.ref_logprobs, spec.kl_estimator), micro_mask, tokens, seqs
+        with weight_casts_kept(self.model):  # until the optimiser step
+            for index, micro in enumerate(micros):
+                reduce_gradients_after(self.policy, last=index == len(micros) - 1)
+                tally.add(micro, packed=packed, share_prompts=share_prompts, lanes=lanes)
+                micro_mask = micro.policy_loss_mask
+                # the LM head only where the loss reads (T-PPO's token filtering: earlier windows' tokens are out)
+                logprobs, entropy = self.policy(micro, head_mask=micro_mask)
+                sums["perf/lm_head_tokens_policy"] += head_tokens(micro, micro_mask)
+                # without a separate pass, this forward runs at the old policy (one mini-batch, one epoch): its gap to
+                # the engine's log-probs is the step's engine-vs-trainer gap
+                old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+                per_token, stats = ppo_clip(
+                    logprobs, old_logprobs, micro.advantages, micro_mask, spec.eps_low, spec.eps_high, spec.dual_clip
                 )
-                loss = loss + kl_coef * kl
-                sums["loss/kl"] += kl.item()
-            if spec.entropy_coef:
-                loss = loss - spec.entropy_coef * self._aggregate(entropy, micro_mask, tokens, seqs)
-            loss.backward()
-            sums["loss/policy"] += policy_loss.item()
-            sums["loss/total"] += loss.item()
-            sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
-            for key, value in stats.items():
-                sums[f"policy/{key}"] += value.item() * share
+                share = micro_mask.sum().item() / max(1, int(tokens))
+                if micro.old_logprobs is None and micro_mask.any():
+                    gap = (old_logprobs - micro.rollout_logprobs.to(old_logprobs.device)).abs()
+                    sums["rollout/logprob_abs_diff"] += masked_mean(gap, micro_mask).item() * share
+                if self.correction.mode != "none":  # each token's loss weighted by π_prox / π_behav
+                    log_ratio = behaviour_log_ratio(old_logprobs, micro.rollout_logprobs, micro_mask)
+                    c = self.correction
+                    weights, keep = importance_weights(log_ratio, micro_mask, c.mode, c.level, c.threshold)
+                    per_token = per_token * weights
+                    for key, value in correction_stats(log_ratio, weights, keep, micro_mask).items():
+                        sums[key] = max(sums[key], value) if key in CORRECTION_MAXIMA else sums[key] + value * share
+                policy_loss = self._aggregate(per_token, micro_mask, tokens, seqs)
+                loss = policy_loss
+                if spec.nll_weight:
+                    nll = positive_example_nll(logprobs, micro_mask, micro.correct, global_tokens=nll_tokens)
+                    loss = loss + spec.nll_weight * nll
+                    sums["loss/nll"] += nll.item()
+                if spec.kl_placement == "loss" and kl_coef > 0:
+                    kl = self._aggregate(
+                        kl_estimate(logprobs, micro.ref_logprobs, spec.kl_estimator), micro_mask, tokens, seqs
+                    )
+                    loss = loss + kl_coef * kl
+                    sums["loss/kl"] += kl.item()
+                if spec.entropy_coef:
+                    loss = loss - spec.entropy_coef * self._aggregate(entropy, micro_mask, tokens, seqs)
+                loss.backward()
+                sums["loss/policy"] += policy_loss.item()
+                sums["loss/total"] += loss.item()
+                sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
+                for key, value in stats.items():
+                    sums[f"policy/{key}"] += value.item() * share
         sums = self.parallel.sum_metrics(sums | tally.metrics())
         grad_norm = apply_gradients(self.policy, self.optimizer, self.grad_clip, self.scheduler)
         self.skipped_steps += not math.isfinite(grad_norm)
