@@ -24,6 +24,7 @@ from reasonrl.algo.masked import masked_mean
 from reasonrl.batch import ForwardTally, RolloutBatch, padding_summary
 from reasonrl.config import Config, to_dict
 from reasonrl.data.source import eval_examples
+from reasonrl.models.forward import weight_casts_kept
 from reasonrl.models.lora import adapters_disabled
 from reasonrl.reward.verifier_protocol import Verifier
 from reasonrl.rollout import RolloutEngine, SamplingParams
@@ -168,7 +169,7 @@ def logprob_stage(run: Run, batch: RolloutBatch, seed: int) -> dict[str, float]:
         nonlocal lm_head_tokens
         out = torch.zeros(batch.response_mask.shape)
         tallies.append(tally)
-        with torch.no_grad():
+        with torch.no_grad(), weight_casts_kept(policy.model):  # one bf16 cast per weight for the whole pass
             for rows in groups:
                 part = batch.select(rows or [0])  # [] = a filler forward, kept in step
                 tally.add(part, filler=not rows, packed=packed, share_prompts=share_prompts, lanes=lanes)
