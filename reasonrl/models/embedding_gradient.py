@@ -37,7 +37,8 @@ class EmbeddingWithFp32GradientSum(torch.autograd.Function):
 def sum_embedding_gradients_in_fp32(model: torch.nn.Module) -> bool:
     """Make ``model``'s input embedding sum its weight gradient in fp32 (``EmbeddingWithFp32GradientSum``, through
     a forward hook that replaces the lookup's output) whenever the weight it looks up in is not fp32 (bf16 storage,
-    or FSDP2's bf16 all-gather); returns whether the hook is on.  Only a plain ``torch.nn.Embedding`` without
+    or FSDP2's bf16 all-gather) and is in CPU memory (CUDA's embedding backward sums in fp32 already, and
+    deterministically); returns whether the hook is on.  Only a plain ``torch.nn.Embedding`` without
     max_norm, sparse gradients or frequency scaling: a subclass (Gemma's scaled embedding) keeps its own lookup and
     torch's gradient."""
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -46,7 +47,8 @@ def sum_embedding_gradients_in_fp32(model: torch.nn.Module) -> bool:
         return False
 
     def lookup_with_fp32_gradient(module: torch.nn.Embedding, inputs: tuple, output: Tensor) -> Tensor | None:
-        if module.weight.dtype == torch.float32 or not torch.is_grad_enabled():
+        cpu = module.weight.device.type == "cpu"  # CUDA's kernel sums a bf16 lookup's gradient in fp32 itself
+        if module.weight.dtype == torch.float32 or not cpu or not torch.is_grad_enabled():
             return None  # torch's own lookup: fp32 sums already, or no gradient
         return EmbeddingWithFp32GradientSum.apply(inputs[0], module.weight, module.padding_idx)
 

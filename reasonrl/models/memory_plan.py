@@ -245,7 +245,7 @@ def plan_memory(
     compute = plan.forward_dtype
     compute_bytes = element_size(compute)
     # LoRA's adapters stay fp32; bf16 weights' gradients are summed in fp32 (MasterWeightAdamW: on the host where it
-    # offloads), but FSDP2's shards of them are in the weights' dtype
+    # offloads), but FSDP2's shards of them are in the weights' dtype (FSDP2 sums micro-batches in fp32 unsharded)
     gradient_bytes = 4 if m.lora_rank or plan.world_size == 1 else param_bytes
     master = param_bytes != 4 and not m.lora_rank  # bf16 weights: an fp32 master beside the moments
     optimizer_bytes = ADAM_BYTES + (MASTER_BYTES if master else 0)

@@ -60,16 +60,21 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         self.state_device = torch.device(state_device) if state_device is not None else None
         self.accumulated: dict[torch.Tensor, torch.Tensor] = {}
         """Each bf16 weight's gradient summed in fp32 over the micro-batches since the last step, where its state is
-        (beside it, or in CPU memory with ``state_device="cpu"``: offloading keeps them off the GPU too)."""
+        (beside it, or in CPU memory with ``state_device="cpu"``: offloading keeps them off the GPU too, at the cost
+        of a copy to the host per micro-batch).  Not for FSDP2's shards (DTensors), whose micro-batches FSDP2 itself
+        sums in its fp32 reduce dtype."""
         for group in self.param_groups:
             for param in group["params"]:
-                if param.dtype != torch.float32 and param.requires_grad:
+                sharded = hasattr(param, "_local_tensor")  # a DTensor
+                if param.dtype != torch.float32 and param.requires_grad and not sharded:
                     param.register_post_accumulate_grad_hook(self._accumulate_in_fp32)
 
     def _accumulate_in_fp32(self, param: torch.Tensor) -> None:
         """Move the gradient a backward pass just left on a bf16 weight into its fp32 sum (``accumulated``), as
         FSDP2 sums the micro-batches' gradients in its reduce dtype: added in bf16, each micro-batch after the
         first would round the sum to 8 significant bits."""
+        if param.grad is None:  # another hook took it
+            return
         where = self.state_device or param.device
         total = self.accumulated.get(param)
         if total is None:

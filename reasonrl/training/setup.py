@@ -146,6 +146,8 @@ def build_critic(
     else:
         model = load_value_model(cfg.critic.path, attention).to(device)
     model.backbone.to(plan.parameter_torch_dtype)  # the d -> 1 head stays fp32 (ValueModel.forward)
+    if plan.world_size > 1:  # but FSDP2 shards its root unit (with the head) in one dtype
+        model.head.to(plan.parameter_torch_dtype)
     sum_embedding_gradients_in_fp32(model.backbone)
     if plan.gradient_checkpointing:
         enable_checkpointing(model.backbone, cfg.model.checkpoint_policy)

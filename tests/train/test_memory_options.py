@@ -181,3 +181,16 @@ def test_bf16_weights_sum_their_micro_batches_gradients_in_fp32_and_clip_that_su
     assert norm == pytest.approx(expected_norm, rel=1e-6)
     torch.testing.assert_close(optimizer.state[layer.weight]["master"], reference.detach(), atol=1e-7, rtol=0)
     assert optimizer.gradients() == [] and layer.weight.grad is None
+
+
+@pytest.mark.parametrize(("world_size", "head_dtype"), [(1, torch.float32), (2, torch.bfloat16)])
+def test_a_bf16_critics_value_head_stays_fp32_on_one_process_and_takes_the_backbones_dtype_under_fsdp2(
+    world_size, head_dtype
+):
+    from reasonrl.config import load_config
+    from reasonrl.training.setup import build_critic
+
+    cfg = load_config("ppo", ["model.name_or_path=tiny-random", *BF16])
+    critic = build_critic(cfg, resolve(cfg, "cpu", world_size), torch.device("cpu"))
+    assert critic.model.head.weight.dtype == head_dtype  # FSDP2 shards the root unit (with the head) in one dtype
+    assert {p.dtype for p in critic.model.backbone.parameters()} == {torch.bfloat16}
