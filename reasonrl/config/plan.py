@@ -97,7 +97,7 @@ class Plan:
     bfloat16 wherever the trained weights are stored in it."""
 
     parameter_dtype: str
-    """What the trained weights are stored in (train.param_dtype)."""
+    """What the trained weights are stored in (train.param_dtype); their gradients are summed in fp32."""
 
     @property
     def forward_torch_dtype(self):

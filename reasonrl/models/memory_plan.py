@@ -241,7 +241,7 @@ def plan_memory(
     m, t = cfg.model, cfg.train
     plan = resolve(cfg, device_type, world_size)
     shape = ModelShape.of(model_config, m.lora_rank, m.lora_target_modules)
-    param_bytes = element_size(plan.parameter_dtype)
+    param_bytes = element_size(t.param_dtype)
     compute = plan.forward_dtype
     compute_bytes = element_size(compute)
     # LoRA's adapters stay fp32; bf16 weights' gradients are summed in fp32 (MasterWeightAdamW: on the host where it

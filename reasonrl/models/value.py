@@ -59,8 +59,7 @@ class ValueModel(torch.nn.Module):
         rows = (prompt_ids, prompt_mask, response_ids, response_mask)
         hidden = response_hidden_states(self.backbone, *rows, compute_dtype, vision, packed, share_prompts)  # [B, T, d]
         # the d -> 1 head is cheap in fp32, whatever its weights are stored in
-        head = self.head
-        values = F.linear(hidden.float(), head.weight.float(), head.bias.float()).squeeze(-1)  # [B, T]
+        values = F.linear(hidden.float(), self.head.weight.float(), self.head.bias.float()).squeeze(-1)  # [B, T]
         return values * response_mask.to(values.device)
 
     def save(self, directory: Path) -> Path:
