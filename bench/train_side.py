@@ -23,7 +23,10 @@ as fit the same token budget; ``trl_liger`` the same with ``use_liger_kernel=Tru
 RMSNorm, RoPE and SwiGLU kernels beside TRL's own fused LM head; liger-kernel, GPU only).  On the GPU
 ``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through torch's variable-length flash attention
 (``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes, and ``reasonrl_selective`` reasonrl with
-``model.checkpoint_policy=selective`` (the matmuls' and attention's outputs kept, no matmul recomputed).
+``model.checkpoint_policy=selective`` (the matmuls' and attention's outputs kept, no matmul recomputed);
+``reasonrl_liger`` reasonrl with Liger's RMSNorm, RoPE and SwiGLU kernels (``model.kernels``: auto's choice on CUDA
+where liger-kernel is installed; the arm ``reasonrl`` keeps torch's) and ``reasonrl_liger_head`` with Liger's fused
+linear cross-entropy as its LM head too (``model.logprob_head=liger``).
 
 Reported per pass: real tokens/s (prompt + answer, padding not counted), achieved TFLOP/s and MFU
 (2·N per token for the log-prob pass, 6·N for the update, N the matmul parameters, plus causal attention
@@ -78,6 +81,8 @@ IMPLEMENTATIONS = ("reasonrl", "reasonrl_padded", "trl")
 VARLEN = "reasonrl_varlen"
 TRL_LIGER = "trl_liger"  # TRL with use_liger_kernel=True: Liger's layer kernels (liger-kernel; CUDA only)
 SELECTIVE = "reasonrl_selective"  # reasonrl with model.checkpoint_policy=selective: no matmul recomputed
+LIGER_LAYERS = "reasonrl_liger"  # reasonrl with Liger's RMSNorm, RoPE and SwiGLU kernels (model.kernels=liger)
+LIGER_HEAD = "reasonrl_liger_head"  # and Liger's fused linear cross-entropy as the LM head (model.logprob_head=liger)
 PROMPT_TOKENS = (100, 200)  # uniform: prompts of about 150 tokens
 SMOKE_PROMPT_TOKENS = (8, 16)
 SETTINGS = ["algo.kl_placement=none", "algo.loss_agg=token-mean"]  # as bench/vs_trl.py compares
@@ -120,8 +125,10 @@ PROFILES = {
         "cuda",
         (
             *_both("qwen2.5-1.5b", (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),  # as TRL's default
-            Sweep("qwen2.5-1.5b", VARLEN, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
+            Sweep("qwen2.5-1.5b", LIGER_LAYERS, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
             Sweep("qwen2.5-1.5b", TRL_LIGER, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
+            Sweep("qwen2.5-1.5b", LIGER_HEAD, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
+            Sweep("qwen2.5-1.5b", VARLEN, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
             Sweep("qwen2.5-1.5b", SELECTIVE, (1024, 4096, 8192, 16384), 16, gradient_checkpointing=True),
             Sweep("qwen2.5-7b", "reasonrl", (4096,), 8, **BIG),
             *_both("qwen2.5-0.5b", (1024, 4096, 16384), 16),
@@ -204,7 +211,10 @@ class ReasonrlPasses:
         from reasonrl.training.update.policy import TokenLogprobs
 
         self.device, self.packed, self.sweep = device, packed, sweep
-        self.policy = TokenLogprobs(model, 1.0, dtype, **({"packed": packed} if takes(TokenLogprobs, "packed") else {}))
+        options = {"packed": packed} if takes(TokenLogprobs, "packed") else {}
+        if sweep.implementation == LIGER_HEAD:
+            options["logprob_head"] = "liger"
+        self.policy = TokenLogprobs(model, 1.0, dtype, **options)
         self.updater = None
 
     def configure(self, cap: int, rows: int, prompt_tokens: tuple[int, int]) -> dict:
@@ -370,6 +380,10 @@ def run_worker(sweep: Sweep, caps: list[int], smoke: bool, device_name: str) -> 
             attn_implementation=transformers_attention(attention, config),
         ).eval()
     trl = sweep.implementation in ("trl", TRL_LIGER)
+    if sweep.implementation in (LIGER_LAYERS, LIGER_HEAD):
+        from reasonrl.models.liger_kernels import use_liger_layer_kernels
+
+        use_liger_layer_kernels(model)
     if sweep.gradient_checkpointing and not trl:  # TRL: its own default
         checkpoint_layers(model, "selective" if sweep.implementation == SELECTIVE else "full")
     dtype = compute_dtype("auto")  # the trainer's default: bf16 where the hardware has it
@@ -505,8 +519,12 @@ def run_profile(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for sweep in (s for s in profile.sweeps if not args.shapes or s.shape in args.shapes):
         caps = list(profile.smoke_caps if args.smoke else sweep.caps)
-        if sweep.implementation == TRL_LIGER and (device != "cuda" or importlib.util.find_spec("liger_kernel") is None):
-            result["skipped"].append({**asdict(sweep), "why": "TRL's Liger kernels need CUDA and liger-kernel"})
+        liger = sweep.implementation in (TRL_LIGER, LIGER_LAYERS, LIGER_HEAD)
+        if liger and (device != "cuda" or importlib.util.find_spec("liger_kernel") is None):
+            result["skipped"].append({**asdict(sweep), "why": "Liger's kernels need CUDA and liger-kernel"})
+            continue
+        if sweep.implementation == LIGER_HEAD and not takes(TokenLogprobs, "logprob_head"):
+            result["skipped"].append({**asdict(sweep), "why": "this reasonrl has no Liger head (no logprob_head=)"})
             continue
         if sweep.implementation in ("trl", TRL_LIGER) and result["trl"] is None:
             result["skipped"].append({**asdict(sweep), "why": "TRL is not installed (pip install trl==1.16.0)"})

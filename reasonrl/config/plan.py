@@ -92,6 +92,13 @@ class Plan:
     attention: str
     """The trainer's attention kernel: model.attention with auto resolved for the device and the sequence cap."""
 
+    layer_kernels: str
+    """The trainer's RMSNorm, RoPE and SwiGLU kernels ("liger" or "torch"): model.kernels with auto resolved for
+    the device and whether liger-kernel is installed (a family Liger does not cover keeps torch's at setup)."""
+
+    logprob_head: str
+    """The training LM head ("chunked" or "liger"): model.logprob_head with auto resolved."""
+
     forward_dtype: str
     """What forward passes run in ("float32" or "bfloat16"): model.dtype with auto resolved for the device;
     bfloat16 wherever the trained weights are stored in it."""
@@ -183,6 +190,8 @@ def resolve(cfg: Config, device_type: str | None = None, world_size: int | None 
         ),
         forward_dtype=forward_dtype_name(cfg, device_type),
         parameter_dtype=t.param_dtype,
+        layer_kernels=layer_kernels_choice(cfg.model.kernels, device_type),
+        logprob_head=logprob_head_choice(cfg.model.logprob_head, device_type, a.entropy_coef),
     )
 
 
@@ -246,6 +255,38 @@ def attention_implementation(
     if device_type == "cuda":
         return "flash_attention_2" if flash else "sdpa"
     return "eager" if max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS else "sdpa"
+
+
+def liger_installed() -> bool:
+    """Whether liger-kernel and Triton can be imported (the `liger` extra)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("liger_kernel", "triton"))
+
+
+def layer_kernels_choice(name: str, device_type: str) -> str:
+    """model.kernels on ``device_type``: auto = liger on CUDA where liger-kernel is installed, else torch; liger asked
+    for explicitly needs both (a ConfigError naming what is missing)."""
+    installed = liger_installed()
+    if name == "liger" and (device_type != "cuda" or not installed):
+        missing = [f"a CUDA device (this run's: {device_type})"] if device_type != "cuda" else []
+        missing += [] if installed else ["liger-kernel (pip install 'reasonrl[liger]')"]
+        raise ConfigError(f"model.kernels=liger needs {' and '.join(missing)}; use auto or torch")
+    if name == "auto":
+        return "liger" if device_type == "cuda" and installed else "torch"
+    return name
+
+
+def logprob_head_choice(name: str, device_type: str, entropy_coef: float) -> str:
+    """model.logprob_head: auto = chunked; liger needs a CUDA device, liger-kernel and no entropy bonus (Liger's
+    fused cross-entropy gives no entropy): a ConfigError naming what is missing otherwise."""
+    if name == "liger":
+        missing = [f"a CUDA device (this run's: {device_type})"] if device_type != "cuda" else []
+        missing += [] if liger_installed() else ["liger-kernel (pip install 'reasonrl[liger]')"]
+        if entropy_coef:
+            missing.append(f"no entropy bonus (algo.entropy_coef={entropy_coef}: Liger's head computes no entropy)")
+        if missing:
+            raise ConfigError(f"model.logprob_head=liger needs {' and '.join(missing)}; use auto or chunked")
+        return "liger"
+    return "chunked"
 
 
 def native_bf16(device_type: str) -> bool:

@@ -50,6 +50,20 @@ class ModelConfig:
     sequence, no mask built (CUDA, torch >= 2.10, packed sequences, bf16 compute; not yet auto's choice: its GPU
     check has not run)."""
 
+    kernels: Literal["auto", "liger", "torch"] = "auto"
+    """The trainer's RMSNorm, RoPE and SwiGLU kernels: liger = Liger's Triton kernels (liger-kernel, the `liger`
+    extra; CUDA; the llama, mistral, qwen2 and qwen3 families) in place of transformers' torch ops, over the same
+    weights (models/liger_kernels.py); torch = transformers' own.  auto: liger on a CUDA device where liger-kernel
+    is installed and the model's family is covered (TRL's use_liger_kernel turns on the same kernels), torch
+    elsewhere."""
+
+    logprob_head: Literal["auto", "chunked", "liger"] = "auto"
+    """How training computes the LM head's log-probs: chunked = reasonrl's chunked head (log-probs and entropy in
+    one pass, any device; models/logprob_head.py); liger = Liger's fused linear cross-entropy (CUDA, liger-kernel):
+    log-probs only, so no entropy: refused with an entropy bonus (algo.entropy_coef), policy/entropy not logged,
+    and not for a vision-language model (its image token is masked out of the distribution).  auto: chunked
+    (Liger's head has not yet been measured against it on a GPU)."""
+
     lora_rank: int = 0
     """LoRA (Hu et al. 2021): train rank-r adapters W + (lora_alpha / r)·B·A on the frozen weights of the
     policy and of the critic's backbone (the value head trains fully), through PEFT; 0 = off (full

@@ -155,7 +155,8 @@ def dqo_step(run: Run, data: OfflineData, step: int) -> dict[str, float]:
         value_weights.append(w_v)
         share = mask.sum().item() / tokens
         sums["loss/dqo_q"] += loss.item()
-        sums["policy/entropy"] += masked_mean(entropy.detach(), mask).item() * share
+        if entropy is not None:  # Liger's head computes none
+            sums["policy/entropy"] += masked_mean(entropy.detach(), mask).item() * share
         sums["policy/logratio_ref"] += masked_mean(logratio.detach(), mask).item() * share
         sums["dqo/weight_mean"] += masked_mean(w_q, mask).item() * share
         if a.dqo_weight_clip is not None:

@@ -21,7 +21,8 @@ from reasonrl.data.source import TrainingStream
 from reasonrl.models.checkpointing import enable_checkpointing
 from reasonrl.models.embedding_gradient import sum_embedding_gradients_in_fp32
 from reasonrl.models.forward import packing_refusal, prompt_sharing_refusal
-from reasonrl.models.load import load_model, load_tokenizer, resolve_device, vision_processor
+from reasonrl.models.liger_kernels import liger_refusal, use_liger_layer_kernels
+from reasonrl.models.load import ModelError, load_model, load_tokenizer, resolve_device, vision_processor
 from reasonrl.models.lora import add_lora
 from reasonrl.models.memory_check import check_memory
 from reasonrl.models.memory_plan import MemoryPlan, engine_name
@@ -149,6 +150,7 @@ def build_critic(
     if plan.world_size > 1:  # but FSDP2 shards its root unit (with the head) in one dtype
         model.head.to(plan.parameter_torch_dtype)
     sum_embedding_gradients_in_fp32(model.backbone)
+    with_layer_kernels(cfg, plan, model.backbone)
     if plan.gradient_checkpointing:
         enable_checkpointing(model.backbone, cfg.model.checkpoint_policy)
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
@@ -233,6 +235,20 @@ def with_planned_settings(cfg: Config, plan: Plan, memory: MemoryPlan | None, pa
     return replace(plan, gradient_checkpointing=True)
 
 
+def with_layer_kernels(cfg: Config, plan: Plan, model: torch.nn.Module) -> None:
+    """Liger's RMSNorm, RoPE and SwiGLU kernels in ``model`` where the plan chose them (``models.liger_kernels``);
+    a model Liger does not cover keeps torch's (said in the log), or is refused where model.kernels=liger asked."""
+    if plan.layer_kernels != "liger":
+        return
+    refusal = liger_refusal(model.config)
+    if refusal and cfg.model.kernels == "liger":
+        raise ModelError(f"model.kernels=liger: {refusal}; use auto or torch")
+    if refusal:
+        log.info("model.kernels=auto keeps torch's kernels: %s", refusal)
+        return
+    use_liger_layer_kernels(model)
+
+
 def kl_controller(cfg: Config) -> FixedKLController | AdaptiveKLController:
     """The KL coefficient's controller: fixed, or adaptive toward algo.kl_target (Ziegler et al. 2019)."""
     a = cfg.algo
@@ -256,6 +272,7 @@ def load_policy(
     attention, dtype, parameters = plan.attention, plan.forward_torch_dtype, plan.parameter_torch_dtype
     model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
     sum_embedding_gradients_in_fp32(model)
+    with_layer_kernels(cfg, plan, model)
     if plan.gradient_checkpointing:
         enable_checkpointing(model, cfg.model.checkpoint_policy)
     if workers is not None:
@@ -266,14 +283,16 @@ def load_policy(
     add_lora(model, cfg.model)  # after the engine took the plain weights (a fresh adapter changes nothing)
     packed = packs_sequences(cfg, model.config, "policy")
     share_prompts = packed and shares_prompts(cfg, model.config, plan.device_type, "policy")
-    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, packed, share_prompts)
+    policy = TokenLogprobs(model, cfg.rollout.temperature, dtype, packed, share_prompts, plan.logprob_head)
     separate_reference = plan.uses_reference and not cfg.model.lora_rank  # LoRA: the frozen base is the reference
     reference = None
     if separate_reference:
         # the reference computes as the policy does (its weights' dtype, the same autocast and packing): at
         # identical weights the two log-probs of a row are equal to the bit, and the KL's gradient is 0
         frozen = load_model(cfg.model.name_or_path, parameters, attention, device)
-        reference = TokenLogprobs(frozen, policy.temperature, dtype, policy.packed, policy.share_prompts)
+        with_layer_kernels(cfg, plan, frozen)
+        shape = (policy.packed, policy.share_prompts, policy.logprob_head)
+        reference = TokenLogprobs(frozen, policy.temperature, dtype, *shape)
     backend.place(policy, dtype, cfg.train.offload_optimizer)
     if reference is not None:
         backend.place(reference, dtype)

@@ -18,7 +18,9 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from reasonrl.models.forward import response_hidden_states, runs_in_lanes
+from reasonrl.models.liger_kernels import fused_linear_logprobs
 from reasonrl.models.logprob_head import DEFAULT_CHUNK_TOKENS, token_logprobs
+from reasonrl.models.model_error import ModelError
 
 
 def response_logprobs(
@@ -36,7 +38,8 @@ def response_logprobs(
     suppressed: tuple[int, ...] = (),
     packed: bool = True,
     share_prompts: bool = False,
-) -> tuple[Tensor, Tensor]:
+    logprob_head: str = "chunked",
+) -> tuple[Tensor, Tensor | None]:
     """log π(a_t | s_t) and the policy entropy H(π(·|s_t)) at every response token; both [B, T].
 
     Log-probs are of softmax(logits / temperature), as the rollout sampled them.  Masked positions
@@ -45,7 +48,9 @@ def response_logprobs(
     to those response tokens; the others hold 0 too.  The backbone still runs over the whole sequence.
     Without a head token the output stays connected to the model, so a backward still runs.
     ``packed`` runs the rows as one sequence without padding, ``share_prompts`` reads a prompt that several rows
-    share once (``models.forward.response_hidden_states``).
+    share once (``models.forward.response_hidden_states``).  ``logprob_head``: chunked (``token_logprobs``) or liger
+    (Liger's fused linear cross-entropy, ``models.liger_kernels.fused_linear_logprobs``), which gives no entropy:
+    None in its place.
     """
     device = next(model.parameters()).device
     response_hidden = response_hidden_states(
@@ -65,14 +70,14 @@ def response_logprobs(
     flat_hidden = response_hidden[mask]  # [N, d]
     flat_targets = response_ids.to(device)[mask]  # [N]
     head = model.get_output_embeddings()
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # [B, T]
+    if logprob_head == "liger":  # a VLM (a suppressed image token) is refused at setup: Liger's head cannot mask it
+        flat_logprobs = fused_linear_logprobs(flat_hidden, head, flat_targets, temperature, compute_dtype)  # [N]
+        return zeros.masked_scatter(mask, flat_logprobs), None
     flat_logprobs, flat_entropy = token_logprobs(
         flat_hidden, head, flat_targets, temperature, suppressed, compute_dtype, chunk_tokens
     )  # [N], [N]
-    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
-    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device)
-    logprobs = logprobs.masked_scatter(mask, flat_logprobs)
-    entropy = entropy.masked_scatter(mask, flat_entropy)
-    return logprobs, entropy
+    return zeros.masked_scatter(mask, flat_logprobs), zeros.masked_scatter(mask, flat_entropy)
 
 
 def suppressed_tokens(model: PreTrainedModel) -> tuple[int, ...]:
@@ -98,11 +103,18 @@ class TokenLogprobs(torch.nn.Module):
         compute_dtype: torch.dtype,
         packed: bool = True,
         share_prompts: bool = False,
+        logprob_head: str = "chunked",
     ) -> None:
         super().__init__()
         self.model, self.temperature, self.compute_dtype, self.packed = model, temperature, compute_dtype, packed
         self.share_prompts = packed and share_prompts
         self.suppressed = suppressed_tokens(model)
+        if logprob_head == "liger" and self.suppressed:
+            raise ModelError(
+                "model.logprob_head=liger cannot take a vision-language model's image token out of the distribution "
+                "(Liger's fused cross-entropy has no token mask); use auto or chunked"
+            )
+        self.logprob_head = logprob_head
 
     @property
     def lanes(self) -> bool:
@@ -110,9 +122,9 @@ class TokenLogprobs(torch.nn.Module):
         cut to the token budget."""
         return runs_in_lanes(self.model.config)
 
-    def forward(self, batch, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """A RolloutBatch -> (log-probs [B, T], entropy [B, T]), computed at ``head_mask`` [B, T] only
-        (default: every response token) as ``response_logprobs`` does."""
+    def forward(self, batch, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """A RolloutBatch -> (log-probs [B, T], entropy [B, T] or None with Liger's head), computed at ``head_mask``
+        [B, T] only (default: every response token) as ``response_logprobs`` does."""
         return response_logprobs(
             self.model,
             batch.prompt_ids,
@@ -126,6 +138,7 @@ class TokenLogprobs(torch.nn.Module):
             suppressed=self.suppressed,
             packed=self.packed,
             share_prompts=self.share_prompts,
+            logprob_head=self.logprob_head,
         )
 
 

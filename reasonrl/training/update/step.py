@@ -136,7 +136,8 @@ class PolicyUpdater:
                 loss.backward()
                 sums["loss/policy"] += policy_loss.item()
                 sums["loss/total"] += loss.item()
-                sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
+                if entropy is not None:  # Liger's head computes none
+                    sums["policy/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
                 for key, value in stats.items():
                     sums[f"policy/{key}"] += value.item() * share
         sums = self.parallel.sum_metrics(sums | tally.metrics())

@@ -1,0 +1,132 @@
+"""Liger's Triton kernels (liger-kernel, the ``liger`` extra) in the models a run trains: RMSNorm, RoPE and SwiGLU
+(``model.kernels``) and the LM head's log-probs by fused linear cross-entropy (``model.logprob_head``).
+
+Layer kernels (``use_liger_layer_kernels``), for the Llama-family decoders transformers implements as
+``<Family>RMSNorm``, ``<Family>MLP`` (gate, up and down projections, SiLU) and a module-level
+``apply_rotary_pos_emb`` (llama, mistral, qwen2, qwen3):
+
+- each RMSNorm becomes Liger's ``LigerRMSNorm`` holding the same weight (Llama's casting: normalised in fp32, cast
+  back to the input's dtype, then scaled) — one kernel forward and one backward instead of five to seven ops;
+- each MLP becomes Liger's ``LigerSwiGLUMLP`` holding the same three projections (SiLU(gate)·up in one kernel);
+- the family's ``apply_rotary_pos_emb`` calls Liger's ``liger_rotary_pos_emb`` for tensors on a device Liger's
+  kernels run on, and transformers' own otherwise (the module function is shared by every model of the family in
+  the process: a CPU model keeps torch's RoPE).
+
+Modules are replaced, not re-created: the parameters (and a LoRA adapter's wrappers) are the same objects, so
+names, optimiser state and checkpoints do not change.  The same call on the policy, the reference and the critic's
+backbone keeps their forwards identical.
+
+The head (``fused_linear_logprobs``): log π(y) = −CE(h Wᵀ / T, y) per token from Liger's
+``LigerFusedLinearCrossEntropyFunction`` (reduction "none": its backward recomputes the logits chunk by chunk and
+folds each token's upstream gradient in before summing the weight's gradient, in fp32).  It gives no entropy.
+
+Liger's kernels run where Triton runs them: CUDA devices, and CPU tensors under Triton's interpreter
+(``TRITON_INTERPRET=1``, which the equality tests use: tests/models/test_liger_kernels.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+from torch import Tensor
+
+LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+"""model_type values whose decoder layers ``use_liger_layer_kernels`` covers."""
+
+
+def liger_device(device_type: str) -> bool:
+    """Whether Liger's Triton kernels run on tensors of ``device_type``: CUDA, or the CPU under Triton's
+    interpreter (TRITON_INTERPRET=1, read when a kernel is defined: set it before liger_kernel is imported)."""
+    return device_type == "cuda" or (device_type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def liger_refusal(config) -> str | None:
+    """Why Liger's layer kernels cannot run a model of ``config`` (None where they can): a family outside
+    ``LIGER_FAMILIES`` or an MLP activation other than SiLU."""
+    activation = getattr(config, "hidden_act", None)
+    if config.model_type in LIGER_FAMILIES and activation in ("silu", "swish"):
+        return None
+    return (
+        f"Liger's layer kernels cover the {', '.join(LIGER_FAMILIES)} families with SiLU MLPs; this model is "
+        f"{config.model_type!r} with {activation!r}"
+    )
+
+
+def _family_module(model_type: str):
+    """transformers' modeling module of a covered family (transformers.models.<family>.modeling_<family>)."""
+    return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+
+
+def _rope_on_liger_devices(family_rope):
+    """``apply_rotary_pos_emb`` that calls Liger's RoPE for tensors on a Liger device and ``family_rope`` (the
+    family's own) otherwise; marked so that a second model of the family does not wrap it twice."""
+    from liger_kernel.transformers import liger_rotary_pos_emb
+
+    def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1):
+        if liger_device(q.device.type):
+            return liger_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        return family_rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    apply_rotary_pos_emb.torch_rope = family_rope
+    return apply_rotary_pos_emb
+
+
+def use_liger_layer_kernels(model: torch.nn.Module) -> int:
+    """Replace ``model``'s RMSNorms and SwiGLU MLPs with Liger's modules over the same parameters and route its
+    family's RoPE to Liger's kernel (the module docstring); returns how many modules were replaced.  ``model`` is
+    a causal LM or a bare decoder of a family in ``LIGER_FAMILIES`` with SiLU activations (else ValueError)."""
+    from liger_kernel.transformers import LigerRMSNorm, LigerSwiGLUMLP
+
+    config = model.config
+    refusal = liger_refusal(config)
+    if refusal:
+        raise ValueError(refusal)
+    family = config.model_type
+    modeling = _family_module(family)
+    own = [v for v in vars(modeling).values() if isinstance(v, type) and v.__module__ == modeling.__name__]
+    norm_classes = tuple(c for c in own if c.__name__.endswith("RMSNorm"))  # LlamaRMSNorm, ...
+    mlp_classes = tuple(c for c in own if c.__name__.endswith("MLP"))  # LlamaMLP, ...
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) in norm_classes:
+                with torch.device("meta"):  # the shell only: the weight is the old module's
+                    norm = LigerRMSNorm(child.weight.shape[0], eps=child.variance_epsilon, casting_mode="llama")
+                norm.weight = child.weight
+                setattr(parent, name, norm)
+                replaced += 1
+            elif type(child) in mlp_classes:
+                with torch.device("meta"):
+                    mlp = LigerSwiGLUMLP(config, intermediate_size=child.intermediate_size)
+                mlp.gate_proj, mlp.up_proj, mlp.down_proj = child.gate_proj, child.up_proj, child.down_proj
+                setattr(parent, name, mlp)
+                replaced += 1
+    if not hasattr(modeling.apply_rotary_pos_emb, "torch_rope"):
+        modeling.apply_rotary_pos_emb = _rope_on_liger_devices(modeling.apply_rotary_pos_emb)
+    return replaced
+
+
+def fused_linear_logprobs(
+    hidden: Tensor,  # [N, d]
+    head: torch.nn.Module,  # the LM head: a Linear of weight [V, d]
+    targets: Tensor,  # [N] long
+    temperature: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """log π(target) [N] fp32 of softmax((W h + b) / T) by Liger's fused linear cross-entropy: the GEMM in
+    ``compute_dtype`` chunk by chunk, never [N, V] logits, the weight's gradient summed in fp32 and cast to
+    ``compute_dtype`` before it reaches an fp32 master weight (as TRL's Liger path does)."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    inputs = hidden.to(compute_dtype)
+    if temperature != 1.0:
+        inputs = inputs / temperature  # (W h) / T = W (h / T); the bias is divided below
+    bias = getattr(head, "bias", None)
+    if bias is not None:
+        bias = bias.to(compute_dtype) / temperature
+    losses = liger_fused_linear_cross_entropy(
+        inputs, head.weight.to(compute_dtype), targets, bias, reduction="none", accum_dtype=torch.float32
+    )  # [N] −log π
+    return -losses.float()
