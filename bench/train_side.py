@@ -24,9 +24,8 @@ RMSNorm, RoPE and SwiGLU kernels beside TRL's own fused LM head; liger-kernel, G
 ``reasonrl_varlen`` is reasonrl packed into one sequence [1, N] through torch's variable-length flash attention
 (``model.attention=varlen``, docs/packing.md) instead of SDPA's lanes, and ``reasonrl_selective`` reasonrl with
 ``model.checkpoint_policy=selective`` (the matmuls' and attention's outputs kept, no matmul recomputed);
-``reasonrl_liger`` reasonrl with Liger's RMSNorm, RoPE and SwiGLU kernels (``model.kernels``: auto's choice on CUDA
-where liger-kernel is installed; the arm ``reasonrl`` keeps torch's) and ``reasonrl_liger_head`` with Liger's fused
-linear cross-entropy as its LM head too (``model.logprob_head=liger``).
+``reasonrl_liger`` reasonrl with Liger's RMSNorm, RoPE and SwiGLU kernels (``model.kernels=liger``) and
+``reasonrl_liger_head`` with Liger's fused linear cross-entropy as its LM head too (``model.logprob_head=liger``).
 
 Reported per pass: real tokens/s (prompt + answer, padding not counted), achieved TFLOP/s and MFU
 (2·N per token for the log-prob pass, 6·N for the update, N the matmul parameters, plus causal attention

@@ -93,8 +93,7 @@ class Plan:
     """The trainer's attention kernel: model.attention with auto resolved for the device and the sequence cap."""
 
     layer_kernels: str
-    """The trainer's RMSNorm, RoPE and SwiGLU kernels ("liger" or "torch"): model.kernels with auto resolved for
-    the device and whether liger-kernel is installed (a family Liger does not cover keeps torch's at setup)."""
+    """The trainer's RMSNorm, RoPE and SwiGLU kernels ("liger" or "torch"): model.kernels with auto resolved."""
 
     logprob_head: str
     """The training LM head ("chunked" or "liger"): model.logprob_head with auto resolved."""
@@ -263,16 +262,14 @@ def liger_installed() -> bool:
 
 
 def layer_kernels_choice(name: str, device_type: str) -> str:
-    """model.kernels on ``device_type``: auto = liger on CUDA where liger-kernel is installed, else torch; liger asked
-    for explicitly needs both (a ConfigError naming what is missing)."""
+    """model.kernels on ``device_type``: auto = torch (Liger's are opt-in until a GPU check has run them); liger needs
+    a CUDA device and liger-kernel (a ConfigError naming what is missing)."""
     installed = liger_installed()
     if name == "liger" and (device_type != "cuda" or not installed):
         missing = [f"a CUDA device (this run's: {device_type})"] if device_type != "cuda" else []
         missing += [] if installed else ["liger-kernel (pip install 'reasonrl[liger]')"]
         raise ConfigError(f"model.kernels=liger needs {' and '.join(missing)}; use auto or torch")
-    if name == "auto":
-        return "liger" if device_type == "cuda" and installed else "torch"
-    return name
+    return "torch" if name == "auto" else name
 
 
 def logprob_head_choice(name: str, device_type: str, entropy_coef: float) -> str:

@@ -53,9 +53,9 @@ class ModelConfig:
     kernels: Literal["auto", "liger", "torch"] = "auto"
     """The trainer's RMSNorm, RoPE and SwiGLU kernels: liger = Liger's Triton kernels (liger-kernel, the `liger`
     extra; CUDA; the llama, mistral, qwen2 and qwen3 families) in place of transformers' torch ops, over the same
-    weights (models/liger_kernels.py); torch = transformers' own.  auto: liger on a CUDA device where liger-kernel
-    is installed and the model's family is covered (TRL's use_liger_kernel turns on the same kernels), torch
-    elsewhere."""
+    weights (models/liger_kernels.py; the kernels TRL's use_liger_kernel turns on); torch = transformers' own.
+    auto: torch's, until the GPU check has run Liger's (its equality test and bench/train_side.py's reasonrl_liger
+    arm)."""
 
     logprob_head: Literal["auto", "chunked", "liger"] = "auto"
     """How training computes the LM head's log-probs: chunked = reasonrl's chunked head (log-probs and entropy in

@@ -8,9 +8,12 @@ Layer kernels (``use_liger_layer_kernels``), for the Llama-family decoders trans
 - each RMSNorm becomes Liger's ``LigerRMSNorm`` holding the same weight (Llama's casting: normalised in fp32, cast
   back to the input's dtype, then scaled) — one kernel forward and one backward instead of five to seven ops;
 - each MLP becomes Liger's ``LigerSwiGLUMLP`` holding the same three projections (SiLU(gate)·up in one kernel);
-- the family's ``apply_rotary_pos_emb`` calls Liger's ``liger_rotary_pos_emb`` for tensors on a device Liger's
-  kernels run on, and transformers' own otherwise (the module function is shared by every model of the family in
-  the process: a CPU model keeps torch's RoPE).
+- the RoPE of its attention modules is Liger's ``liger_rotary_pos_emb``.  transformers' attention calls the module
+  function ``apply_rotary_pos_emb``, shared by every model of the family in the process; it is wrapped once to call
+  Liger's only inside the forward (and a checkpoint's recompute) of an attention module a call here marked, on a
+  device Liger's kernels run on, and transformers' own everywhere else (other models, the CPU).  Liger rotates q and
+  k in place, so it rotates copies: selective checkpointing keeps the projections' outputs, which an in-place
+  rotation would turn twice on recompute.
 
 Modules are replaced, not re-created: the parameters (and a LoRA adapter's wrappers) are the same objects, so
 names, optimiser state and checkpoints do not change.  The same call on the policy, the reference and the critic's
@@ -18,7 +21,9 @@ backbone keeps their forwards identical.
 
 The head (``fused_linear_logprobs``): log π(y) = −CE(h Wᵀ / T, y) per token from Liger's
 ``LigerFusedLinearCrossEntropyFunction`` (reduction "none": its backward recomputes the logits chunk by chunk and
-folds each token's upstream gradient in before summing the weight's gradient, in fp32).  It gives no entropy.
+folds each token's upstream gradient in before summing the weight's gradient).  h, W and the logits are in the
+compute dtype (bf16); the weight's gradient is summed in fp32 and rounded to bf16 once before it reaches an fp32
+master weight, as every linear layer's gradient under autocast is (and TRL's Liger path).  It gives no entropy.
 
 Liger's kernels run where Triton runs them: CUDA devices, and CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1``, which the equality tests use: tests/models/test_liger_kernels.py).
@@ -26,6 +31,7 @@ Liger's kernels run where Triton runs them: CUDA devices, and CPU tensors under 
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import os
 
@@ -59,24 +65,43 @@ def _family_module(model_type: str):
     return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
 
 
-def _rope_on_liger_devices(family_rope):
-    """``apply_rotary_pos_emb`` that calls Liger's RoPE for tensors on a Liger device and ``family_rope`` (the
-    family's own) otherwise; marked so that a second model of the family does not wrap it twice."""
+_IN_LIGER_ATTENTION = contextvars.ContextVar("in_liger_attention", default=False)
+"""True inside the forward of an attention module ``use_liger_layer_kernels`` marked (its recompute included)."""
+
+
+def _rope_routed(family_rope):
+    """``apply_rotary_pos_emb`` that calls Liger's RoPE (on copies of q and k: it rotates in place) inside a marked
+    attention module on a Liger device, and ``family_rope`` (the family's own) everywhere else; marked so that a
+    second model of the family does not wrap it twice."""
     from liger_kernel.transformers import liger_rotary_pos_emb
 
     def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1):
-        if liger_device(q.device.type):
-            return liger_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        if _IN_LIGER_ATTENTION.get() and liger_device(q.device.type):
+            return liger_rotary_pos_emb(q.clone(), k.clone(), cos, sin, unsqueeze_dim=unsqueeze_dim)
         return family_rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
     apply_rotary_pos_emb.torch_rope = family_rope
     return apply_rotary_pos_emb
 
 
+def _mark_liger_attention(attention: torch.nn.Module) -> None:
+    """Hooks that set ``_IN_LIGER_ATTENTION`` for the module's forward and reset it after (also when it raises)."""
+
+    def enter(module: torch.nn.Module, args: tuple) -> None:
+        module.liger_rope_token = _IN_LIGER_ATTENTION.set(True)
+
+    def leave(module: torch.nn.Module, args: tuple, output) -> None:
+        _IN_LIGER_ATTENTION.reset(module.__dict__.pop("liger_rope_token"))
+
+    attention.register_forward_pre_hook(enter)
+    attention.register_forward_hook(leave, always_call=True)
+
+
 def use_liger_layer_kernels(model: torch.nn.Module) -> int:
-    """Replace ``model``'s RMSNorms and SwiGLU MLPs with Liger's modules over the same parameters and route its
-    family's RoPE to Liger's kernel (the module docstring); returns how many modules were replaced.  ``model`` is
-    a causal LM or a bare decoder of a family in ``LIGER_FAMILIES`` with SiLU activations (else ValueError)."""
+    """Replace ``model``'s RMSNorms and SwiGLU MLPs with Liger's modules over the same parameters and mark its
+    attention modules for Liger's RoPE (the module docstring); returns how many modules were replaced or marked.
+    ``model`` is a causal LM or a bare decoder of a family in ``LIGER_FAMILIES`` with SiLU activations (else
+    ValueError)."""
     from liger_kernel.transformers import LigerRMSNorm, LigerSwiGLUMLP
 
     config = model.config
@@ -88,6 +113,7 @@ def use_liger_layer_kernels(model: torch.nn.Module) -> int:
     own = [v for v in vars(modeling).values() if isinstance(v, type) and v.__module__ == modeling.__name__]
     norm_classes = tuple(c for c in own if c.__name__.endswith("RMSNorm"))  # LlamaRMSNorm, ...
     mlp_classes = tuple(c for c in own if c.__name__.endswith("MLP"))  # LlamaMLP, ...
+    attention_classes = tuple(c for c in own if c.__name__.endswith("Attention"))  # LlamaAttention, ...
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -103,8 +129,12 @@ def use_liger_layer_kernels(model: torch.nn.Module) -> int:
                 mlp.gate_proj, mlp.up_proj, mlp.down_proj = child.gate_proj, child.up_proj, child.down_proj
                 setattr(parent, name, mlp)
                 replaced += 1
+    for module in model.modules():
+        if type(module) in attention_classes:
+            _mark_liger_attention(module)
+            replaced += 1
     if not hasattr(modeling.apply_rotary_pos_emb, "torch_rope"):
-        modeling.apply_rotary_pos_emb = _rope_on_liger_devices(modeling.apply_rotary_pos_emb)
+        modeling.apply_rotary_pos_emb = _rope_routed(modeling.apply_rotary_pos_emb)
     return replaced
 
 
@@ -120,10 +150,15 @@ def fused_linear_logprobs(
     ``compute_dtype`` before it reaches an fp32 master weight (as TRL's Liger path does)."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
+    bias = getattr(head, "bias", None)
+    if not len(
+        hidden
+    ):  # Liger's chunking divides by the row count; a zero gradient still reaches W (every rank's must)
+        untouched = hidden.sum() + head.weight.sum() + (0 if bias is None else bias.sum())
+        return hidden.new_zeros(0, dtype=torch.float32) + 0 * untouched.float()
     inputs = hidden.to(compute_dtype)
     if temperature != 1.0:
         inputs = inputs / temperature  # (W h) / T = W (h / T); the bias is divided below
-    bias = getattr(head, "bias", None)
     if bias is not None:
         bias = bias.to(compute_dtype) / temperature
     losses = liger_fused_linear_cross_entropy(

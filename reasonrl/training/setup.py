@@ -150,7 +150,7 @@ def build_critic(
     if plan.world_size > 1:  # but FSDP2 shards its root unit (with the head) in one dtype
         model.head.to(plan.parameter_torch_dtype)
     sum_embedding_gradients_in_fp32(model.backbone)
-    with_layer_kernels(cfg, plan, model.backbone)
+    with_layer_kernels(plan, model.backbone)
     if plan.gradient_checkpointing:
         enable_checkpointing(model.backbone, cfg.model.checkpoint_policy)
     add_lora(model.backbone, cfg.model)  # with LoRA the head still trains fully
@@ -235,17 +235,14 @@ def with_planned_settings(cfg: Config, plan: Plan, memory: MemoryPlan | None, pa
     return replace(plan, gradient_checkpointing=True)
 
 
-def with_layer_kernels(cfg: Config, plan: Plan, model: torch.nn.Module) -> None:
-    """Liger's RMSNorm, RoPE and SwiGLU kernels in ``model`` where the plan chose them (``models.liger_kernels``);
-    a model Liger does not cover keeps torch's (said in the log), or is refused where model.kernels=liger asked."""
+def with_layer_kernels(plan: Plan, model: torch.nn.Module) -> None:
+    """Liger's RMSNorm, RoPE and SwiGLU kernels in ``model`` where the plan chose them (``models.liger_kernels``); a
+    model Liger does not cover is refused, naming why."""
     if plan.layer_kernels != "liger":
         return
     refusal = liger_refusal(model.config)
-    if refusal and cfg.model.kernels == "liger":
-        raise ModelError(f"model.kernels=liger: {refusal}; use auto or torch")
     if refusal:
-        log.info("model.kernels=auto keeps torch's kernels: %s", refusal)
-        return
+        raise ModelError(f"model.kernels=liger: {refusal}; use auto or torch")
     use_liger_layer_kernels(model)
 
 
@@ -272,7 +269,7 @@ def load_policy(
     attention, dtype, parameters = plan.attention, plan.forward_torch_dtype, plan.parameter_torch_dtype
     model = load_model(cfg.model.name_or_path, parameters, attention, device)  # fp32 master weights, or bf16
     sum_embedding_gradients_in_fp32(model)
-    with_layer_kernels(cfg, plan, model)
+    with_layer_kernels(plan, model)
     if plan.gradient_checkpointing:
         enable_checkpointing(model, cfg.model.checkpoint_policy)
     if workers is not None:
@@ -290,7 +287,7 @@ def load_policy(
         # the reference computes as the policy does (its weights' dtype, the same autocast and packing): at
         # identical weights the two log-probs of a row are equal to the bit, and the KL's gradient is 0
         frozen = load_model(cfg.model.name_or_path, parameters, attention, device)
-        with_layer_kernels(cfg, plan, frozen)
+        with_layer_kernels(plan, frozen)
         shape = (policy.packed, policy.share_prompts, policy.logprob_head)
         reference = TokenLogprobs(frozen, policy.temperature, dtype, *shape)
     backend.place(policy, dtype, cfg.train.offload_optimizer)

@@ -28,9 +28,9 @@ needs_liger = pytest.mark.skipif(not liger_installed(), reason="needs liger-kern
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_auto_keeps_torchs_kernels_and_the_chunked_head_where_liger_cannot_run():
+def test_auto_keeps_torchs_kernels_and_the_chunked_head_until_a_gpu_has_measured_liger():
     assert layer_kernels_choice("auto", "cpu") == "torch"
-    assert layer_kernels_choice("auto", "cuda") == ("liger" if liger_installed() else "torch")
+    assert layer_kernels_choice("auto", "cuda") == "torch"  # until a GPU check has run Liger's
     assert layer_kernels_choice("torch", "cuda") == "torch"
     assert logprob_head_choice("auto", "cuda", 0.0) == "chunked"
 
@@ -65,7 +65,7 @@ def test_layer_kernels_replace_norms_and_mlps_over_the_same_parameters(family):
     before = dict(model.named_parameters())
     layers = model.config.num_hidden_layers
     norms = 2 * layers + 1 + (2 * layers if family == "qwen3" else 0)  # Qwen3 norms q and k too
-    assert use_liger_layer_kernels(model) == norms + layers
+    assert use_liger_layer_kernels(model) == norms + 2 * layers  # the MLPs, and the attention modules marked
     assert dict(model.named_parameters()) == before  # the same names and the same Parameter objects
     kinds = [type(m) for m in model.modules()]
     assert kinds.count(LigerRMSNorm) == norms and kinds.count(LigerSwiGLUMLP) == layers
@@ -106,6 +106,7 @@ def interpreted_checks() -> None:
     """Run under TRITON_INTERPRET=1 (``test_liger_kernels_in_tritons_interpreter_give_torchs_numbers``): Liger's
     head against the chunked head, fp32, 1e-5 (log-probs and the gradients of h, W and b, at two temperatures), and
     the RoPE that ``use_liger_layer_kernels`` routes to Liger against transformers' over a whole packed forward."""
+    from reasonrl.models.checkpointing import enable_checkpointing
     from reasonrl.models.liger_kernels import fused_linear_logprobs, use_liger_layer_kernels
     from reasonrl.models.logprob_head import token_logprobs
 
@@ -125,18 +126,40 @@ def interpreted_checks() -> None:
             results.append((logprobs.detach(), hidden.grad, head.weight.grad, head.bias.grad))
         for name, chunked, liger in zip(("logprobs", "hidden", "weight", "bias"), *results, strict=True):
             errors[f"head {name} T={temperature}"] = (chunked - liger).abs().max().item()
-    model, batch = causal_lm("llama", "sdpa"), long_tailed_batch()
-    expected = logprob_pass(model, batch, True)
-    use_liger_layer_kernels(causal_lm("llama", "sdpa"))  # routes the family's RoPE to Liger's, for ``model`` too
+    head.weight.grad = None
+    empty = fused_linear_logprobs(hidden[:0], head, targets[:0])  # no row: a zero gradient still reaches W
+    empty.sum().backward()
+    errors["head without rows"] = float(empty.shape != (0,)) + head.weight.grad.abs().max().item()
+    # Liger's RoPE in a marked model, beside an unmarked one: its RMSNorm and SwiGLU do not run in this interpreter,
+    # so the marked model gets torch's back; with selective checkpointing too (it keeps the projections' outputs,
+    # which Liger's in-place rotation must not turn)
     from liger_kernel.transformers import rope
 
+    batch = long_tailed_batch()
+    expected = logprob_pass(causal_lm("llama", "sdpa"), batch, True)
     calls, dispatch = [], rope.dispatch
     rope.dispatch = lambda *args, **kwargs: calls.append(args[0]) or dispatch(*args, **kwargs)
-    got = logprob_pass(model, batch, True)  # Liger's RoPE only: its RMSNorm and SwiGLU do not run in this interpreter
+    for checkpointing in ("none", "selective"):
+        model, unmarked = causal_lm("llama", "sdpa"), causal_lm("llama", "sdpa")
+        torch_modules = {n: m for n, m in model.named_modules() if n.endswith(("layernorm", "mlp", "norm"))}
+        use_liger_layer_kernels(model)
+        for name, module in torch_modules.items():
+            model.set_submodule(name, module)
+        if checkpointing == "selective":
+            enable_checkpointing(model, "selective")
+            model.train()
+        calls.clear()
+        got = logprob_pass(model, batch, True)
+        passes = 2 if checkpointing == "selective" else 1  # the forward, and the recompute
+        errors[f"rope calls per layer, {checkpointing}"] = len(calls) / model.config.num_hidden_layers - passes  # 0
+        errors[f"rope logprobs, {checkpointing}"] = (got[0] - expected[0]).abs().max().item()
+        errors[f"rope gradients, {checkpointing}"] = max(
+            (got[2][k] - expected[2][k]).abs().max().item() for k in expected[2]
+        )
+        calls.clear()
+        logprob_pass(unmarked, batch, True)
+        errors[f"rope calls of an unmarked model, {checkpointing}"] = len(calls)
     rope.dispatch = dispatch
-    errors["rope calls per layer"] = len(calls) / model.config.num_hidden_layers - 1  # one per layer: 0
-    errors["rope logprobs"] = (got[0] - expected[0]).abs().max().item()
-    errors["rope gradients"] = max((got[2][k] - expected[2][k]).abs().max().item() for k in expected[2])
     print(json.dumps(errors))
 
 
@@ -148,16 +171,19 @@ def test_liger_kernels_in_tritons_interpreter_give_torchs_numbers():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(errors) == 11
+    assert len(errors) == 17
     assert all(error < 1e-5 for error in errors.values()), errors
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not liger_installed(), reason="needs a CUDA device and Liger")
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_liger_kernels_on_a_gpu_give_torchs_numbers(family):
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("checkpointing", ["none", "selective"])
+def test_liger_kernels_on_a_gpu_give_torchs_numbers(family, checkpointing):
     """Every Liger kernel reasonrl uses, on the GPU: layer kernels and Liger's head against torch's layers and the
-    chunked head, fp32 (1e-4), and bf16 under autocast as the trainer runs (bf16 tolerances)."""
+    chunked head, fp32 (1e-4), and bf16 under autocast as the trainer runs (bf16 tolerances); with selective
+    checkpointing too, which keeps the projections' outputs that Liger's RoPE must not rotate in place."""
+    from reasonrl.models.checkpointing import enable_checkpointing
     from reasonrl.models.liger_kernels import use_liger_layer_kernels
     from reasonrl.training.update.policy import response_logprobs
 
@@ -173,9 +199,14 @@ def test_liger_kernels_on_a_gpu_give_torchs_numbers(family):
     plain = causal_lm(family, "sdpa").cuda()
     liger = copy.deepcopy(plain)
     use_liger_layer_kernels(liger)
+    if checkpointing == "selective":
+        for model in (plain, liger):
+            enable_checkpointing(model, "selective")
+            model.train()
     for tolerance, autocast in ((1e-4, False), (5e-2, True)):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             expected, got = run(plain, "chunked"), run(liger, "liger")
         assert (expected[0] - got[0]).abs().max() < tolerance
+        assert expected[1].keys() == got[1].keys()
         for name, grad in expected[1].items():
             assert torch.allclose(grad, got[1][name], atol=tolerance, rtol=tolerance), name
