@@ -32,6 +32,32 @@ def adamw(
     return MasterWeightAdamW(parameters, lr=lr, weight_decay=weight_decay, state_device="cpu" if offload else None)
 
 
+DITHER_SEED = 0  # the seed of dithered_master's offsets (any fixed value: they are below the weights' precision)
+
+
+def dithered_master(weight: torch.Tensor, where: torch.device, generator: torch.Generator) -> torch.Tensor:
+    """An fp32 master for a weight stored in bf16 or fp16, whose fp32 value is not known: the weight plus an offset
+    drawn uniformly from its rounding cell (the fp32 values that round to it), so that the master rounds back to the
+    weight exactly and lies anywhere in the cell, as the master of a weight that was trained in fp32 would; an fp32
+    weight is its own master.
+
+    Why: a master equal to its weight sits at the middle of its cell, so every update smaller than half a cell (at RL
+    learning rates nearly all: an AdamW step of 1e-6 against half a cell of 6e-5 at a weight of 0.02) rounds back to
+    the same stored weight, for every element at once, until the master has drifted half a cell: the bf16 weights the
+    forward passes and the engine use hardly move for tens of steps.  The main job measured it (docs/benchmarks.md,
+    "bf16 end to end"): its first optimiser step changed 0.6% of the bf16 weights, by 1.4e-8 on average, where the
+    fp32 run's moved every weight by 2.3e-6.  From uniformly placed masters, a step of δ moves a fraction δ / cell of
+    the elements by one cell: the fp32 step, in expectation.  The offsets are below the weight's precision: nothing
+    the checkpoint knew is changed."""
+    value = weight.detach().to(where)
+    if value.dtype == torch.float32:
+        return value.clone()
+    up = torch.nextafter(value, torch.full_like(value, math.inf)).float() - value.float()  # the cell above
+    down = value.float() - torch.nextafter(value, torch.full_like(value, -math.inf)).float()  # and below
+    share = (torch.rand(value.shape, generator=generator, device=where) - 0.5) * (1 - 2**-10)  # (−½, ½), ties kept out
+    return value.float() + share * torch.where(share >= 0, up, down)
+
+
 class MasterWeightAdamW(torch.optim.Optimizer):
     """AdamW over an fp32 master copy of each weight, with fp32 moments, all on ``state_device`` (None: beside each
     weight; "cpu": train.offload_optimizer).
@@ -44,8 +70,9 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     kernel for masters in CPU memory, ``foreach`` on a GPU): gradients are copied to the state device (from a GPU:
     into pinned buffers, asynchronously), the masters stepped together, and written back.  An fp32 weight already
     where its state is is its own master (no copy), and its step is torch's AdamW's to the bit.  Its state dict is
-    torch AdamW's plus ``master`` where a weight has one: checkpoints of torch's load into it (the master then starts
-    from the weight)."""
+    torch AdamW's plus ``master`` where a weight has one: checkpoints of torch's load into it.  A master made from a
+    bf16 weight (the first step, or such a checkpoint) is ``dithered_master``'s: the weight plus a uniform offset
+    within its rounding cell, drawn from ``DITHER_SEED``."""
 
     def __init__(
         self,
@@ -58,6 +85,9 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.state_device = torch.device(state_device) if state_device is not None else None
+        self.dither: dict[torch.device, torch.Generator] = {}
+        """One generator per state device for ``dithered_master``'s offsets, seeded with ``DITHER_SEED``: the same
+        masters in every run from the same weights."""
         self.accumulated: dict[torch.Tensor, torch.Tensor] = {}
         """Each bf16 weight's gradient summed in fp32 over the micro-batches since the last step, where its state is
         (beside it, or in CPU memory with ``state_device="cpu"``: offloading keeps them off the GPU too, at the cost
@@ -110,7 +140,11 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             )
         if self._owns_master(param):
             master = state.get("master")
-            placed["master"] = (master if master is not None else param.detach()).to(where, torch.float32).clone()
+            if master is None:
+                generator = self.dither.get(where) or torch.Generator(where).manual_seed(DITHER_SEED)
+                self.dither[where] = generator
+                master = dithered_master(param, where, generator)
+            placed["master"] = master.to(where, torch.float32).clone()
         return placed
 
     @torch.no_grad()

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError, resolve
 from reasonrl.models.load import load_model
-from reasonrl.models.optim import MasterWeightAdamW, apply_gradients
+from reasonrl.models.optim import DITHER_SEED, MasterWeightAdamW, apply_gradients, dithered_master
 from reasonrl.training.backend import SingleProcess
 from reasonrl.training.loop import fit
 from reasonrl.training.record.metrics import read_metrics
@@ -61,6 +61,36 @@ def trained_weights(optimizer, weights) -> dict[str, torch.Tensor]:
     return {name: optimizer.state[w].get("master", w).detach().float() for name, w in weights.items()}
 
 
+def first_masters(optimizer, start: dict[str, torch.Tensor], weights) -> dict[str, torch.Tensor]:
+    """The masters ``optimizer`` made from the bf16 ``start`` weights at its first step: ``dithered_master``'s, drawn
+    from one ``DITHER_SEED`` generator in its weights' order (fp32 weights: themselves)."""
+    names = {id(w): name for name, w in weights.items()}
+    generator = torch.Generator().manual_seed(DITHER_SEED)
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {name: dithered_master(start[name], torch.device("cpu"), generator) for name in order}
+
+
+def test_a_bf16_weights_master_lies_anywhere_in_its_rounding_cell_and_small_steps_move_it_on_average():
+    """``dithered_master``: each master rounds back to its bf16 weight exactly and lies uniformly in the weight's
+    rounding cell, so a step of a fiftieth of a cell moves 2% of the bf16 copies by a whole cell (the step, on
+    average), where masters equal to their weights round every such step away."""
+    generator = torch.Generator().manual_seed(0)
+    weights = (torch.randn(200_000, generator=generator) * 0.05).bfloat16()
+    masters = dithered_master(weights, torch.device("cpu"), torch.Generator().manual_seed(DITHER_SEED))
+    assert masters.dtype == torch.float32 and torch.equal(masters.bfloat16(), weights)
+    offset = masters - weights.float()
+    up = torch.nextafter(weights, torch.full_like(weights, 1.0e9)).float() - weights.float()
+    down = weights.float() - torch.nextafter(weights, torch.full_like(weights, -1.0e9)).float()
+    share = offset / torch.where(offset >= 0, up, down)  # where in its cell each master lies: (−½, ½)
+    assert share.abs().max() < 0.5 and abs(share.mean()) < 0.01 and (share.abs() > 0.4).float().mean() > 0.15
+    step = up / 50
+    moved = (masters + step).bfloat16().float() - weights.float()
+    assert abs((moved / step).mean() - 1) < 0.05
+    assert torch.equal((weights.float() + step).bfloat16(), weights)  # undithered: every step rounded away
+    fp32 = torch.randn(10, generator=generator)
+    assert torch.equal(dithered_master(fp32, torch.device("cpu"), generator), fp32)
+
+
 @pytest.mark.parametrize(
     ("options", "within"),
     [(OFFLOAD, 1e-5), (BF16, 0.1), ((*BF16, *OFFLOAD), 0.1)],
@@ -83,10 +113,11 @@ def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(opt
     def moves(*overrides):
         cfg = tiny_config(*overrides)
         initial = load_model("tiny-random", getattr(torch, cfg.train.param_dtype))
-        start = {n: p.detach().float() for n, p in initial.named_parameters()}
+        start = {n: p.detach() for n, p in initial.named_parameters()}
         weights, _, optimizer = updated_policy(*overrides, device=device)
-        learnt = {n: w.cpu() - start[n] for n, w in trained_weights(optimizer, weights).items()}
-        stored = {n: w.detach().float().cpu() - start[n] for n, w in weights.items()}
+        masters = first_masters(optimizer, start, weights)  # the bf16 weights' dithered starting masters
+        learnt = {n: w.cpu() - masters[n] for n, w in trained_weights(optimizer, weights).items()}
+        stored = {n: w.detach().float().cpu() - start[n].float() for n, w in weights.items()}
         return learnt, stored
 
     def relative_error(moved, expected):
@@ -96,8 +127,11 @@ def test_updates_at_rl_learning_rates_are_learnt_as_the_fp32_run_learns_them(opt
     expected, _ = moves("model.dtype=bfloat16", "train.lr=1e-6")
     learnt, stored = moves("model.dtype=bfloat16", "train.lr=1e-6", *options)
     assert relative_error(learnt, expected) < within
-    if BF16[0] in options:  # what the bf16 weights alone hold of it: what a run without a master would have learnt
-        assert relative_error(stored, expected) > 0.9
+    if BF16[0] in options:  # the bf16 weights the forward passes use: a few elements move a whole bf16 spacing, and
+        # together they move as far along the fp32 run's update as it does (their masters are dithered), far from it
+        # element by element (a weight without a master, or a master equal to its weight, kept ~1% of it)
+        along = sum((stored[n] * expected[n]).sum() for n in expected) / sum(expected[n].norm() ** 2 for n in expected)
+        assert 0.5 < along < 1.5 and relative_error(stored, expected) > 0.9
 
 
 def test_bf16_parameters_run_the_forward_passes_in_bf16_and_refuse_float32_ones():
@@ -171,8 +205,11 @@ def test_bf16_weights_sum_their_micro_batches_gradients_in_fp32_and_clip_that_su
     (held,) = optimizer.gradients()
     assert held.dtype == torch.float32 and torch.equal(held, in_fp32)
     assert not torch.equal(in_bf16.float(), in_fp32)  # what a bf16 sum would have held instead
-    # the step torch's AdamW takes on an fp32 copy of the weight, given the fp32 sum clipped by torch
-    reference = torch.nn.Parameter(layer.weight.detach().float())
+    # the step torch's AdamW takes on an fp32 copy of the weight (from its dithered master), given the fp32 sum
+    # clipped by torch
+    reference = torch.nn.Parameter(
+        dithered_master(layer.weight, torch.device("cpu"), torch.Generator().manual_seed(DITHER_SEED))
+    )
     reference.grad = in_fp32.clone()
     expected_norm = torch.nn.utils.clip_grad_norm_([reference], 1.0).item()
     torch.optim.AdamW([reference], lr=1e-3, weight_decay=0.0, fused=True).step()
