@@ -249,11 +249,12 @@ class TrainConfig:
     bf16's last bit (RL's 1e-6 on weights of 0.02) are learnt, not rounded away, and the micro-batches' gradients
     (and the input embedding's, models/embedding_gradient.py) summed in fp32; with train.offload_optimizer the master,
     the moments and those sums are in CPU memory, which is where bf16 saves device memory (a 7B full fine-tune: its
-    14 GB of weights on the card).  Not the default: the 135M model's update on 2 CPU cores is about 20% faster,
-    but the main job (make demo) learnt less in 10 steps at lr 1e-5 (53.5% against 64.5%, docs/benchmarks.md, "bf16
-    end to end").  Needs bf16 forward passes (model.dtype bfloat16, or auto, which then means bf16); with LoRA the
-    frozen base is bf16 and the adapters stay fp32.  Under torchrun FSDP2 all-gathers the weights in bf16 and
-    reduces gradients in fp32 whenever the forward passes run in bf16, whatever this setting."""
+    14 GB of weights on the card).  A master made from a bf16 weight is dithered within its rounding cell
+    (dithered_master), so the bf16 weights move with it from the first step: the main job learns as with fp32
+    weights (64.0% against 64.8% over three seeds, docs/benchmarks.md, "bf16 end to end").  Not the default until
+    the GPU check has measured it.  Needs bf16 forward passes (model.dtype bfloat16, or auto, which then means bf16);
+    with LoRA the frozen base is bf16 and the adapters stay fp32.  Under torchrun FSDP2 all-gathers the weights in
+    bf16 and reduces gradients in fp32 whenever the forward passes run in bf16, whatever this setting."""
 
     offload_optimizer: bool = False
     """Keep AdamW's moments (8 bytes per parameter) in CPU memory and run its step there: on a GPU that
