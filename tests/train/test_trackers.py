@@ -184,3 +184,27 @@ def test_a_tensorboard_writer_that_never_stops_does_not_keep_the_run_from_exitin
     assert "the TensorBoard writer of stuck did not close within" in caplog.text
     assert "writer of metrics" not in caplog.text and any((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     never.set()
+
+
+def test_a_tensorboard_writer_whose_close_raises_gives_one_warning_and_no_thread_traceback(
+    tmp_path, monkeypatch, caplog
+):
+    """The closing thread turns what close raises into one warning line (a clean-clone run printed a thread's
+    traceback from a writer closed while the interpreter exited, after a second Ctrl-C)."""
+    import logging
+    import threading
+
+    from reasonrl.training.record import trackers
+
+    class FailingWriter:
+        def close(self):
+            raise OSError("the event file is gone")
+
+    uncaught = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    tracker = trackers.TensorBoardTracker(tmp_path)
+    tracker._writers["failing"] = FailingWriter()
+    with caplog.at_level(logging.WARNING):
+        tracker.close()
+    assert uncaught == []
+    assert "closing a TensorBoard writer failed (the event file is gone)" in caplog.text
