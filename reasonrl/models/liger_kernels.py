@@ -151,9 +151,8 @@ def fused_linear_logprobs(
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     bias = getattr(head, "bias", None)
-    if not len(
-        hidden
-    ):  # Liger's chunking divides by the row count; a zero gradient still reaches W (every rank's must)
+    if not len(hidden):
+        # no row: Liger's chunking would divide by zero; a zero gradient must still reach W (every rank's does)
         untouched = hidden.sum() + head.weight.sum() + (0 if bias is None else bias.sum())
         return hidden.new_zeros(0, dtype=torch.float32) + 0 * untouched.float()
     inputs = hidden.to(compute_dtype)
