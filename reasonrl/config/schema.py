@@ -347,14 +347,6 @@ class RunConfig:
     other work leaves free (the usable cores less those busy: the smaller of the 1-minute load average and the
     tasks running now; at least 1), chosen at the first run of a process. Logged: `threads: N of M cores, load L`."""
 
-    host_memory: Literal["auto", "reuse", "release"] = "auto"
-    """What happens to large host-memory blocks a run frees (glibc's malloc; other allocators are left alone).
-    reuse: they stay in the process for the next tensor (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD 2 GiB, from the
-    first run that asks, for the process's life), instead of new pages the kernel faults in and zeroes at each
-    allocation; the vs-TRL CPU step took 12% less time so, its peak memory about the same
-    (docs/benchmarks.md, "Freed host memory reused"). release: glibc's default. auto: reuse where the model
-    computes on the CPU. Logged: `host memory: ...`."""
-
 
 @dataclass(frozen=True)
 class DistConfig:

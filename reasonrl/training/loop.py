@@ -32,7 +32,6 @@ from reasonrl.rollout.scored import sample_and_score
 from reasonrl.timing import timed
 from reasonrl.training.backend import TrainingBackend, training_backend
 from reasonrl.training.offline_steps import REFERENCE_CACHE, compute_reference, offline_step
-from reasonrl.training.placement.host_memory import return_freed_host_memory
 from reasonrl.training.placement.parallel import RemoteWorkers, join_data_parallel
 from reasonrl.training.record.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from reasonrl.training.record.interrupt import UPDATE_PHASE, CtrlC
@@ -42,6 +41,7 @@ from reasonrl.training.record.metrics import (
     device_memory_metrics,
     peak_rss_gb,
     read_metrics,
+    release_free_memory,
 )
 from reasonrl.training.record.report import CRITIC_PANELS, accuracy_meaning, plot_metrics, write_summary
 from reasonrl.training.record.run_health import engine_gap
@@ -143,7 +143,7 @@ def value_pretrain_stage(run: Run, show_progress: bool | None) -> dict[str, Any]
             plot_metrics(records, outputs.run_dir / f"{VALUE_PRETRAIN}.png", title, CRITIC_PANELS)
             explained = records[-1].get("critic/explained_variance") if records else None
         run.backend.save_critic(run.critic.model, saved)
-        return_freed_host_memory()
+        release_free_memory()
     return {"value_pretrain_steps": done, "value_pretrain_explained_variance": explained, **timing}
 
 
@@ -275,7 +275,7 @@ def rl_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: Non
     metrics = padding_summary(metrics)
     with timed(metrics, "perf/weight_sync_seconds"):
         run.backend.sync_engine(run.model, run.engine)
-    return_freed_host_memory()
+    release_free_memory()
     if "policy/kl_ref" in metrics:
         run.kl.update(metrics["policy/kl_ref"], len(batch))
     return metrics
@@ -291,7 +291,7 @@ def train_step(run: Run, step: int, phase: Callable[[str], None] = lambda name: 
     metrics = offline_step(run, run.offline, step)
     with timed(metrics, "perf/weight_sync_seconds"):
         run.backend.sync_engine(run.model, run.engine)
-    return_freed_host_memory()
+    release_free_memory()
     return metrics
 
 

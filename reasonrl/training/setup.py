@@ -34,7 +34,6 @@ from reasonrl.rollout import RolloutEngine, build_engine
 from reasonrl.rollout.tppo_pool import RolloutPool
 from reasonrl.training.backend import SingleProcess, TrainedModels, TrainingBackend
 from reasonrl.training.placement.cpu_threads import apply_threads
-from reasonrl.training.placement.host_memory import keep_freed_host_memory
 from reasonrl.training.placement.parallel import DataParallel, RemoteWorkers
 from reasonrl.training.record.run_health import RunHealth
 from reasonrl.training.record.sample_log import SampleLog
@@ -312,7 +311,6 @@ def setup(
     backend = backend or SingleProcess()
     apply_threads(cfg.run.threads)  # torch's threads: the cores other work leaves free (run.threads chooses)
     device = resolve_device(cfg.model.device)
-    log.info("%s", keep_freed_host_memory(cfg.run.host_memory, device.type))  # a CPU step's large temporaries
     plan = resolve(cfg, device.type, backend.parallel.world_size)  # the one resolve of the run (the producer's too)
     terms = preflight(cfg)
     memory = check_memory(cfg, device, plan.world_size)  # from the model's config: before any weight loads
