@@ -2,7 +2,7 @@
 
     pip install -e '.[bench]'
     python bench/vs_trl.py [--steps 10] [--prompts 8] [--completions 4] [--max-new-tokens 64] [--lr 1e-5]
-                           [--device cpu|cuda]
+                           [--device cpu|cuda] [--rounds 1]
 
 On ``--device cuda`` both trainers keep the policy on the GPU and generate with vLLM colocated on the
 same card, in sleep mode, with the same memory share (TRL: ``use_vllm``, ``vllm_mode="colocate"``;
@@ -20,7 +20,9 @@ weights and no gradient checkpointing for both (TRL's GRPOConfig turns it on by 
 run does not fit without it: off for both here; runs before 2026-11-29's last one had TRL checkpointing), AdamW
 for both (torch's; reasonrl takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its
 own.  Reported: median seconds per step, completion tokens per second, peak RSS, and both reward curves;
-``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.
+``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.  ``--rounds N`` runs each side N times, alternating
+which goes first (this 2-core VM's speed drifts by 10-30% within an hour, and a single pair can land on either side
+of a drift): the medians pool every round's steps, and ``speedup_per_round`` gives each pair's ratio.
 """
 
 from __future__ import annotations
@@ -174,6 +176,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument(
+        "--rounds", type=int, default=1, help="runs of each side, alternating which goes first (medians pooled)"
+    )
+    parser.add_argument(
         "--engine",
         choices=["vllm", "hf", "paged", "fast"],
         default=None,
@@ -192,25 +197,33 @@ def main() -> None:
         print(json.dumps((run_trl if args.worker == "trl" else run_reasonrl)(args)))
         return
     result: dict = {"work": {k: v for k, v in vars(args).items() if k != "worker"}}
-    for name in ("reasonrl", "trl"):
-        command = [sys.executable, __file__, "--worker", name, *sys.argv[1:], f"--engine={args.engine}"]
-        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
-        run = json.loads(output.strip().splitlines()[-1])
-        median = statistics.median(run["seconds_per_step"])
+    runs: dict[str, list[dict]] = {"reasonrl": [], "trl": []}
+    for round_ in range(args.rounds):  # each round both sides; every other round TRL first, against the VM's drift
+        for name in ("reasonrl", "trl") if round_ % 2 == 0 else ("trl", "reasonrl"):
+            command = [sys.executable, __file__, "--worker", name, *sys.argv[1:], f"--engine={args.engine}"]
+            output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+            runs[name].append(json.loads(output.strip().splitlines()[-1]))
+    for name, side in runs.items():
+        seconds = [s for run in side for s in run["seconds_per_step"]]
+        tokens = [t for run in side for t in run["tokens_per_step"]]
+        rewards = side[0]["rewards"]
         result[name] = {
-            "median_seconds_per_step": median,
-            "tokens_per_second": statistics.median(
-                t / s for t, s in zip(run["tokens_per_step"], run["seconds_per_step"], strict=False)
-            ),
-            "peak_rss_gb": run["peak_rss_gb"],
-            "reward_curve": run["rewards"],
-            "mean_reward_first_half": statistics.fmean(run["rewards"][: len(run["rewards"]) // 2]),
-            "mean_reward_second_half": statistics.fmean(run["rewards"][len(run["rewards"]) // 2 :]),
-            "seconds_per_step": run["seconds_per_step"],
+            "median_seconds_per_step": statistics.median(seconds),  # over every round's steps
+            "tokens_per_second": statistics.median(t / s for t, s in zip(tokens, seconds, strict=False)),
+            "peak_rss_gb": max(run["peak_rss_gb"] for run in side),
+            "reward_curve": rewards,  # the first round's
+            "mean_reward_first_half": statistics.fmean(rewards[: len(rewards) // 2]),
+            "mean_reward_second_half": statistics.fmean(rewards[len(rewards) // 2 :]),
+            "seconds_per_step": seconds,
         }
     result["speedup_per_step"] = (
         result["trl"]["median_seconds_per_step"] / result["reasonrl"]["median_seconds_per_step"]
     )
+    if args.rounds > 1:
+        result["speedup_per_round"] = [
+            statistics.median(trl["seconds_per_step"]) / statistics.median(ours["seconds_per_step"])
+            for ours, trl in zip(runs["reasonrl"], runs["trl"], strict=True)
+        ]
     print(json.dumps(result, indent=2))
 
 
