@@ -21,8 +21,8 @@ run does not fit without it: off for both here; runs before 2026-11-29's last on
 for both (torch's; reasonrl takes its fused kernel).  Each trainer runs in its own subprocess, so peak RSS is its
 own.  Reported: median seconds per step, completion tokens per second, peak RSS, and both reward curves;
 ``speedup_per_step`` = TRL median seconds per step ÷ reasonrl's.  ``--rounds N`` runs each side N times, alternating
-which goes first (this 2-core VM's speed drifts by 10-30% within an hour, and a single pair can land on either side
-of a drift): the medians pool every round's steps, and ``speedup_per_round`` gives each pair's ratio.
+which goes first (this 2-core VM's speed drifts by 10% and more within an hour, and a single pair can land on either
+side of a drift): the medians pool every round's steps, and ``speedup_per_round`` gives each pair's ratio.
 """
 
 from __future__ import annotations
@@ -205,11 +205,11 @@ def main() -> None:
             runs[name].append(json.loads(output.strip().splitlines()[-1]))
     for name, side in runs.items():
         seconds = [s for run in side for s in run["seconds_per_step"]]
-        tokens = [t for run in side for t in run["tokens_per_step"]]
+        rates = [t / s for run in side for t, s in zip(run["tokens_per_step"], run["seconds_per_step"], strict=False)]
         rewards = side[0]["rewards"]
         result[name] = {
             "median_seconds_per_step": statistics.median(seconds),  # over every round's steps
-            "tokens_per_second": statistics.median(t / s for t, s in zip(tokens, seconds, strict=False)),
+            "tokens_per_second": statistics.median(rates),  # each run's steps paired within the run
             "peak_rss_gb": max(run["peak_rss_gb"] for run in side),
             "reward_curve": rewards,  # the first round's
             "mean_reward_first_half": statistics.fmean(rewards[: len(rewards) // 2]),
