@@ -215,10 +215,13 @@ EAGER_ATTENTION_MAX_TOKENS = 512
 
 def attended_span(cfg: Config, device_type: str, max_sequence_tokens: int) -> int:
     """The longest sequence one attention call of the trainer reads: the longest prompt + response, or with
-    train.share_prompts on the CPU a segment of rows sharing a prompt, which can fill a micro-batch
-    (docs/packing.md)."""
+    train.share_prompts on the CPU a segment of rows sharing a prompt (docs/packing.md): the prompt once and
+    rollout.samples_per_prompt responses, at most a micro-batch.  (A prompt drawn twice into one batch makes a
+    longer segment, up to the micro-batch budget: attention then reads a wider lane, no less exactly.)"""
     if cfg.train.pack_sequences and cfg.train.share_prompts and device_type == "cpu":
-        return max(max_sequence_tokens, microbatch_token_budget(cfg, device_type))
+        r = cfg.rollout
+        segment = r.max_prompt_tokens + r.samples_per_prompt * r.max_response_tokens
+        return max(max_sequence_tokens, min(segment, microbatch_token_budget(cfg, device_type)))
     return max_sequence_tokens
 
 

@@ -45,7 +45,8 @@ class ModelConfig:
     attention: Literal["auto", "eager", "sdpa", "flash_attention_2", "varlen"] = "auto"
     """The trainer's attention kernel (transformers' attn_implementation).  auto: on the CPU eager for
     sequences up to 512 tokens (its backward is faster there) and sdpa above (with train.share_prompts a
-    sequence can be a whole micro-batch: sdpa above a 512-token budget); on a GPU flash_attention_2 when the
+    sequence is a prompt and its samples' responses: sdpa where max_prompt_tokens + samples_per_prompt ×
+    max_response_tokens, at most a micro-batch, passes 512); on a GPU flash_attention_2 when the
     flash-attn package is installed, else sdpa.  varlen: torch's variable-length flash attention over one packed
     sequence, no mask built (CUDA, torch >= 2.10, packed sequences, bf16 compute; not yet auto's choice: its GPU
     check has not run)."""

@@ -50,8 +50,14 @@ def test_the_plan_resolves_the_device_dependent_settings_once_for_the_device_and
     cpu, gpu = resolve(cfg, "cpu", 1), resolve(cfg, "cuda", 8)
     assert (cpu.device_type, cpu.world_size, gpu.device_type, gpu.world_size) == ("cpu", 1, "cuda", 8)
     assert (cpu.microbatch_tokens, gpu.microbatch_tokens) == (max(768, longest), max(16384, longest))
-    # a segment of rows sharing a prompt (train.share_prompts, the CPU) can fill a micro-batch
-    assert cpu.attention == ("eager" if cpu.microbatch_tokens <= 512 else "sdpa")
+    # a segment of rows sharing a prompt (train.share_prompts, the CPU): the prompt and its samples' responses
+    r = cfg.rollout
+    segment = min(r.max_prompt_tokens + r.samples_per_prompt * r.max_response_tokens, cpu.microbatch_tokens)
+    assert cpu.attention == ("eager" if max(longest, segment) <= 512 else "sdpa")
+    vs_trl = ["rollout.max_prompt_tokens=256", "rollout.max_response_tokens=64", "train.microbatch_tokens=null"]
+    four = resolve(load_config("grpo", [*TINY, *vs_trl, "rollout.samples_per_prompt=4"]), "cpu", 1)
+    eight = resolve(load_config("grpo", [*TINY, *vs_trl, "rollout.samples_per_prompt=8"]), "cpu", 1)
+    assert (four.microbatch_tokens, four.attention, eight.attention) == (768, "eager", "sdpa")  # 512 / 768 tokens
     assert gpu.attention in ("sdpa", "flash_attention_2")
     rows = resolve(load_config("grpo", [*TINY, "train.microbatch_tokens=null", "train.share_prompts=false"]), "cpu", 1)
     assert rows.attention == ("eager" if longest <= 512 else "sdpa")
