@@ -211,6 +211,9 @@ def planned_world_size(cfg: Config) -> int:
 
 
 EAGER_ATTENTION_MAX_TOKENS = 512
+"""Sequences (or lanes, with model.attention=lanes) up to this length run eager attention on the CPU: its forward +
+backward beat SDPA's there (per layer of SmolLM2-135M, bf16, 2 cores, 2026-11-30: 7.4 against 13.6 ms for 3 lanes of
+230 tokens, 11.8 against 18.3 ms for one of 512); longer ones SDPA, which keeps no [T, T] probabilities."""
 
 
 def attended_span(cfg: Config, device_type: str, max_sequence_tokens: int) -> int:
@@ -230,12 +233,13 @@ def attention_implementation(
 ) -> str:
     """The trainer's attention kernel of ``model.attention`` on ``device_type``.
 
-    auto: on the CPU eager for sequences up to 512 tokens, where its backward beats SDPA's
-    (`python bench/dtype.py`, key train_eager_over_sdpa), and SDPA above, where eager's saved T×T
-    attention matrices would cost too much memory; on a GPU flash-attn 2 when installed, else SDPA.
+    auto: on the CPU lanes for packed sequences (``models.varlen_attention``: every op but attention over the read
+    tokens alone, attention eager or SDPA by the lane's width), else eager for sequences up to 512 tokens, where
+    its backward beats SDPA's (`python bench/dtype.py`, key train_eager_over_sdpa), and SDPA above, where eager's
+    saved T×T attention matrices would cost too much memory; on a GPU flash-attn 2 when installed, else SDPA.
     flash_attention_2 asked for explicitly needs a GPU and the flash-attn package; varlen a GPU, a torch with
-    ``torch.nn.attention.varlen``, packed sequences and bf16 forwards (``packed``, ``forward_dtype``): a
-    ConfigError naming what is missing otherwise."""
+    ``torch.nn.attention.varlen``, packed sequences and bf16 forwards (``packed``, ``forward_dtype``); lanes packed
+    sequences: a ConfigError naming what is missing otherwise."""
     flash = importlib.util.find_spec("flash_attn") is not None
     if name == "flash_attention_2" and (device_type != "cuda" or not flash):
         raise ConfigError(
@@ -252,10 +256,14 @@ def attention_implementation(
         ]  # fmt: skip
         if missing:
             raise ConfigError(f"model.attention=varlen needs {', '.join(missing)}; use auto or sdpa")
+    if name == "lanes" and not packed:
+        raise ConfigError("model.attention=lanes needs train.pack_sequences=true (it reads one packed sequence)")
     if name != "auto":
         return name
     if device_type == "cuda":
         return "flash_attention_2" if flash else "sdpa"
+    if packed:
+        return "lanes"
     return "eager" if max_sequence_tokens <= EAGER_ATTENTION_MAX_TOKENS else "sdpa"
 
 

@@ -42,14 +42,15 @@ class ModelConfig:
     """Where the policy, reference, critic and reward models live and train: auto = cuda when a CUDA
     device is visible, else cpu.  cuda on a machine without one is a configuration error."""
 
-    attention: Literal["auto", "eager", "sdpa", "flash_attention_2", "varlen"] = "auto"
-    """The trainer's attention kernel (transformers' attn_implementation).  auto: on the CPU eager for
-    sequences up to 512 tokens (its backward is faster there) and sdpa above (with train.share_prompts a
-    sequence is a prompt and its samples' responses: sdpa where max_prompt_tokens + samples_per_prompt ×
-    max_response_tokens, at most a micro-batch, passes 512); on a GPU flash_attention_2 when the
-    flash-attn package is installed, else sdpa.  varlen: torch's variable-length flash attention over one packed
-    sequence, no mask built (CUDA, torch >= 2.10, packed sequences, bf16 compute; not yet auto's choice: its GPU
-    check has not run)."""
+    attention: Literal["auto", "eager", "sdpa", "flash_attention_2", "varlen", "lanes"] = "auto"
+    """The trainer's attention kernel (transformers' attn_implementation).  auto: on the CPU lanes for packed
+    sequences, else eager for sequences up to 512 tokens (its backward is faster there) and sdpa above; on a GPU
+    flash_attention_2 when the flash-attn package is installed, else sdpa.  lanes: a packed micro-batch's read
+    tokens as one sequence through every op but attention, which places them in lanes as wide as the longest row
+    or shared-prompt segment (eager up to 512 tokens wide, sdpa above; docs/packing.md); packed sequences only, and
+    a model it cannot run (sliding windows, soft-capping, its own attention classes) gets transformers' default.
+    varlen: torch's variable-length flash attention over one packed sequence, no mask built (CUDA, torch >= 2.10,
+    packed sequences, bf16 compute; not yet auto's choice: its GPU check has not run)."""
 
     kernels: Literal["auto", "liger", "torch"] = "auto"
     """The trainer's RMSNorm, RoPE and SwiGLU kernels: liger = Liger's Triton kernels (liger-kernel, the `liger`

@@ -9,7 +9,13 @@ import itertools
 import torch
 from torch import Tensor
 
-from reasonrl.models.varlen_attention import VARLEN_ATTENTION, packed_varlen_forward, segment_boundaries
+from reasonrl.models.varlen_attention import (
+    LANE_ATTENTION,
+    VARLEN_ATTENTION,
+    LaneLayout,
+    packed_varlen_forward,
+    segment_boundaries,
+)
 from reasonrl.packing import pack_lanes, prompt_segments
 
 
@@ -79,7 +85,7 @@ def prompt_sharing_refusal(config, device_type: str) -> str | None:
         return f"prompts are shared on the CPU only (this run's device: {device_type})"
     if model_type not in PROMPT_SHARING_VERIFIED:
         return f"a shared prompt is not verified for the '{model_type}' architecture"
-    if attention not in ("sdpa", "eager"):
+    if attention not in ("sdpa", "eager", LANE_ATTENTION):
         return f"the {attention} attention takes no custom mask"
     if sliding:
         return "a sliding-window layer would ignore the shared prompt's mask"
@@ -114,7 +120,8 @@ def response_hidden_states(
     ``packed`` (the default) runs the rows' read tokens packed, each row with its own position ids and no
     attention mask (transformers' packed sequences): one sequence [1, N] for flash-attn and for torch's varlen
     (``models.varlen_attention``), or for sdpa and eager lanes [L, W] as long as the longest row, rows packed
-    into them first-fit (``pack_lanes``).
+    into them first-fit (``pack_lanes``); the ``lanes`` attention runs the one sequence through every op but
+    attention, which reads it in those lanes (``lane_tokens_forward``).
     ``share_prompts`` (``prompt_sharing_refusal``) reads a prompt several rows share once: one segment
     [prompt, response 1, response 2, ...] under a mask that lets each response see the prompt and itself.
     ``packed=False`` runs the padded [B, P+T] batch with an attention mask; all give the same states
@@ -128,14 +135,8 @@ def response_hidden_states(
     images = {k: v.to(device) for k, v in (vision or {}).items()}
     states = slice(prompt_ids.shape[1] - 1, prompt_ids.shape[1] - 1 + response_ids.shape[1])  # s_t columns
     if not packed or packing_refusal(backbone.config):  # an unverified architecture: padded, always
-        with autocast_context(compute_dtype, device):  # no KV cache: it would keep every layer's keys and values
-            return backbone(
-                input_ids=input_ids,
-                attention_mask=reads.long(),
-                position_ids=positions.clamp(min=0),
-                use_cache=False,
-                **images,
-            ).last_hidden_state[:, states]  # [B, T, d]
+        inputs = dict(input_ids=input_ids, attention_mask=reads.long(), position_ids=positions.clamp(min=0), **images)
+        return lanes_forward(backbone, compute_dtype, inputs)[:, states]  # [B, T, d]
     share_prompts = share_prompts and not images and prompt_sharing_refusal(backbone.config, device.type) is None
     # 1. each segment's lane and offset (a row, or the rows sharing a prompt), and each read token's place
     # [lane, column]: a shared prompt's tokens at the same place for each of its rows, each response after the
@@ -144,8 +145,8 @@ def response_hidden_states(
     lengths = reads.sum(1).tolist()  # [B]
     segment_of, responses_before, segment_lengths = segment_places(segments, lengths, prompt_mask.sum(1).tolist())
     attention = str(getattr(backbone.config, "_attn_implementation", ""))
-    varlen = not runs_in_lanes(backbone.config)  # one sequence [1, N]
-    lane, offset = pack_lanes(segment_lengths, sum(segment_lengths) if varlen else max(segment_lengths))
+    one_lane = "flash" in attention or attention == VARLEN_ATTENTION  # one sequence [1, N]
+    lane, offset = pack_lanes(segment_lengths, sum(segment_lengths) if one_lane else max(segment_lengths))
     lane_of = torch.tensor([lane[s] for s in segment_of], device=device)[:, None].expand_as(reads)  # [B, P+T]
     in_response = torch.arange(reads.shape[1], device=device) >= prompt_ids.shape[1]  # [P+T]
     column = (  # [B, P+T]
@@ -160,16 +161,20 @@ def response_hidden_states(
     lane_positions = torch.arange(width, device=device).repeat(len(lane_ids), 1)
     lane_ids[lane_of[reads], column[reads]] = input_ids[reads]
     lane_positions[lane_of[reads], column[reads]] = positions[reads]
-    mask = None  # packed rows are read from the position ids; segments need a mask
-    if share_prompts:
-        eager = str(backbone.config._attn_implementation) == "eager"
+    mask = None  # packed rows are read from the position ids; segments, and the lanes attention, need a mask
+    if share_prompts or attention == LANE_ATTENTION:
+        eager = attention == "eager"
         mask = shared_prompt_mask(lane_of[reads], column[reads], segment_of, reads, in_response, lane_ids.shape, eager)
-    # a VLM matches images to image tokens in reading order: the rows' order in the lanes
-    in_lanes = sorted(range(len(lengths)), key=lambda r: (lane[segment_of[r]], offset[segment_of[r]]))
-    images = {k: v[in_lanes] for k, v in images.items()}
-    inputs = dict(input_ids=lane_ids, attention_mask=mask, position_ids=lane_positions, **images)
-    varlen_order = sorted(zip(offset, segment_lengths, strict=True)) if attention == VARLEN_ATTENTION else None
-    hidden = lanes_forward(backbone, compute_dtype, inputs, varlen_order and [n for _, n in varlen_order])
+    if attention == LANE_ATTENTION:  # the read places alone, in lane order, through every op but attention
+        places = torch.unique(lane_of[reads] * width + column[reads])  # [N] ascending
+        hidden = lane_tokens_forward(backbone, compute_dtype, lane_ids, lane_positions, LaneLayout(places, mask))
+    else:
+        # a VLM matches images to image tokens in reading order: the rows' order in the lanes
+        in_lanes = sorted(range(len(lengths)), key=lambda r: (lane[segment_of[r]], offset[segment_of[r]]))
+        images = {k: v[in_lanes] for k, v in images.items()}
+        inputs = dict(input_ids=lane_ids, attention_mask=mask, position_ids=lane_positions, **images)
+        varlen_order = sorted(zip(offset, segment_lengths, strict=True)) if attention == VARLEN_ATTENTION else None
+        hidden = lanes_forward(backbone, compute_dtype, inputs, varlen_order and [n for _, n in varlen_order])
     # 3. back to rows: the state before each response token
     wanted = reads[:, states]  # [B, T]
     picked = hidden[lane_of[:, states], column[:, states].clamp(0, width - 1)]  # [B, T, d]
@@ -181,20 +186,33 @@ def runs_in_lanes(config) -> bool:
     eager attention) rather than one sequence [1, N] (flash-attn, ``model.attention=varlen``): what a micro-batch
     of packed rows costs (``RolloutBatch.micro_batch_rows``)."""
     attention = str(getattr(config, "_attn_implementation", ""))
-    return not ("flash" in attention or attention == VARLEN_ATTENTION)
+    return not ("flash" in attention or attention in (VARLEN_ATTENTION, LANE_ATTENTION))
 
 
 def lanes_forward(backbone: torch.nn.Module, compute_dtype: torch.dtype, inputs: dict,
                   varlen_segments: list[int] | None = None) -> Tensor:  # fmt: skip
     """The backbone's last hidden states [L, W, d] of the lanes ``inputs`` (input_ids, position_ids, attention_mask,
-    a VLM's images), without a KV cache.  ``varlen_segments``: the lengths of the one lane's segments in order,
-    for model.attention=varlen (``models.varlen_attention``: their bounds computed once for every layer, and no
-    mask built)."""
+    a VLM's images; or of a padded batch), without a KV cache (it would keep every layer's keys and values).
+    ``varlen_segments``: the lengths of the one lane's segments in order, for model.attention=varlen
+    (``models.varlen_attention``: their bounds computed once for every layer, and no mask built)."""
     device = inputs["input_ids"].device
     boundaries = segment_boundaries(varlen_segments, device) if varlen_segments else {}
     no_mask = packed_varlen_forward() if varlen_segments else contextlib.nullcontext()
     with autocast_context(compute_dtype, device), no_mask:
         return backbone(**inputs, **boundaries, use_cache=False).last_hidden_state
+
+
+def lane_tokens_forward(backbone: torch.nn.Module, compute_dtype: torch.dtype, lane_ids: Tensor,
+                        lane_positions: Tensor, layout: LaneLayout) -> Tensor:  # fmt: skip
+    """The backbone's last hidden states [L, W, d] of the lanes ``lane_ids`` and ``lane_positions`` [L, W] with
+    ``model.attention=lanes``: their ``layout.places`` alone run, as one sequence [1, N], every other place holds 0."""
+    lanes, width = lane_ids.shape
+    places = layout.places
+    inputs = dict(input_ids=lane_ids.view(1, -1)[:, places], position_ids=lane_positions.view(1, -1)[:, places])
+    with autocast_context(compute_dtype, lane_ids.device), packed_varlen_forward():
+        hidden = backbone(**inputs, lane_layout=layout, use_cache=False).last_hidden_state[0]  # [N, d]
+    placed = hidden.new_zeros(lanes * width, hidden.shape[-1]).index_copy(0, places, hidden)
+    return placed.view(lanes, width, -1)
 
 
 def segment_places(

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.config import Config, Plan, resolve
-from reasonrl.config.plan import attended_span, microbatch_token_budget
+from reasonrl.config.plan import EAGER_ATTENTION_MAX_TOKENS, attended_span, microbatch_token_budget
 
 if TYPE_CHECKING:
     import torch
@@ -301,7 +301,7 @@ def activation_bytes(cfg: Config, plan: Plan, shape: ModelShape, autocast: bool)
         else (ACTIVATION_HIDDEN, ACTIVATION_INTERMEDIATE)
     )
     per_layer = compute_bytes * (hidden_factor * shape.hidden + intermediate_factor * shape.intermediate)
-    eager = plan.attention == "eager"
+    eager = plan.attention == "eager" or (plan.attention == "lanes" and span <= EAGER_ATTENTION_MAX_TOKENS)
     attention = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if eager else 0
     if not cfg.model.gradient_checkpointing:
         return int(tokens * shape.layers * per_layer + attention * shape.layers)

@@ -1,13 +1,19 @@
-"""One packed sequence on a GPU without flash-attn: torch's variable-length flash attention
-(``torch.nn.attention.varlen.varlen_attn``, CUDA, torch >= 2.10) registered with transformers'
-``AttentionInterface`` as ``model.attention=varlen``.
+"""One packed sequence through every layer, registered with transformers' ``AttentionInterface``:
 
-A packed micro-batch is one sequence [1, N] of segments (rows); each segment attends causally to itself only.
-The segments' cumulative lengths ``cu_seq_lens`` [S+1] are computed once per forward (``response_hidden_states``)
-and reach every layer as transformers' flash-attention keyword arguments (``cu_seq_lens_q``, ``max_length_q``);
-no [N, N] block mask is ever built: inside ``packed_varlen_forward()`` the registered mask function returns None.
+- ``model.attention=varlen`` (a GPU without flash-attn): torch's variable-length flash attention
+  (``torch.nn.attention.varlen.varlen_attn``, CUDA, torch >= 2.10).  A packed micro-batch is one sequence [1, N] of
+  segments (rows); each segment attends causally to itself only.  The segments' cumulative lengths ``cu_seq_lens``
+  [S+1] are computed once per forward (``response_hidden_states``) and reach every layer as transformers'
+  flash-attention keyword arguments (``cu_seq_lens_q``, ``max_length_q``).
+- ``model.attention=lanes`` (the CPU, which has no variable-length kernel): the projections, norms, RoPE and MLP
+  read the N tokens alone; attention alone places them in lanes [L, W] as wide as the longest segment (a row, or a
+  prompt with the responses that share it) and back (``LaneLayout``, passed to every layer as ``lane_layout``),
+  under the segments' [L, 1, W, W] mask: eager's matmul and softmax for lanes up to ``EAGER_ATTENTION_MAX_TOKENS``
+  (512) wide, SDPA above.  Every op but attention then computes no lane padding.
+
+No [N, N] mask is ever built: inside ``packed_varlen_forward()`` the registered mask function returns None.
 Every other call (a padded batch, ``generate`` with its left padding and KV cache, a vision tower) runs
-transformers' SDPA with SDPA's mask, so the name is safe wherever the model goes.
+transformers' SDPA with SDPA's mask, so the names are safe wherever the model goes.
 """
 
 from __future__ import annotations
@@ -15,14 +21,22 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import logging
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from reasonrl.config import ConfigError
+from reasonrl.config.plan import EAGER_ATTENTION_MAX_TOKENS
 
 VARLEN_ATTENTION = "reasonrl_varlen"
-"""The name the attention function and its mask function are registered under in transformers."""
+"""The name the varlen attention function and its mask function are registered under in transformers."""
+
+LANE_ATTENTION = "reasonrl_lanes"
+"""The name the lanes attention function and its mask function are registered under in transformers."""
+
+logger = logging.getLogger(__name__)
 
 _packed_call = contextvars.ContextVar("reasonrl_packed_varlen_call", default=False)
 
@@ -57,26 +71,34 @@ def varlen_refusal(config) -> str | None:
 
 
 def transformers_attention(name: str | None, model=None) -> str | None:
-    """transformers' ``attn_implementation`` for reasonrl's ``model.attention`` value ``name``: ``varlen`` is
-    registered (once) and named ``VARLEN_ATTENTION``, for a ``model`` (its config, or where to read one) that
-    ``varlen_refusal`` accepts (a ConfigError naming why otherwise); every other name is transformers' own."""
-    if name != "varlen":
+    """transformers' ``attn_implementation`` for reasonrl's ``model.attention`` value ``name``: ``varlen`` and
+    ``lanes`` are registered (once) and named ``VARLEN_ATTENTION`` and ``LANE_ATTENTION``, for a ``model`` (its
+    config, or where to read one) that ``varlen_refusal`` accepts: otherwise varlen is a ConfigError naming why and
+    lanes falls back to None, transformers' default for the model (sdpa where it has it, else eager; logged); every
+    other name is transformers' own."""
+    if name not in ("varlen", "lanes"):
         return name
     from transformers import AttentionInterface, AttentionMaskInterface, AutoConfig, PretrainedConfig
 
     config = model if isinstance(model, PretrainedConfig) else AutoConfig.from_pretrained(str(model))
-    if reason := varlen_refusal(config):
+    if (reason := varlen_refusal(config)) and name == "lanes":
+        logger.info("model.attention=lanes runs transformers' default attention for this model: %s", reason)
+        return None
+    if reason:
         raise ConfigError(f"model.attention=varlen cannot run for {model if config is not model else 'this model'}: "
                           f"{reason}; use sdpa")  # fmt: skip
-    if VARLEN_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
-        AttentionMaskInterface.register(VARLEN_ATTENTION, varlen_mask)
-    return VARLEN_ATTENTION
+    registered, function = (
+        (VARLEN_ATTENTION, varlen_attention_forward) if name == "varlen" else (LANE_ATTENTION, lane_attention_forward)
+    )
+    if registered not in AttentionInterface._global_mapping:
+        AttentionInterface.register(registered, function)
+        AttentionMaskInterface.register(registered, varlen_mask)
+    return registered
 
 
 def varlen_mask(*args, **kwargs):
-    """transformers' mask function for ``VARLEN_ATTENTION``: none inside ``packed_varlen_forward()``, SDPA's
-    mask everywhere else."""
+    """transformers' mask function for ``VARLEN_ATTENTION`` and ``LANE_ATTENTION``: none inside
+    ``packed_varlen_forward()``, SDPA's mask everywhere else."""
     from transformers.masking_utils import sdpa_mask
 
     return None if _packed_call.get() else sdpa_mask(*args, **kwargs)
@@ -84,8 +106,8 @@ def varlen_mask(*args, **kwargs):
 
 @contextlib.contextmanager
 def packed_varlen_forward():
-    """Within it, a model with the ``varlen`` attention builds no attention mask: the caller passes each layer
-    the segments' ``cu_seq_lens_q`` (``segment_boundaries``) instead."""
+    """Within it, a model with the ``varlen`` or ``lanes`` attention builds no attention mask: the caller passes
+    each layer the segments' ``cu_seq_lens_q`` (``segment_boundaries``) or their ``lane_layout`` instead."""
     token = _packed_call.set(True)
     try:
         yield
@@ -155,3 +177,73 @@ def varlen_kernel(query: Tensor, key: Tensor, value: Tensor, boundaries: Tensor,
     elif groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     return varlen_attn(query, key, value, boundaries, boundaries, longest, longest, **options)
+
+
+@dataclass(frozen=True)
+class LaneLayout:
+    """Where the N tokens of one packed sequence sit in lanes [L, W] for ``lane_attention_forward``, and which
+    attend to which."""
+
+    places: Tensor
+    """[N] long, ascending: each token's place in the lanes, lane × W + column."""
+    mask: Tensor
+    """[L, 1, W, W] bool: True where a query (dim 2) attends to a key (dim 3); every place attends to itself."""
+
+
+def lane_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,  # [1, H, N, D]
+    key: Tensor,  # [1, Hkv, N, D]
+    value: Tensor,  # [1, Hkv, N, D]
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function contract over the tokens of one packed sequence placed in lanes by
+    ``lane_layout`` (the module docstring): output [1, N, H, D].  Without it (not a packed reasonrl forward)
+    it is SDPA."""
+    layout: LaneLayout | None = kwargs.get("lane_layout")
+    if layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if kwargs.get("sliding_window") or kwargs.get("softcap"):
+        raise ValueError("model.attention=lanes reads plain attention under its mask only (no window, no soft-capping)")
+    if query.shape[0] != 1 or query.shape[2] != len(layout.places):
+        raise ValueError(f"model.attention=lanes reads one packed sequence of {len(layout.places)} tokens, "
+                         f"got {list(query.shape[:3])}")  # fmt: skip
+    lanes, _, width, _ = layout.mask.shape
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+
+    def in_lanes(states: Tensor) -> Tensor:  # [1, h, N, D] -> [L, h, W, D]
+        heads, dim = states.shape[1], states.shape[3]
+        placed = states.new_zeros(lanes * width, heads, dim).index_copy(0, layout.places, states[0].transpose(0, 1))
+        return placed.view(lanes, width, heads, dim).transpose(1, 2).contiguous()
+
+    q, k, v = in_lanes(query), in_lanes(key), in_lanes(value)
+    if width <= EAGER_ATTENTION_MAX_TOKENS:  # eager beats SDPA there (config.plan.attention_implementation)
+        output = _eager_lanes(q, k, v, layout.mask, scale)
+    else:
+        output = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=layout.mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )  # [L, H, W, D]
+    heads, dim = output.shape[1], output.shape[3]
+    tokens = output.transpose(1, 2).reshape(lanes * width, heads, dim).index_select(0, layout.places)  # [N, H, D]
+    return tokens[None], None  # [1, N, H, D]
+
+
+def _eager_lanes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """softmax(q kᵀ · scale, masked) v over lanes: queries [L, H, W, D], keys and values [L, Hkv, W, D] (the
+    queries of each key-value head's G = H / Hkv heads read as one [G·W] block: no repeated keys), mask
+    [L, 1, W, W] bool; [L, H, W, D].  The softmax in fp32, its probabilities in the queries' dtype (as
+    transformers' eager attention)."""
+    lanes, heads, width, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    scores = torch.matmul(query.view(lanes, kv_heads, groups * width, dim), key.transpose(-1, -2)) * scale
+    scores = scores.view(lanes, kv_heads, groups, width, width)  # [L, Hkv, G, W, W]
+    scores = scores.masked_fill(~mask[:, :, None], torch.finfo(scores.dtype).min)
+    probabilities = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    output = torch.matmul(probabilities.view(lanes, kv_heads, groups * width, width), value)  # [L, Hkv, G·W, D]
+    return output.view(lanes, heads, width, dim)

@@ -12,7 +12,7 @@ import torch
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.batch import pad_images
-from reasonrl.models.varlen_attention import VARLEN_ATTENTION
+from reasonrl.models.varlen_attention import LANE_ATTENTION, VARLEN_ATTENTION
 from reasonrl.rollout.engine_protocol import (
     Completion,
     RolloutEngine,
@@ -68,8 +68,8 @@ class HFEngine(RolloutEngine):
         max_batch_sequences: int = 64,
     ) -> None:
         self.model = copy.deepcopy(model).to(dtype or next(model.parameters()).dtype).eval()
-        if self.model.config._attn_implementation == VARLEN_ATTENTION:  # the trainer's packed-only kernel: SDPA here
-            self.model.set_attn_implementation("sdpa")  # (continuous batching refuses an unknown implementation)
+        if self.model.config._attn_implementation in (VARLEN_ATTENTION, LANE_ATTENTION):  # the trainer's packed kernels
+            self.model.set_attn_implementation("sdpa")  # SDPA here (continuous batching refuses an unknown one)
         self.max_batch_sequences = max_batch_sequences
         self.stop_token_ids = stop_token_ids_of(self.model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_token_ids)

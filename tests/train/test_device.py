@@ -6,7 +6,7 @@ import torch
 
 from reasonrl.cli import main
 from reasonrl.config import ConfigError, load_config, resolve
-from reasonrl.config.plan import attention_implementation
+from reasonrl.config.plan import attended_span, attention_implementation
 from reasonrl.models.load import ModelError, resolve_device
 from reasonrl.training.loop import fit
 from tests.helpers import DigitFraction
@@ -30,9 +30,12 @@ def test_asking_for_cuda_without_one_fails_before_anything_loads(tmp_path, monke
     assert resolve_device("auto") == CPU and resolve_device("cpu") == CPU
 
 
-def test_attention_auto_is_eager_for_short_cpu_sequences_and_sdpa_otherwise(monkeypatch):
-    assert attention_implementation("auto", "cpu", 512) == "eager"  # its backward is faster there (bench/dtype.py)
-    assert attention_implementation("auto", "cpu", 513) == "sdpa"
+def test_attention_auto_is_lanes_for_packed_cpu_rows_else_eager_for_short_sequences_and_sdpa_otherwise(monkeypatch):
+    assert attention_implementation("auto", "cpu", 4096) == "lanes"  # packed (the default): every op on the read tokens
+    assert attention_implementation("auto", "cpu", 512, packed=False) == "eager"  # its backward is faster there
+    assert attention_implementation("auto", "cpu", 513, packed=False) == "sdpa"
+    with pytest.raises(ConfigError, match=r"model\.attention=lanes needs train\.pack_sequences=true"):
+        attention_implementation("lanes", "cpu", 128, packed=False)
     assert attention_implementation("auto", "cuda", 128) in ("sdpa", "flash_attention_2")
     assert attention_implementation("sdpa", "cpu", 128) == "sdpa"
     with pytest.raises(ConfigError, match="flash_attention_2 needs a CUDA device and the flash-attn package"):
@@ -50,16 +53,13 @@ def test_the_plan_resolves_the_device_dependent_settings_once_for_the_device_and
     cpu, gpu = resolve(cfg, "cpu", 1), resolve(cfg, "cuda", 8)
     assert (cpu.device_type, cpu.world_size, gpu.device_type, gpu.world_size) == ("cpu", 1, "cuda", 8)
     assert (cpu.microbatch_tokens, gpu.microbatch_tokens) == (max(768, longest), max(16384, longest))
-    # a segment of rows sharing a prompt (train.share_prompts, the CPU): the prompt and its samples' responses
-    r = cfg.rollout
-    segment = min(r.max_prompt_tokens + r.samples_per_prompt * r.max_response_tokens, cpu.microbatch_tokens)
-    assert cpu.attention == ("eager" if max(longest, segment) <= 512 else "sdpa")
+    assert cpu.attention == "lanes"  # packed rows on the CPU
+    # unpacked: eager up to 512 tokens; with train.share_prompts a segment is the prompt and its samples' responses
     vs_trl = ["rollout.max_prompt_tokens=256", "rollout.max_response_tokens=64", "train.microbatch_tokens=null"]
-    four = resolve(load_config("grpo", [*TINY, *vs_trl, "rollout.samples_per_prompt=4"]), "cpu", 1)
-    eight = resolve(load_config("grpo", [*TINY, *vs_trl, "rollout.samples_per_prompt=8"]), "cpu", 1)
-    assert (four.microbatch_tokens, four.attention, eight.attention) == (768, "eager", "sdpa")  # 512 / 768 tokens
+    four, eight = (load_config("grpo", [*TINY, *vs_trl, f"rollout.samples_per_prompt={n}"]) for n in (4, 8))
+    assert (attended_span(four, "cpu", 320), attended_span(eight, "cpu", 320)) == (512, 768)  # 256 + n × 64, ≤ 768
     assert gpu.attention in ("sdpa", "flash_attention_2")
-    rows = resolve(load_config("grpo", [*TINY, "train.microbatch_tokens=null", "train.share_prompts=false"]), "cpu", 1)
+    rows = resolve(load_config("grpo", [*TINY, "train.microbatch_tokens=null", "train.pack_sequences=false"]), "cpu", 1)
     assert rows.attention == ("eager" if longest <= 512 else "sdpa")
     assert gpu.forward_dtype == "bfloat16" or torch.cuda.is_available()  # a GPU planned from here: bf16
     bf16 = resolve(load_config("grpo", [*TINY, "train.param_dtype=bfloat16", "model.dtype=auto"]), "cpu", 1)
