@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -123,34 +124,37 @@ def segment_boundaries(segment_lengths: list[int], device: torch.device) -> dict
     return {"cu_seq_lens_q": cumulative, "cu_seq_lens_k": cumulative, "max_length_q": longest, "max_length_k": longest}
 
 
-def varlen_attention_forward(
-    module: torch.nn.Module,
-    query: Tensor,  # [1, H, N, D]
-    key: Tensor,  # [1, Hkv, N, D]
-    value: Tensor,  # [1, Hkv, N, D]
-    attention_mask: Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[Tensor, None]:
-    """transformers' attention-function contract: causal attention within each segment of one packed
-    sequence, output [1, N, H, D].  Without ``cu_seq_lens_q`` (not a packed reasonrl forward) it is SDPA."""
-    boundaries = kwargs.get("cu_seq_lens_q")
-    if boundaries is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def packed_only(name: str, marker: str, attend: Callable[..., Tensor]) -> Callable[..., tuple[Tensor, None]]:
+    """A function of transformers' attention-function contract (queries [1, H, N, D], keys and values [1, Hkv, N, D]
+    -> [1, N, H, D], None) that runs ``attend(query, key, value, scaling, kwargs)`` where a packed reasonrl forward
+    passed its keyword argument ``marker``, and transformers' SDPA everywhere else; ``name``: model.attention's."""
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if kwargs.get("sliding_window") or kwargs.get("softcap"):
-        raise ValueError("model.attention=varlen reads plain causal attention only (no window, no soft-capping)")
-    if query.shape[0] != 1:
-        raise ValueError(f"model.attention=varlen reads one packed sequence [1, N], got a batch of {query.shape[0]}")
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        if kwargs.get(marker) is None:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        if kwargs.get("sliding_window") or kwargs.get("softcap"):
+            raise ValueError(f"model.attention={name} reads plain attention only (no window, no soft-capping)")
+        if query.shape[0] != 1:
+            raise ValueError(f"model.attention={name} reads one packed sequence [1, N], not a batch of {len(query)}")
+        return attend(query, key, value, scaling, kwargs), None
+
+    return attention
+
+
+def _varlen_segments(query: Tensor, key: Tensor, value: Tensor, scaling: float | None, kwargs: dict) -> Tensor:
+    """Causal attention within each segment of one packed sequence (``cu_seq_lens_q``): [1, N, H, D]."""
     dtype = query.dtype
     if query.is_cuda and dtype == torch.float32:  # the kernel takes half types; RoPE may hand back fp32
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
     # [1, H, N, D] -> [N, H, D]
     q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))
-    output = varlen_kernel(q, k, v, boundaries, int(kwargs["max_length_q"]), scaling)  # [N, H, D]
-    return output.to(query.dtype)[None], None  # [1, N, H, D]
+    output = varlen_kernel(q, k, v, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]), scaling)  # [N, H, D]
+    return output.to(query.dtype)[None]  # [1, N, H, D]
+
+
+varlen_attention_forward = packed_only("varlen", "cu_seq_lens_q", _varlen_segments)
 
 
 def varlen_kernel(query: Tensor, key: Tensor, value: Tensor, boundaries: Tensor, longest: int,
@@ -190,29 +194,13 @@ class LaneLayout:
     """[L, 1, W, W] bool: True where a query (dim 2) attends to a key (dim 3); every place attends to itself."""
 
 
-def lane_attention_forward(
-    module: torch.nn.Module,
-    query: Tensor,  # [1, H, N, D]
-    key: Tensor,  # [1, Hkv, N, D]
-    value: Tensor,  # [1, Hkv, N, D]
-    attention_mask: Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[Tensor, None]:
-    """transformers' attention-function contract over the tokens of one packed sequence placed in lanes by
-    ``lane_layout`` (the module docstring): output [1, N, H, D].  Without it (not a packed reasonrl forward)
-    it is SDPA."""
-    layout: LaneLayout | None = kwargs.get("lane_layout")
-    if layout is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if kwargs.get("sliding_window") or kwargs.get("softcap"):
-        raise ValueError("model.attention=lanes reads plain attention under its mask only (no window, no soft-capping)")
-    if query.shape[0] != 1 or query.shape[2] != len(layout.places):
+def _attend_in_lanes(query: Tensor, key: Tensor, value: Tensor, scaling: float | None, kwargs: dict) -> Tensor:
+    """Attention over the tokens of one packed sequence placed in lanes by ``lane_layout`` (the module
+    docstring): [1, N, H, D]."""
+    layout: LaneLayout = kwargs["lane_layout"]
+    if query.shape[2] != len(layout.places):
         raise ValueError(f"model.attention=lanes reads one packed sequence of {len(layout.places)} tokens, "
-                         f"got {list(query.shape[:3])}")  # fmt: skip
+                         f"got {query.shape[2]}")  # fmt: skip
     lanes, _, width, _ = layout.mask.shape
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
 
@@ -230,7 +218,10 @@ def lane_attention_forward(
         )  # [L, H, W, D]
     heads, dim = output.shape[1], output.shape[3]
     tokens = output.transpose(1, 2).reshape(lanes * width, heads, dim).index_select(0, layout.places)  # [N, H, D]
-    return tokens[None], None  # [1, N, H, D]
+    return tokens[None]  # [1, N, H, D]
+
+
+lane_attention_forward = packed_only("lanes", "lane_layout", _attend_in_lanes)
 
 
 def _eager_lanes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float) -> Tensor:
