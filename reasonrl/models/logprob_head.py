@@ -7,8 +7,9 @@ For hidden states h [N, d], the head's weight W [V, d] (and bias b), targets y [
     H(π(· | s)) = logsumexp(z) − Σ_v softmax(z)_v · z_v      its entropy
 
 ``token_logprobs`` computes both ``chunk_tokens`` rows at a time: the GEMM in the compute dtype (the weight cast
-once per call, not per chunk), the log-sum-exp and everything after it in fp32, and keeps only three numbers per
-row (log-prob, entropy, log-sum-exp) for the backward pass, which recomputes each chunk's logits:
+once per call, not per chunk, and kept for the backward pass), the log-sum-exp and everything after it in fp32, and
+keeps only three numbers per row (log-prob, entropy, log-sum-exp) for the backward pass, which recomputes each
+chunk's logits:
 
     ∂/∂z  = g_lp · (onehot(y) − p) − g_H · p · (log p + H),     p = softmax(z)
     ∂/∂h  = (∂/∂z) W / T,     ∂/∂W += (∂/∂z)ᵀ h / T (one buffer for the weight),     ∂/∂b += Σ_rows ∂/∂z / T
@@ -100,17 +101,16 @@ class _ChunkedLogprobs(torch.autograd.Function):
             logits = _chunk_logits(hidden[rows].to(compute_dtype), weight_c, bias_c, temperature, suppressed)
             lse, logprobs[rows], entropy[rows] = _chunk_statistics(logits, targets[rows])
             normaliser[rows] = lse
-        ctx.save_for_backward(hidden, weight, bias, targets, normaliser, entropy)
-        ctx.options = (temperature, suppressed, chunk_tokens, compute_dtype)
+        ctx.save_for_backward(hidden, weight_c, bias, targets, normaliser, entropy)  # the weight's cast, not cast again
+        ctx.options = (temperature, suppressed, chunk_tokens, compute_dtype, weight.dtype)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
-        hidden, weight, bias, targets, normaliser, entropy = ctx.saved_tensors
-        temperature, suppressed, chunk_tokens, compute_dtype = ctx.options
+        hidden, weight_c, bias, targets, normaliser, entropy = ctx.saved_tensors
+        temperature, suppressed, chunk_tokens, compute_dtype, weight_dtype = ctx.options
         if grad_logprobs is None and grad_entropy is None:
             return (None,) * 8
-        weight_c = weight.to(compute_dtype)
         bias_c = None if bias is None else bias.to(compute_dtype)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = None  # fp32 [V, d]: the first chunk's product, the later ones added to it
@@ -140,8 +140,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         if ctx.needs_input_grad[1] and grad_weight is None:  # no row: a zero gradient, as every rank's must exist
-            grad_weight = torch.zeros_like(weight, dtype=torch.float32)
-        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
+            grad_weight = torch.zeros_like(weight_c, dtype=torch.float32)
+        grad_weight = None if grad_weight is None else grad_weight.to(weight_dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
