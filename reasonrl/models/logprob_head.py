@@ -31,11 +31,34 @@ from torch import Tensor
 DEFAULT_CHUNK_TOKENS = 512
 
 
+class _ChunkScratch:
+    """The [chunk, V] tensors a call's chunks write, made once per call and reused chunk after chunk: fresh ones
+    for every chunk cost their memory's first touch each time (on the CPU, glibc maps every block this large
+    anew: page faults and zeroing, about a third of the head's time in a 2-core profile)."""
+
+    def __init__(self, rows: int, weight: Tensor) -> None:
+        vocab, device = weight.shape[0], weight.device
+        self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)  # z, then log p
+        self.exp = torch.empty(rows, vocab, dtype=torch.float32, device=device)  # exp(z − m), then p
+        # the GEMM's output in the compute dtype, then the logits' gradient cast to it (fp32: the logits themselves)
+        self.compute = self.logits if weight.dtype == torch.float32 else torch.empty_like(self.exp, dtype=weight.dtype)
+
+
 def _chunk_logits(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, suppressed: tuple[int, ...]
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    temperature: float,
+    suppressed: tuple[int, ...],
+    scratch: _ChunkScratch,
 ) -> Tensor:
-    """z = (h Wᵀ + b) / T for one chunk [n, d] -> [n, V] fp32, suppressed tokens out of the distribution (−inf-like)."""
-    logits = (hidden @ weight.T).float()  # [n, V]: the GEMM in the compute dtype, accumulated to fp32
+    """z = (h Wᵀ + b) / T for one chunk [n, d] -> [n, V] fp32 (in ``scratch``), suppressed tokens out of the
+    distribution (−inf-like)."""
+    n = hidden.shape[0]
+    logits = scratch.logits[:n]
+    product = torch.mm(hidden, weight.T, out=scratch.compute[:n])  # [n, V]: the GEMM in the compute dtype
+    if product.data_ptr() != logits.data_ptr():
+        logits.copy_(product)  # accumulated to fp32
     if bias is not None:
         logits += bias.float()
     if temperature != 1.0:
@@ -45,14 +68,14 @@ def _chunk_logits(
     return logits
 
 
-def _chunk_statistics(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _chunk_statistics(logits: Tensor, targets: Tensor, scratch: _ChunkScratch) -> tuple[Tensor, Tensor, Tensor]:
     """(logsumexp(z), log π(y), H) [n] of one chunk's fp32 logits z [n, V], which it overwrites (z − max z).
 
     One exponential pass: with m = max z, e = exp(z − m) and s = Σ e, logsumexp(z) = m + log s,
     log π(y) = (z_y − m) − log s and H = log s − Σ e (z − m) / s (a batched dot product, no [n, V] product)."""
     peak = logits.amax(-1, keepdim=True)  # [n, 1]
     shifted = logits.sub_(peak)  # [n, V] z − m, in place
-    exp = shifted.exp()  # [n, V]
+    exp = torch.exp(shifted, out=scratch.exp[: len(shifted)])  # [n, V]
     total = exp.sum(-1)  # [n]
     log_total = total.log()
     weighted = torch.bmm(exp[:, None, :], shifted[:, :, None]).view(-1)  # [n] Σ e (z − m)
@@ -66,11 +89,12 @@ def _chunk_logit_gradient(
     targets: Tensor,  # [n]
     grad_logprobs: Tensor | None,  # [n] g_lp
     grad_entropy: tuple[Tensor, Tensor] | None,  # ([n] g_H, [n] H)
+    scratch: _ChunkScratch,
 ) -> Tensor:
     """∂/∂z [n, V] = g_lp · (onehot(y) − p) − g_H · p · (log p + H), p = softmax(z), in ``logits``' storage:
-    log p in place, p the one new [n, V] tensor, the bracket's factor built in place of log p."""
+    log p in place, p in ``scratch``, the bracket's factor built in place of log p."""
     log_p = logits.sub_(normaliser[:, None])  # [n, V] log p, in place
-    p = log_p.exp()  # [n, V]
+    p = torch.exp(log_p, out=scratch.exp[: len(log_p)])  # [n, V]
     if grad_entropy is None:  # −g_lp · p
         grad_logits = p.mul_(-grad_logprobs[:, None])
     else:  # −p · (g_lp + g_H (log p + H)), g_lp = 0 without log-prob gradient
@@ -96,10 +120,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
         normaliser = torch.empty_like(logprobs)
+        scratch = _ChunkScratch(min(n, chunk_tokens), weight_c)
         for start in range(0, n, chunk_tokens):
             rows = slice(start, start + chunk_tokens)
-            logits = _chunk_logits(hidden[rows].to(compute_dtype), weight_c, bias_c, temperature, suppressed)
-            lse, logprobs[rows], entropy[rows] = _chunk_statistics(logits, targets[rows])
+            logits = _chunk_logits(hidden[rows].to(compute_dtype), weight_c, bias_c, temperature, suppressed, scratch)
+            lse, logprobs[rows], entropy[rows] = _chunk_statistics(logits, targets[rows], scratch)
             normaliser[rows] = lse
         ctx.save_for_backward(hidden, weight_c, bias, targets, normaliser, entropy)  # the weight's cast, not cast again
         ctx.options = (temperature, suppressed, chunk_tokens, compute_dtype, weight.dtype)
@@ -116,27 +141,32 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad_weight = None  # fp32 [V, d]: the first chunk's product, the later ones added to it
         wants_bias = bias is not None and ctx.needs_input_grad[2]
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
+        scratch = _ChunkScratch(min(len(hidden), chunk_tokens), weight_c)
+        part = None  # [V, d] in the compute dtype: each later chunk's weight gradient, before it is added in fp32
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             hidden_c = hidden[rows].to(compute_dtype)
-            logits = _chunk_logits(hidden_c, weight_c, bias_c, temperature, suppressed)
+            logits = _chunk_logits(hidden_c, weight_c, bias_c, temperature, suppressed, scratch)
             grad_logits = _chunk_logit_gradient(
                 logits,
                 normaliser[rows],
                 targets[rows],
                 None if grad_logprobs is None else grad_logprobs[rows],
                 None if grad_entropy is None else (grad_entropy[rows], entropy[rows]),
+                scratch,
             )
             if temperature != 1.0:
                 grad_logits /= temperature
             if suppressed:
                 grad_logits[:, list(suppressed)] = 0.0
-            grad_logits_c = grad_logits.to(compute_dtype)
+            grad_logits_c = scratch.compute[: len(grad_logits)].copy_(grad_logits)  # the compute dtype (fp32: itself)
             if grad_hidden is not None:
                 grad_hidden[rows] = (grad_logits_c @ weight_c).to(hidden.dtype)
-            if ctx.needs_input_grad[1]:
-                part = (grad_logits_c.T @ hidden_c).float()  # [V, d]
-                grad_weight = part if grad_weight is None else grad_weight.add_(part)
+            if ctx.needs_input_grad[1] and grad_weight is None:
+                grad_weight = (grad_logits_c.T @ hidden_c).float()  # [V, d]
+            elif ctx.needs_input_grad[1]:
+                part = torch.mm(grad_logits_c.T, hidden_c, out=part)  # [V, d] the compute dtype, made once
+                grad_weight.add_(part)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         if ctx.needs_input_grad[1] and grad_weight is None:  # no row: a zero gradient, as every rank's must exist
