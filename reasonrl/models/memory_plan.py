@@ -301,8 +301,10 @@ def activation_bytes(cfg: Config, plan: Plan, shape: ModelShape, autocast: bool)
         else (ACTIVATION_HIDDEN, ACTIVATION_INTERMEDIATE)
     )
     per_layer = compute_bytes * (hidden_factor * shape.hidden + intermediate_factor * shape.intermediate)
-    eager = plan.attention == "eager" or (plan.attention == "lanes" and span <= EAGER_ATTENTION_MAX_TOKENS)
-    attention = ACTIVATION_ATTENTION * compute_bytes * shape.heads * span * tokens if eager else 0
+    # eager saves two [span, span] matrices per head, lanes' eager one (varlen_attention._eager_lanes), SDPA none
+    lanes_eager = plan.attention == "lanes" and span <= EAGER_ATTENTION_MAX_TOKENS
+    matrices = ACTIVATION_ATTENTION if plan.attention == "eager" else 1.0 if lanes_eager else 0.0
+    attention = matrices * compute_bytes * shape.heads * span * tokens
     if not cfg.model.gradient_checkpointing:
         return int(tokens * shape.layers * per_layer + attention * shape.layers)
     kept = 4 * shape.hidden  # each layer's input (the fp32 residual)
