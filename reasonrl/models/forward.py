@@ -183,8 +183,8 @@ def response_hidden_states(
 
 def runs_in_lanes(config) -> bool:
     """Whether a packed forward of a model with ``config`` runs lanes [L, W] as wide as its longest row (sdpa and
-    eager attention) rather than one sequence [1, N] (flash-attn, ``model.attention=varlen``): what a micro-batch
-    of packed rows costs (``RolloutBatch.micro_batch_rows``)."""
+    eager attention) rather than one sequence [1, N] (flash-attn, ``model.attention=varlen``, and ``lanes``, whose
+    lanes are attention's alone): what a micro-batch of packed rows costs (``RolloutBatch.micro_batch_rows``)."""
     attention = str(getattr(config, "_attn_implementation", ""))
     return not ("flash" in attention or attention in (VARLEN_ATTENTION, LANE_ATTENTION))
 
