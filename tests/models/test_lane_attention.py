@@ -146,3 +146,28 @@ def test_a_model_lanes_cannot_run_gets_transformers_default_attention_saying_why
         chosen = transformers_attention("lanes", config)
     assert chosen is None and "model.attention=lanes runs transformers' default attention for this model" in caplog.text
     assert AutoModelForCausalLM.from_config(config, attn_implementation=chosen).config._attn_implementation == default
+
+
+def test_eager_lanes_keep_one_bf16_probability_matrix_per_head_for_the_backward_pass():
+    """What the lanes' eager attention saves for its backward pass is what bounds make demo's peak memory: one bf16
+    [W, W] matrix per head (transformers' eager keeps an fp32 and a bf16 one), and its forward is eager's."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from reasonrl.models.varlen_attention import _eager_lanes
+
+    generator = torch.Generator().manual_seed(0)
+    lanes, heads, kv_heads, width, dim = 2, 4, 2, 24, 8
+    q = torch.randn(lanes, heads, width, dim, generator=generator).bfloat16().requires_grad_()
+    k, v = (torch.randn(lanes, kv_heads, width, dim, generator=generator).bfloat16().requires_grad_() for _ in "kv")
+    mask = torch.ones(width, width, dtype=torch.bool).tril()[None, None].expand(lanes, 1, width, width)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = _eager_lanes(q, k, v, mask, dim**-0.5)
+    square = [t for t in saved if t.shape[-2:] == (width, width) and t.dtype != torch.bool]
+    assert {t.dtype for t in square} == {torch.bfloat16}
+    assert len({t.data_ptr() for t in square}) == 1  # the softmax's output and the second matmul's input: one tensor
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = heads // kv_heads, False
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    expected, _ = eager_attention_forward(module, q, k, v, additive, scaling=dim**-0.5)  # [L, W, H, D]
+    assert torch.allclose(out.transpose(1, 2).float(), expected.float(), atol=8e-3)  # bit for bit here; a bf16 ulp
