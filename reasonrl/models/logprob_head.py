@@ -25,23 +25,51 @@ their softmax, where the plain path holds several [N, V] tensors for its backwar
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 DEFAULT_CHUNK_TOKENS = 512
 
 
 class _ChunkScratch:
-    """The [chunk, V] tensors a call's chunks write, made once per call and reused chunk after chunk: fresh ones
-    for every chunk cost their memory's first touch each time (on the CPU, glibc maps every block this large
-    anew: page faults and zeroing, about a third of the head's time in a 2-core profile)."""
+    """The [chunk, V] tensors a call's chunks write, reused chunk after chunk, and the [V, d] buffer of the
+    weight gradient's per-chunk products: each fresh block this large costs its memory's first touch (on the CPU,
+    glibc maps every block above 32 MiB anew: page faults and zeroing, about a third of the head's time in a
+    2-core profile).  On the CPU one set serves every call of a thread on the same weight (``_scratch_for``)."""
 
     def __init__(self, rows: int, weight: Tensor) -> None:
         vocab, device = weight.shape[0], weight.device
+        self.rows, self.dtype = rows, weight.dtype
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)  # z, then log p
         self.exp = torch.empty(rows, vocab, dtype=torch.float32, device=device)  # exp(z − m), then p
         # the GEMM's output in the compute dtype, then the logits' gradient cast to it (fp32: the logits themselves)
         self.compute = self.logits if weight.dtype == torch.float32 else torch.empty_like(self.exp, dtype=weight.dtype)
+        self.weight_part: Tensor | None = None  # [V, d] compute dtype: one chunk's weight gradient (backward only)
+
+    def fits(self, rows: int, weight: Tensor) -> bool:
+        """Whether a call of ``rows`` chunk rows on ``weight`` (its compute-dtype cast) can use these tensors."""
+        return rows <= self.rows and weight.dtype == self.dtype and weight.shape[0] == self.logits.shape[1]
+
+
+_CPU_SCRATCH = threading.local()  # per thread: {weight: _ChunkScratch}, kept while the weight lives
+
+
+def _scratch_for(rows: int, weight: Tensor, weight_c: Tensor) -> _ChunkScratch:
+    """The scratch of a call on ``weight`` (cast to the compute dtype: ``weight_c``): on the CPU, this thread's
+    kept one for ``weight`` where it fits (made and kept otherwise); elsewhere a fresh one (CUDA's caching
+    allocator reuses blocks itself).  Nothing a backward pass needs is in it: calls never read another's."""
+    if weight.device.type != "cpu":
+        return _ChunkScratch(rows, weight_c)
+    kept = getattr(_CPU_SCRATCH, "by_weight", None)
+    if kept is None:
+        kept = _CPU_SCRATCH.by_weight = WeakIdKeyDictionary()
+    scratch = kept.get(weight)
+    if scratch is None or not scratch.fits(rows, weight_c):
+        scratch = kept[weight] = _ChunkScratch(rows, weight_c)
+    return scratch
 
 
 def _chunk_logits(
@@ -120,7 +148,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
         normaliser = torch.empty_like(logprobs)
-        scratch = _ChunkScratch(min(n, chunk_tokens), weight_c)
+        scratch = _scratch_for(min(n, chunk_tokens), weight, weight_c)
         for start in range(0, n, chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             logits = _chunk_logits(hidden[rows].to(compute_dtype), weight_c, bias_c, temperature, suppressed, scratch)
@@ -128,6 +156,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             normaliser[rows] = lse
         ctx.save_for_backward(hidden, weight_c, bias, targets, normaliser, entropy)  # the weight's cast, not cast again
         ctx.options = (temperature, suppressed, chunk_tokens, compute_dtype, weight.dtype)
+        ctx.weight = weight  # the key of its kept scratch (not saved: the backward pass reads weight_c)
         return logprobs, entropy
 
     @staticmethod
@@ -141,8 +170,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad_weight = None  # fp32 [V, d]: the first chunk's product, the later ones added to it
         wants_bias = bias is not None and ctx.needs_input_grad[2]
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
-        scratch = _ChunkScratch(min(len(hidden), chunk_tokens), weight_c)
-        part = None  # [V, d] in the compute dtype: each later chunk's weight gradient, before it is added in fp32
+        scratch = _scratch_for(min(len(hidden), chunk_tokens), ctx.weight, weight_c)
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             hidden_c = hidden[rows].to(compute_dtype)
@@ -162,11 +190,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
             grad_logits_c = scratch.compute[: len(grad_logits)].copy_(grad_logits)  # the compute dtype (fp32: itself)
             if grad_hidden is not None:
                 grad_hidden[rows] = (grad_logits_c @ weight_c).to(hidden.dtype)
-            if ctx.needs_input_grad[1] and grad_weight is None:
-                grad_weight = (grad_logits_c.T @ hidden_c).float()  # [V, d]
-            elif ctx.needs_input_grad[1]:
-                part = torch.mm(grad_logits_c.T, hidden_c, out=part)  # [V, d] the compute dtype, made once
-                grad_weight.add_(part)
+            if ctx.needs_input_grad[1]:  # [V, d] in the compute dtype, then summed in fp32
+                part = scratch.weight_part = torch.mm(grad_logits_c.T, hidden_c, out=scratch.weight_part)
+                grad_weight = part.to(torch.float32, copy=True) if grad_weight is None else grad_weight.add_(part)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         if ctx.needs_input_grad[1] and grad_weight is None:  # no row: a zero gradient, as every rank's must exist

@@ -31,6 +31,7 @@ from reasonrl.rollout import RolloutEngine, SamplingParams
 from reasonrl.rollout.scored import sample_and_score
 from reasonrl.timing import timed
 from reasonrl.training.backend import TrainingBackend, training_backend
+from reasonrl.training.host_memory import host_memory_kept, release_free_memory
 from reasonrl.training.offline_steps import REFERENCE_CACHE, compute_reference, offline_step
 from reasonrl.training.placement.parallel import RemoteWorkers, join_data_parallel
 from reasonrl.training.record.checkpoint import latest_checkpoint, rng_state, set_rng_state
@@ -41,7 +42,6 @@ from reasonrl.training.record.metrics import (
     device_memory_metrics,
     peak_rss_gb,
     read_metrics,
-    release_free_memory,
 )
 from reasonrl.training.record.report import CRITIC_PANELS, accuracy_meaning, plot_metrics, write_summary
 from reasonrl.training.record.run_health import engine_gap
@@ -414,64 +414,66 @@ def run_fit(
     started = time.perf_counter()
     run = setup(cfg, run_dir, engine, verifier, backend, workers)
     main = backend.parallel.is_main  # rank 0 alone writes metrics, plots, the summary and the export
-    try:
-        # 1. continue from the latest checkpoint (step 0 without one), open the metrics stream
-        state = restore(run)
-        start_step = state.get("step", 0)
-        if main:
-            run.outputs.trackers = [*open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg)), *trackers]
-        writer = MetricsWriter(run_dir, start_step, trackers=run.outputs.trackers) if main else None
-        if main and cfg.run.log_samples:
-            run.outputs.sample_log = SampleLog(run_dir, start_step, writer.trackers)
-        # 2. before the first step: the baseline evaluation, the offline reference's log-probs, value pretraining
-        elapsed_before = state.get("wall_seconds", 0.0)
-        accuracy_before = state.get("accuracy_before")
-        if start_step == 0:
-            before = evaluate(run)
-            accuracy_before = before["eval/accuracy"]
+    # a CPU run reuses the host memory it frees, page faults avoided (reasonrl.training.host_memory)
+    with host_memory_kept(next(run.model.parameters()).device.type == "cpu"):
+        try:
+            # 1. continue from the latest checkpoint (step 0 without one), open the metrics stream
+            state = restore(run)
+            start_step = state.get("step", 0)
+            if main:
+                run.outputs.trackers = [*open_trackers(cfg.run.loggers, run_dir, start_step, to_dict(cfg)), *trackers]
+            writer = MetricsWriter(run_dir, start_step, trackers=run.outputs.trackers) if main else None
+            if main and cfg.run.log_samples:
+                run.outputs.sample_log = SampleLog(run_dir, start_step, writer.trackers)
+            # 2. before the first step: the baseline evaluation, the offline reference's log-probs, value pretraining
+            elapsed_before = state.get("wall_seconds", 0.0)
+            accuracy_before = state.get("accuracy_before")
+            if start_step == 0:
+                before = evaluate(run)
+                accuracy_before = before["eval/accuracy"]
+                if writer is not None:
+                    writer.write(0, before)
+            if run.offline is not None:  # the reference's log-probs of the offline responses, once per run
+                compute_reference(run, run.offline, run_dir / REFERENCE_CACHE)
+            pretraining = state.get("value_pretraining", {})
+            if start_step == 0 and run.plan.value_pretrain_steps:
+                pretraining = value_pretrain_stage(run, show_progress)
+
+            def extra() -> dict[str, Any]:
+                wall = elapsed_before + time.perf_counter() - started
+                return {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
+
+            # 3. the steps; Ctrl-C saves first (reasonrl.training.record.interrupt): one process; torchrun's ranks and
+            # Ray's stop at once
+            interruptible = backend.saves_when_interrupted and workers is None
+            after = run_steps(run, start_step, writer, show_progress, accuracy_before, extra, interruptible)
+            # 4. the final evaluation, the export, the plot and the summary
+            after = after or evaluate(run)
+            final = export_stage(run)
             if writer is not None:
-                writer.write(0, before)
-        if run.offline is not None:  # the reference's log-probs of the offline responses, once per run
-            compute_reference(run, run.offline, run_dir / REFERENCE_CACHE)
-        pretraining = state.get("value_pretraining", {})
-        if start_step == 0 and run.plan.value_pretrain_steps:
-            pretraining = value_pretrain_stage(run, show_progress)
-
-        def extra() -> dict[str, Any]:
-            wall = elapsed_before + time.perf_counter() - started
-            return {"accuracy_before": accuracy_before, "wall_seconds": wall, "value_pretraining": pretraining}
-
-        # 3. the steps; Ctrl-C saves first (reasonrl.training.record.interrupt): one process; torchrun's ranks and
-        # Ray's stop at once
-        interruptible = backend.saves_when_interrupted and workers is None
-        after = run_steps(run, start_step, writer, show_progress, accuracy_before, extra, interruptible)
-        # 4. the final evaluation, the export, the plot and the summary
-        after = after or evaluate(run)
-        final = export_stage(run)
-        if writer is not None:
-            writer.close()
-            title = f"{record.preset}: {cfg.model.name_or_path}"
-            plot_metrics(read_metrics(writer.path), run_dir / PLOT_NAME, title)
-        summary = {
-            "preset": record.preset,
-            "run_dir": str(run_dir),
-            "overrides": list(record.overrides),
-            "model": cfg.model.name_or_path,
-            "steps": cfg.train.rollout_steps,
-            "eval_prompts": int(after.get("eval/prompts", cfg.data.eval_prompts)),  # those evaluated
-            "accuracy_before": accuracy_before,
-            "accuracy_after": after["eval/accuracy"],
-            "accuracy_means": accuracy_meaning(cfg),
-            "wall_seconds": elapsed_before + time.perf_counter() - started,
-            "peak_rss_gb": peak_rss_gb(),
-            "plot": PLOT_NAME,
-            "final_model": final.name,
-            **pretraining,
-        }
-        if main:
-            write_summary(run_dir, summary)
-        return summary
-    finally:
-        run.close()
-        for tracker in run.outputs.trackers:
-            tracker.close()
+                writer.close()
+                title = f"{record.preset}: {cfg.model.name_or_path}"
+                plot_metrics(read_metrics(writer.path), run_dir / PLOT_NAME, title)
+            summary = {
+                "preset": record.preset,
+                "run_dir": str(run_dir),
+                "overrides": list(record.overrides),
+                "model": cfg.model.name_or_path,
+                "steps": cfg.train.rollout_steps,
+                "eval_prompts": int(after.get("eval/prompts", cfg.data.eval_prompts)),  # those evaluated
+                "accuracy_before": accuracy_before,
+                "accuracy_after": after["eval/accuracy"],
+                "accuracy_means": accuracy_meaning(cfg),
+                "wall_seconds": elapsed_before + time.perf_counter() - started,
+                "peak_rss_gb": peak_rss_gb(),
+                "plot": PLOT_NAME,
+                "final_model": final.name,
+                **pretraining,
+            }
+            if main:
+                write_summary(run_dir, summary)
+            return summary
+        finally:
+            run.close()
+            for tracker in run.outputs.trackers:
+                tracker.close()

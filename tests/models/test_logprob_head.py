@@ -109,3 +109,30 @@ def test_no_row_still_gives_the_head_weight_a_zero_gradient():
     (logprobs.sum() + entropy.sum()).backward()
     assert torch.equal(head.weight.grad, torch.zeros_like(head.weight))
     assert torch.equal(head.bias.grad, torch.zeros_like(head.bias))
+
+
+@pytest.mark.parametrize("compute_dtype", [torch.float32, torch.bfloat16])
+def test_interleaved_calls_on_one_weight_share_the_cpus_buffers_and_keep_their_own_results(compute_dtype):
+    """Two calls' forwards, then their backwards in the other order (the buffers kept per weight on the CPU hold
+    nothing a backward pass reads): each call's log-probs and gradients are what it computes alone."""
+    from reasonrl.models import logprob_head
+
+    head, first_hidden, first_targets = case(bias=False)
+    _, second_hidden, second_targets = case(bias=False, seed=1)
+    weights = torch.randn(2, ROWS, generator=torch.Generator().manual_seed(2))
+
+    def alone(hidden, targets):
+        outputs = token_logprobs(hidden, head, targets, compute_dtype=compute_dtype, chunk_tokens=8)
+        return [o.detach() for o in outputs], gradients(outputs, head, hidden, weights)
+
+    expected = [alone(first_hidden, first_targets), alone(second_hidden, second_targets)]
+    first = token_logprobs(first_hidden, head, first_targets, compute_dtype=compute_dtype, chunk_tokens=8)
+    buffers = logprob_head._CPU_SCRATCH.by_weight[head.weight].logits.data_ptr()
+    second = token_logprobs(second_hidden, head, second_targets, compute_dtype=compute_dtype, chunk_tokens=8)
+    assert logprob_head._CPU_SCRATCH.by_weight[head.weight].logits.data_ptr() == buffers  # one set, reused
+    second_grads = gradients(second, head, second_hidden, weights)  # the later call's backward first
+    first_grads = gradients(first, head, first_hidden, weights)
+    got = [([o.detach() for o in first], first_grads), ([o.detach() for o in second], second_grads)]
+    for (values, grads), (expected_values, expected_grads) in zip(got, expected, strict=True):
+        for mine, theirs in zip([*values, *grads], [*expected_values, *expected_grads], strict=True):
+            torch.testing.assert_close(mine, theirs, atol=0, rtol=0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import math
@@ -29,16 +28,6 @@ def device_memory_metrics(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     return {"perf/peak_gpu_memory_gb": torch.cuda.max_memory_allocated(device) / 1024**3}
-
-
-def release_free_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    Each step frees and reallocates hundreds of MB (KV caches, packed weights, activations); without
-    trimming, glibc keeps the freed pages and the resident size creeps up step after step.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
